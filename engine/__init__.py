@@ -1,0 +1,1 @@
+"""engine: the reference inference engine (vLLM API subset on a real torch model)."""

@@ -1,0 +1,75 @@
+"""Injected faults, shared by every request of the process.
+
+Every fault that fires logs one `fault injected` line and counts in
+`lifeline_engine_faults_injected_total{fault=...}`, so a test or an operator
+can tell an injected failure from a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import torch
+
+from engine.metrics import EngineMetrics
+from engine.model import LlamaModel
+from engine.scheduler import Scheduler
+from engine.settings import FaultSettings
+from lifeline.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class FaultInjector:
+    def __init__(self, settings: FaultSettings, metrics: EngineMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.tokens_sent = 0
+        self._hang_forever = asyncio.Event()  # never set
+
+    def apply(self, settings: FaultSettings, *, model: LlamaModel, scheduler: Scheduler) -> None:
+        """Install a new fault set (from flags at start, or the admin endpoint)."""
+        if settings.corrupt_weights and not self.settings.corrupt_weights:
+            self._corrupt(model)
+        elif self.settings.corrupt_weights:
+            settings = settings.model_copy(update={"corrupt_weights": True})  # cannot be undone in place
+        self.settings = settings
+        scheduler.token_delay_s = settings.token_delay_ms / 1000.0
+        scheduler.first_token_delay_s = settings.first_token_delay_ms / 1000.0
+        if settings.token_delay_ms:
+            self._fired("token_delay", delay_ms=settings.token_delay_ms)
+        if settings.first_token_delay_ms:
+            self._fired("first_token_delay", delay_ms=settings.first_token_delay_ms)
+        log.info("faults configured", **settings.model_dump())
+
+    def _fired(self, fault: str, **fields: object) -> None:
+        self.metrics.faults.labels(fault=fault).inc()
+        log.warning("fault injected", fault=fault, **fields)
+
+    def _corrupt(self, model: LlamaModel) -> None:
+        # Shift the output head by one row: health checks still pass, every token changes.
+        model.w["lm_head.weight"] = torch.roll(model.w["lm_head.weight"], shifts=1, dims=0)
+        self._fired("corrupt_weights")
+
+    def take_request_failure(self) -> bool:
+        if self.settings.fail_next_requests <= 0:
+            return False
+        remaining = self.settings.fail_next_requests - 1
+        self.settings = self.settings.model_copy(update={"fail_next_requests": remaining})
+        self._fired("fail_request", remaining=remaining)
+        return True
+
+    async def before_send(self) -> None:
+        """Called before each token is sent: may exit the process or hang this stream."""
+        exit_after = self.settings.exit_after_tokens
+        if exit_after is not None and self.tokens_sent >= exit_after:
+            self._fired("exit", tokens_sent=self.tokens_sent)
+            os._exit(137)
+        hang_after = self.settings.hang_after_tokens
+        if hang_after is not None and self.tokens_sent >= hang_after:
+            self._fired("hang", tokens_sent=self.tokens_sent)
+            await self._hang_forever.wait()
+
+    def sent(self, count: int) -> None:
+        self.tokens_sent += count

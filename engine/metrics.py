@@ -1,0 +1,31 @@
+"""Prometheus metrics, named as vLLM names them where vLLM has the same metric.
+
+The gateway and dashboards built for vLLM then read the reference engine
+without a translation table; what only Lifeline has is prefixed `lifeline_`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("vllm:num_requests_running", "Sequences being decoded", registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Sequences waiting for a decode slot", registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens", registry=r)
+        self.requests = Counter(
+            "lifeline_engine_requests", "Finished requests by outcome", ["outcome"], registry=r
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.faults = Counter("lifeline_engine_faults_injected", "Faults injected", ["fault"], registry=r)
+        self.ready = Gauge("lifeline_engine_ready", "1 once weights are loaded and self-test passed", registry=r)
+        self.boot_generation = Gauge("lifeline_engine_boot_generation", "Boot generation", registry=r)

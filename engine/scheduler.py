@@ -1,0 +1,188 @@
+"""The decode loop: one thread that owns the model and every KV cache.
+
+Each iteration prefills at most one newly admitted sequence, then runs one
+batched decode step over every running sequence that is due. Keeping model
+work on this thread keeps the HTTP event loop free; results go back to each
+request's asyncio queue with `call_soon_threadsafe`. A cancelled sequence is
+dropped at the start of the next iteration, so a client that disconnects
+costs at most one more decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.metrics import EngineMetrics
+from engine.model import KVCache, LlamaModel
+from engine.sampling import SamplingParams, sample_token
+from lifeline.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float] | None
+    finish_reason: str | None  # None while generating, then "stop" | "length"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int
+    stop_token_ids: frozenset[int]
+    logprobs: int | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    cache: KVCache | None = None
+    cancelled: bool = False
+    finished: bool = False
+    not_before: float = 0.0
+    arrived_at: float = field(default_factory=time.monotonic)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Scheduler:
+    def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self.token_delay_s = 0.0
+        self.first_token_delay_s = 0.0
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=5)
+
+    def submit(self, seq: Sequence) -> None:
+        seq.not_before = time.monotonic() + self.first_token_delay_s
+        with self._wake:
+            self._waiting.append(seq)
+            self.metrics.waiting.set(len(self._waiting))
+            self._wake.notify()
+
+    def wake(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    # -- the loop ------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and not self._has_work():
+                    self._wake.wait(timeout=self._idle_timeout())
+                if self._stopped:
+                    return
+                self._drop_cancelled()
+                while self._waiting and len(self._running) < self.max_num_seqs:
+                    self._running.append(self._waiting.popleft())
+                self.metrics.waiting.set(len(self._waiting))
+                self.metrics.running.set(len(self._running))
+                running = list(self._running)
+            try:
+                self._step(running)
+            except Exception as exc:  # a bug must fail the requests, not wedge the loop
+                log.exception("decode step failed", error=str(exc))
+                for seq in running:
+                    self._finish(seq, ErrorEvent(f"engine error: {exc}"))
+            with self._wake:
+                self._running = [s for s in self._running if not s.finished]
+
+    def _has_work(self) -> bool:
+        now = time.monotonic()
+        if self._waiting and len(self._running) < self.max_num_seqs:
+            return True
+        return any(s.cancelled or s.not_before <= now for s in self._running)
+
+    def _idle_timeout(self) -> float | None:
+        pending = [s.not_before for s in (*self._running, *self._waiting)]
+        if not pending:
+            return None
+        return max(0.0, min(pending) - time.monotonic()) + 0.0005
+
+    def _drop_cancelled(self) -> None:
+        for seq in [*self._running, *self._waiting]:
+            if seq.cancelled and not seq.finished:
+                seq.finished = True
+                seq.cache = None
+                self.metrics.requests.labels(outcome="aborted").inc()
+                log.info("request aborted", request_id=seq.request_id, generated=len(seq.output_ids))
+        self._waiting = deque(s for s in self._waiting if not s.finished)
+        self._running = [s for s in self._running if not s.finished]
+
+    def _step(self, running: list[Sequence]) -> None:
+        now = time.monotonic()
+        due = [s for s in running if not s.cancelled and not s.finished and s.not_before <= now]
+        fresh = [s for s in due if s.cache is None]
+        if fresh:
+            seq = fresh[0]
+            seq.cache = self.model.new_cache(len(seq.prompt_ids) + seq.max_tokens)
+            logits = self.model.prefill(seq.prompt_ids, seq.cache)
+            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
+            self.metrics.ttft.observe(time.monotonic() - seq.arrived_at)
+            self._emit(seq, logits)
+        decoding = [s for s in due if s.cache is not None and s not in fresh and not s.finished]
+        if decoding:
+            logits = self.model.decode([s.output_ids[-1] for s in decoding], [s.cache for s in decoding])
+            for seq, row in zip(decoding, logits, strict=True):
+                self._emit(seq, row)
+
+    def _emit(self, seq: Sequence, logits: torch.Tensor) -> None:
+        position = len(seq.prompt_ids) + len(seq.output_ids)
+        token_id = sample_token(logits, seq.sampling, seq.seed, position)
+        seq.output_ids.append(token_id)
+        self.metrics.generation_tokens.inc()
+        logprob, top = 0.0, None
+        if seq.logprobs is not None:
+            log_probs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+            logprob = float(log_probs[token_id])
+            if seq.logprobs > 0:
+                values, indices = torch.topk(log_probs, seq.logprobs)
+                top = {int(i): float(v) for v, i in zip(values, indices, strict=True)}
+        finish_reason = None
+        if token_id in seq.stop_token_ids:
+            finish_reason = "stop"
+        elif len(seq.output_ids) >= seq.max_tokens:
+            finish_reason = "length"
+        seq.not_before = time.monotonic() + self.token_delay_s
+        event = TokenEvent(token_id, logprob, top, finish_reason)
+        if finish_reason is not None:
+            self._finish(seq, event)
+        else:
+            seq.loop.call_soon_threadsafe(seq.events.put_nowait, event)
+
+    def _finish(self, seq: Sequence, event: TokenEvent | ErrorEvent) -> None:
+        seq.finished = True
+        seq.cache = None
+        outcome = "error" if isinstance(event, ErrorEvent) else "finished"
+        self.metrics.requests.labels(outcome=outcome).inc()
+        seq.loop.call_soon_threadsafe(seq.events.put_nowait, event)

@@ -1,0 +1,1 @@
+"""gateway: the LLM-aware OpenAI-compatible data plane."""

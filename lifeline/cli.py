@@ -1,0 +1,21 @@
+"""The one `lifeline` command. Each component mounts its own sub-command.
+
+Sub-command modules import their heavy dependencies (torch, SQLAlchemy)
+inside the command bodies, so `lifeline --help` stays fast and an engine
+process never imports the ORM.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from engine.cli import engine_app, model_app
+from lifeline.demo import demo
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app.add_typer(engine_app, name="engine", help="Reference inference engine (vLLM API subset).")
+app.add_typer(model_app, name="model", help="Build deterministic reference models.")
+app.command("demo")(demo)
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
