@@ -1,0 +1,61 @@
+"""Composition root: `create_app()` builds everything; nothing is built at import."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from controlplane.auth.audit import AuditMiddleware
+from controlplane.clock import Clock, SystemClock
+from controlplane.config import ControlPlaneSettings
+from controlplane.db import build_engine, build_session_factory
+from controlplane.errors import install_error_handlers
+from controlplane.topology.lease import LeaseReader, NoLeaseRegistry, RedisLeaseReader
+
+
+def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
+    if settings.lease_redis_url is None:
+        return NoLeaseRegistry()
+    import redis
+
+    return RedisLeaseReader(redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0))
+
+
+def create_app(
+    settings: ControlPlaneSettings | None = None,
+    *,
+    clock: Clock | None = None,
+    lease_reader: LeaseReader | None = None,
+) -> FastAPI:
+    from controlplane.api import build_api_router
+
+    settings = settings or ControlPlaneSettings()
+    engine = build_engine(settings.resolved_database_url())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="Lifeline control plane",
+        version="1",
+        description="Topology, weight catalog, events and the routing snapshot gateways follow.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = build_session_factory(engine)
+    app.state.clock = clock or SystemClock()
+    app.state.lease_reader = lease_reader or _lease_reader(settings)
+    install_error_handlers(app)
+    app.add_middleware(AuditMiddleware)
+    app.include_router(build_api_router())
+
+    @app.get("/healthz/live", tags=["health"])
+    def live() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,1 @@
+"""API tokens, roles and the audit trail of mutating calls."""

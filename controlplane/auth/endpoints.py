@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from controlplane.auth import service
+from controlplane.auth.dependencies import Admin, Viewer
+from controlplane.auth.schemas import AuditRead, TokenCreate, TokenCreated, WhoAmI
+from controlplane.db import DbSession
+from controlplane.deps import ClockDep
+
+router = APIRouter(tags=["auth"])
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated)
+def create_token(body: TokenCreate, session: DbSession, principal: Admin, clock: ClockDep) -> TokenCreated:
+    token, secret = service.create_token(
+        session, name=body.name, role=body.role, created_by=principal.actor, clock=clock
+    )
+    return TokenCreated(id=token.id, name=token.name, role=body.role, token=secret)
+
+
+@router.get("/whoami", response_model=WhoAmI)
+def whoami(principal: Viewer) -> WhoAmI:
+    return WhoAmI(actor=principal.actor, role=principal.role)
+
+
+@router.get("/audit", response_model=list[AuditRead])
+def list_audit(
+    session: DbSession,
+    _: Admin,
+    actor: Annotated[str | None, Query(max_length=160, pattern=r"^[^\x00]*$")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[AuditRead]:
+    return [AuditRead.model_validate(r) for r in service.list_audit(session, actor=actor, limit=limit)]
+
+
+

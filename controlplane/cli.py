@@ -1,0 +1,176 @@
+"""`lifeline controlplane serve|migrate|token create|events export`.
+
+SQLAlchemy, uvicorn and the app are imported inside the commands, so
+mounting this sub-app costs `lifeline engine serve` nothing.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from controlplane.clock import Clock
+    from controlplane.config import ControlPlaneSettings
+
+controlplane_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Central control plane.")
+token_app = typer.Typer(no_args_is_help=True, add_completion=False, help="API tokens.")
+events_app = typer.Typer(no_args_is_help=True, add_completion=False, help="The event log.")
+controlplane_app.add_typer(token_app, name="token")
+controlplane_app.add_typer(events_app, name="events")
+
+T = TypeVar("T")
+
+
+def load_settings(**overrides: Any) -> ControlPlaneSettings:
+    from pydantic import ValidationError
+
+    from controlplane.config import ControlPlaneSettings
+
+    try:
+        return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        typer.echo(f"error: bad configuration:\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def cli_actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+@contextmanager
+def cli_database(settings: ControlPlaneSettings) -> Iterator[Any]:
+    from controlplane.db import build_engine, build_session_factory
+
+    engine = build_engine(settings.resolved_database_url())
+    try:
+        yield build_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+def run_mutation(
+    settings: ControlPlaneSettings,
+    *,
+    action: str,
+    target: str,
+    work: Callable[[Session, Clock], T],
+) -> T:
+    """One audited unit of work: commit on success; on a typed error, audit it and exit 1."""
+    from controlplane.auth.service import record_audit
+    from controlplane.clock import SystemClock
+    from controlplane.db import session_scope
+    from controlplane.errors import LifelineError
+
+    clock = SystemClock()
+    actor = cli_actor()
+    with cli_database(settings) as factory:
+        try:
+            with session_scope(factory) as session:
+                result = work(session, clock)
+                record_audit(session, actor=actor, action=action, target=target, outcome="succeeded",
+                             status_code=None, clock=clock)
+            return result
+        except LifelineError as exc:
+            with session_scope(factory) as session:
+                record_audit(session, actor=actor, action=action, target=target, outcome="failed",
+                             status_code=exc.status_code, clock=clock)
+            typer.echo(f"error: {exc.type}: {exc.message}", err=True)
+            raise typer.Exit(1) from exc
+
+
+def read_only(settings: ControlPlaneSettings, work: Callable[[Session], T]) -> T:
+    from controlplane.db import session_scope
+    from controlplane.errors import LifelineError
+
+    with cli_database(settings) as factory:
+        try:
+            with session_scope(factory) as session:
+                return work(session)
+        except LifelineError as exc:
+            typer.echo(f"error: {exc.type}: {exc.message}", err=True)
+            raise typer.Exit(1) from exc
+
+
+@controlplane_app.command()
+def serve(
+    port: Annotated[int | None, typer.Option(help="Port to listen on (LIFELINE_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (LIFELINE_HOST).")] = None,
+) -> None:
+    """Serve the admin API under /api/v1 (OpenAPI at /docs)."""
+    import uvicorn
+
+    from controlplane.app import create_app
+    from lifeline.logs import configure_logging
+
+    settings = load_settings(port=port, host=host)
+    configure_logging(settings.log_level, component="controlplane")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
+
+
+@controlplane_app.command()
+def migrate(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    downgrade: Annotated[bool, typer.Option("--downgrade", help="Downgrade to REVISION instead.")] = False,
+) -> None:
+    """Upgrade the database (LIFELINE_DATABASE_URL) to the latest schema."""
+    from controlplane import db
+
+    settings = load_settings()
+    url = settings.resolved_database_url()
+    if downgrade:
+        db.downgrade(url, revision)
+    else:
+        db.upgrade(url, revision)
+    typer.echo(f"database {'downgraded' if downgrade else 'upgraded'} to {revision}")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="viewer | operator | admin")],
+    name: Annotated[str, typer.Option(help="What the token is for.")] = "bootstrap",
+) -> None:
+    """Create an API token and print it once. Bootstraps the first admin."""
+    from controlplane.auth import service
+    from controlplane.auth.roles import Role
+
+    try:
+        parsed = Role(role)
+    except ValueError as exc:
+        typer.echo(f"error: invalid_request: role must be one of {', '.join(r.value for r in Role)}", err=True)
+        raise typer.Exit(2) from exc
+    settings = load_settings()
+    token, secret = run_mutation(
+        settings,
+        action="token.create",
+        target=f"token:{name}",
+        work=lambda session, clock: service.create_token(
+            session, name=name, role=parsed, created_by=cli_actor(), clock=clock
+        ),
+    )
+    typer.echo(secret)
+    typer.echo(f"created {parsed.value} token #{token.id} {name!r}; it is shown only once", err=True)
+
+
+@events_app.command("export")
+def events_export(
+    kind: Annotated[str | None, typer.Option()] = None,
+    routing_tier: Annotated[str | None, typer.Option(help="l7 | mesh | zone | dns")] = None,
+    scope: Annotated[str | None, typer.Option(help="scope prefix")] = None,
+) -> None:
+    """Write matching events as JSON lines to stdout, oldest first."""
+    from controlplane.event import service
+    from controlplane.event.models import RoutingTier
+    from controlplane.event.repository import EventFilter
+
+    tier = RoutingTier(routing_tier) if routing_tier else None
+    flt = EventFilter(kind=kind, routing_tier=tier, scope_prefix=scope)
+    settings = load_settings()
+    read_only(settings, lambda session: sys.stdout.writelines(service.export_jsonl(session, flt)))

@@ -1,0 +1,52 @@
+"""Settings of the control-plane process, read once at start-up.
+
+Every key has the `LIFELINE_` prefix (`LIFELINE_DATABASE_URL`,
+`LIFELINE_DATA_DIR`, ...). A bad value stops start-up with pydantic's
+message, which names the key.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ControlPlaneSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LIFELINE_", extra="ignore")
+
+    # Embedded default: one SQLite file under the data directory. Production
+    # sets a postgresql+psycopg:// URL.
+    data_dir: Path = Path(".lifeline")
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8400, ge=1, le=65535)
+    log_level: str = "info"
+    # Redis holding the regions' lease registries; unset means no registry
+    # is read and every region reports no observed instances.
+    lease_redis_url: str | None = None
+    # How long a gateway may cache a snapshot before it asks again.
+    snapshot_max_age: timedelta = timedelta(seconds=5)
+    # Block size and parallelism for shard hashing in the weight catalog.
+    hash_block_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    hash_workers: int = Field(default=4, ge=1, le=64)
+    s3_endpoint_url: str | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError("LIFELINE_DATABASE_URL must be a sqlite:// or postgresql:// URL")
+        if value.startswith("postgresql://"):
+            # psycopg 3 is the installed driver; the bare scheme means psycopg2.
+            value = "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        return value
+
+    def resolved_database_url(self) -> str:
+        if self.database_url is not None:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'controlplane.sqlite3').resolve()}"

@@ -1,0 +1,1 @@
+"""The append-only event log: alias moves, topology changes, cutover steps."""

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from controlplane.auth.dependencies import Viewer
+from controlplane.db import DbSession
+from controlplane.event import service
+from controlplane.event.models import RoutingTier
+from controlplane.event.repository import EventFilter
+from controlplane.event.schemas import EventRead
+
+router = APIRouter(tags=["events"])
+
+Text = Annotated[str | None, Query(max_length=400, pattern=r"^[^\x00]*$")]
+
+
+def _filter(
+    kind: Text = None,
+    routing_tier: RoutingTier | None = None,
+    actor: Text = None,
+    scope: Text = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> EventFilter:
+    return EventFilter(kind=kind, routing_tier=routing_tier, actor=actor, scope_prefix=scope, since=since, until=until)
+
+
+@router.get("/events", response_model=list[EventRead])
+def list_events(
+    session: DbSession,
+    _: Viewer,
+    kind: Text = None,
+    routing_tier: RoutingTier | None = None,
+    actor: Text = None,
+    scope: Annotated[str | None, Query(max_length=400, pattern=r"^[^\x00]*$", description="scope prefix")] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after_id: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[EventRead]:
+    flt = _filter(kind, routing_tier, actor, scope, since, until)
+    flt = EventFilter(**{**flt.__dict__, "after_id": after_id})
+    return [EventRead.model_validate(e) for e in service.list_events(session, flt, limit=limit)]
+
+
+@router.get(
+    "/events/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "one event per line"}},
+)
+def export_events(
+    session: DbSession,
+    _: Viewer,
+    kind: Text = None,
+    routing_tier: RoutingTier | None = None,
+    actor: Text = None,
+    scope: Text = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> StreamingResponse:
+    flt = _filter(kind, routing_tier, actor, scope, since, until)
+    # Materialised inside the request's session, which closes at return.
+    lines = list(service.export_jsonl(session, flt))
+    return StreamingResponse(iter(lines), media_type="application/x-ndjson")

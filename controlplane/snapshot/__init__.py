@@ -1,0 +1,1 @@
+"""The desired-state snapshot that gateways route by."""

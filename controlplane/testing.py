@@ -1,0 +1,156 @@
+"""Test support shared by the control-plane and catalog test suites.
+
+Throwaway databases (SQLite files, PostgreSQL databases created and dropped
+per session), table cleaning between tests, fixture model artifacts and a
+moto S3 server process. Imported only by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+POSTGRES_ADMIN_URL = os.environ.get("LIFELINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def throwaway_database(backend: str, workdir: Path) -> Iterator[str]:
+    """A fresh, empty database URL on `backend` ("sqlite" or "postgresql"), removed after."""
+    if backend == "sqlite":
+        path = workdir / f"controlplane-{uuid.uuid4().hex[:8]}.sqlite3"
+        yield f"sqlite:///{path}"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    import psycopg
+
+    name = f"lifeline_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def clean_tables(engine: Any) -> None:
+    """Empty every table and reset the snapshot counter, keeping the schema."""
+    from sqlalchemy import text
+
+    from controlplane.models import Base
+
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in tables:
+                conn.execute(text(f"DELETE FROM {table}"))
+            if _has_sqlite_sequence(conn):
+                conn.execute(text("DELETE FROM sqlite_sequence"))
+        conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+
+
+def _has_sqlite_sequence(conn: Any) -> bool:
+    from sqlalchemy import text
+
+    return conn.execute(text("SELECT 1 FROM sqlite_master WHERE name='sqlite_sequence'")).first() is not None
+
+
+def write_artifact(
+    root: Path,
+    *,
+    shards: int = 3,
+    shard_bytes: int = 64 * 1024,
+    seed: int = 0,
+    vocab: dict[str, int] | None = None,
+    chat_template: str = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}",
+    generation_config: dict[str, Any] | None = None,
+    hidden_size: int = 64,
+    indent: int | None = 2,
+    key_order_reversed: bool = False,
+) -> Path:
+    """A small fake model directory: shard files plus the files the fingerprint reads."""
+    import random
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for index in range(shards):
+        (root / f"model-{index + 1:05d}-of-{shards:05d}.safetensors").write_bytes(rng.randbytes(shard_bytes))
+
+    def dump(name: str, value: dict[str, Any]) -> None:
+        if key_order_reversed:
+            value = dict(reversed(list(value.items())))
+        (root / name).write_text(json.dumps(value, indent=indent))
+
+    dump("tokenizer.json", {"version": "1.0", "model": {"type": "BPE", "vocab": vocab or {"a": 0, "b": 1, "ab": 2}}})
+    dump("tokenizer_config.json", {"chat_template": chat_template, "eos_token": "</s>", "model_max_length": 2048})
+    dump("generation_config.json", generation_config or {"do_sample": False, "eos_token_id": 2, "max_new_tokens": 256})
+    dump("config.json", {"architectures": ["LlamaForCausalLM"], "hidden_size": hidden_size, "num_hidden_layers": 2,
+                         "vocab_size": 4096, "torch_dtype": "float32", "transformers_version": "4.45.0"})
+    return root
+
+
+class MotoServer:
+    """moto's S3 emulator as a real HTTP server in a child process."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        executable = Path(sys.executable).with_name("moto_server")
+        self.process = subprocess.Popen(
+            [str(executable), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("moto_server did not listen in time")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )

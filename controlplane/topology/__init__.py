@@ -1,0 +1,1 @@
+"""Declared regions, zones and serving clusters; observed instances."""

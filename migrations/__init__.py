@@ -1,0 +1,1 @@
+"""Alembic migrations. Run with `lifeline controlplane migrate` (any cwd)."""

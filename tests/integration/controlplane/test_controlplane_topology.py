@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane.clock import ManualClock
+from controlplane.topology.lease import InMemoryLeaseReader, ObservedInstance
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def declared(client: TestClient, as_role: Any) -> None:
+    op = as_role("operator")
+    assert client.post("/api/v1/regions", json={"name": "eu-west", "description": "primary"}, headers=op).status_code == 201
+    assert client.post("/api/v1/regions/eu-west/zones", json={"name": "eu-west-1a"}, headers=op).status_code == 201
+    body = {"name": "eu-a", "region": "eu-west", "zone": "eu-west-1a", "model": "llama", "weight": 100}
+    assert client.post("/api/v1/clusters", json=body, headers=op).status_code == 201
+
+
+def test_declared_topology_reads_back(client: TestClient, as_role: Any, declared: None) -> None:
+    regions = client.get("/api/v1/regions", headers=as_role("viewer")).json()
+    assert [(r["name"], r["zones"]) for r in regions] == [("eu-west", ["eu-west-1a"])]
+    cluster = client.get("/api/v1/clusters/eu-a", headers=as_role("viewer")).json()
+    assert (cluster["model"], cluster["weight"], cluster["state"], cluster["revision"]) == ("llama", 100, "active", 1)
+
+
+def test_duplicates_conflict_and_unknown_parents_are_404(client: TestClient, as_role: Any, declared: None) -> None:
+    op = as_role("operator")
+    dup = client.post("/api/v1/regions", json={"name": "eu-west"}, headers=op)
+    assert (dup.status_code, dup.json()["error"]["type"]) == (409, "already_exists")
+    missing = client.post("/api/v1/regions/nowhere/zones", json={"name": "z"}, headers=op)
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "region_not_found")
+    bad_zone = client.post(
+        "/api/v1/clusters", json={"name": "c2", "region": "eu-west", "zone": "nope", "model": "llama"}, headers=op
+    )
+    assert (bad_zone.status_code, bad_zone.json()["error"]["type"]) == (404, "zone_not_found")
+    assert len(client.get("/api/v1/clusters", headers=op).json()) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "has space", "region": "eu-west", "model": "llama"},
+        {"name": "c", "region": "eu-west", "model": "llama", "weight": -1},
+        {"name": "c", "region": "eu-west", "model": "llama", "weight": "heavy"},
+        {"name": "c\x00", "region": "eu-west", "model": "llama"},
+        {"region": "eu-west", "model": "llama"},
+    ],
+)
+def test_bad_input_is_422_and_changes_nothing(client: TestClient, as_role: Any, declared: None, body: dict) -> None:
+    before_events = client.get("/api/v1/events", headers=as_role("viewer")).json()
+    before_snapshot = client.get("/api/v1/snapshot", headers=as_role("viewer")).json()
+    response = client.post("/api/v1/clusters", json=body, headers=as_role("operator"))
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "invalid_request"
+    assert [c["name"] for c in client.get("/api/v1/clusters", headers=as_role("viewer")).json()] == ["eu-a"]
+    assert client.get("/api/v1/events", headers=as_role("viewer")).json() == before_events
+    assert client.get("/api/v1/snapshot", headers=as_role("viewer")).json() == before_snapshot
+
+
+def test_drain_writes_event_with_tier_and_before_after(client: TestClient, as_role: Any, declared: None) -> None:
+    response = client.patch(
+        "/api/v1/clusters/eu-a",
+        json={"state": "draining", "reason": "zone maintenance", "routing_tier": "zone", "expected_revision": 1},
+        headers=as_role("operator"),
+    )
+    assert response.status_code == 200
+    assert (response.json()["state"], response.json()["revision"]) == ("draining", 2)
+    events = client.get("/api/v1/events", params={"kind": "topology.cluster.update"}, headers=as_role("viewer")).json()
+    assert len(events) == 1
+    event = events[0]
+    assert event["routing_tier"] == "zone"
+    assert event["reason"] == "zone maintenance"
+    assert event["actor"].startswith("token:test-operator#")
+    assert event["scope"] == "region:eu-west/cluster:eu-a"
+    assert event["before"] == {"weight": 100, "state": "active", "revision": 1}
+    assert event["after"] == {"weight": 100, "state": "draining", "revision": 2}
+    assert event["started_at"] <= event["ended_at"]
+
+
+def test_stale_revision_is_refused_and_changes_nothing(client: TestClient, as_role: Any, declared: None) -> None:
+    op = as_role("operator")
+    assert client.patch("/api/v1/clusters/eu-a", json={"weight": 50, "reason": "r"}, headers=op).status_code == 200
+    stale = client.patch("/api/v1/clusters/eu-a", json={"weight": 0, "reason": "r", "expected_revision": 1}, headers=op)
+    assert (stale.status_code, stale.json()["error"]["type"]) == (409, "cluster_conflict")
+    assert client.get("/api/v1/clusters/eu-a", headers=op).json()["weight"] == 50
+
+
+def test_observed_instances_liveness_is_computed_at_read_time(
+    client: TestClient, as_role: Any, declared: None, clock: ManualClock, lease_reader: InMemoryLeaseReader
+) -> None:
+    lease_reader.put("eu-west", ObservedInstance(
+        instance_id="engine-a", generation=3, endpoint="http://10.0.0.1:8000", zone="eu-west-1a", state="ready",
+        lease_expires_at=clock.now() + timedelta(seconds=10),
+    ))
+    op = as_role("operator")
+    assert client.post(
+        "/api/v1/regions/eu-west/ejections", json={"instance_id": "engine-a", "generation": 2, "reason": "old"}, headers=op
+    ).status_code == 201
+    first = client.get("/api/v1/regions/eu-west/instances", headers=op).json()
+    assert [(i["instance_id"], i["generation"], i["live"], i["ejected"]) for i in first] == [("engine-a", 3, True, False)]
+    clock.advance(timedelta(seconds=11))
+    later = client.get("/api/v1/regions/eu-west/instances", headers=op).json()
+    assert later[0]["live"] is False
+    assert client.get("/api/v1/regions/nowhere/instances", headers=op).status_code == 404

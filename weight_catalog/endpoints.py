@@ -1,0 +1,146 @@
+"""Catalog routes under /api/v1/catalog. Thin: parse, call the service, shape."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
+
+from controlplane.auth.dependencies import Operator, Viewer
+from controlplane.db import DbSession
+from controlplane.deps import ClockDep, IdPath, NamePath, SettingsDep
+from controlplane.types import NAME_PATTERN
+from weight_catalog import repository, service
+from weight_catalog.models import Alias, AliasMove
+from weight_catalog.schemas import (
+    AliasMoveRead,
+    AliasRead,
+    IssueCreate,
+    IssueRead,
+    IssueResolve,
+    PromoteRequest,
+    RegisterVersion,
+    RollbackRequest,
+    VerifyReport,
+    VerifyRequest,
+    VersionRead,
+    VersionSummary,
+)
+from weight_catalog.store import open_store
+
+router = APIRouter(prefix="/catalog", tags=["catalog"])
+
+
+def alias_read(session: Session, alias: Alias) -> AliasRead:
+    labels = repository.version_labels(session, {alias.version_id})
+    return AliasRead(
+        model=alias.model, name=alias.name, version=labels[alias.version_id], revision=alias.revision,
+        updated_at=alias.updated_at,
+    )
+
+
+def move_reads(session: Session, moves: list[AliasMove]) -> list[AliasMoveRead]:
+    ids = {m.to_version_id for m in moves} | {m.from_version_id for m in moves if m.from_version_id}
+    labels = repository.version_labels(session, ids)
+    return [
+        AliasMoveRead(
+            id=m.id, action=m.action, from_version=labels.get(m.from_version_id) if m.from_version_id else None,
+            to_version=labels[m.to_version_id], revision=m.revision, forced=m.forced, actor=m.actor,
+            reason=m.reason, moved_at=m.moved_at, event_id=m.event_id,
+        )
+        for m in moves
+    ]
+
+
+@router.get("/versions", response_model=list[VersionSummary])
+def list_versions(
+    session: DbSession, _: Viewer, model: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None
+) -> list[VersionSummary]:
+    return [VersionSummary.model_validate(v) for v in service.list_versions(session, model=model)]
+
+
+@router.post("/models/{model}/versions", status_code=201, response_model=VersionRead)
+def register_version(
+    model: NamePath, body: RegisterVersion, session: DbSession, principal: Operator, clock: ClockDep,
+    settings: SettingsDep,
+) -> VersionRead:
+    """Hash an artifact the control plane can read. Large artifacts: use `lifeline catalog register`."""
+    service.ensure_version_absent(session, model=model, version=body.version)
+    store = open_store(body.location, s3_endpoint_url=settings.s3_endpoint_url)
+    scan = service.scan_artifact(store, workers=settings.hash_workers, block_bytes=settings.hash_block_bytes)
+    created = service.create_version(
+        session, model=model, version=body.version, scan=scan, actor=principal.actor, clock=clock
+    )
+    return VersionRead.model_validate(created)
+
+
+@router.get("/models/{model}/versions/{version}", response_model=VersionRead)
+def get_version(model: NamePath, version: NamePath, session: DbSession, _: Viewer) -> VersionRead:
+    return VersionRead.model_validate(service.get_version_or_raise(session, model=model, version=version))
+
+
+@router.post("/models/{model}/versions/{version}/verify", response_model=VerifyReport)
+def verify_version(
+    model: NamePath, version: NamePath, body: VerifyRequest, session: DbSession, _: Operator, settings: SettingsDep
+) -> VerifyReport:
+    found = service.get_version_or_raise(session, model=model, version=version)
+    store = open_store(body.location or found.location, s3_endpoint_url=settings.s3_endpoint_url)
+    return service.verify(
+        session, model=model, version=version, store=store, workers=settings.hash_workers,
+        block_bytes=settings.hash_block_bytes,
+    )
+
+
+@router.post("/models/{model}/versions/{version}/issues", status_code=201, response_model=IssueRead)
+def add_issue(
+    model: NamePath, version: NamePath, body: IssueCreate, session: DbSession, principal: Operator, clock: ClockDep
+) -> IssueRead:
+    issue = service.add_issue(
+        session, model=model, version=version, severity=body.severity, title=body.title,
+        description=body.description, actor=principal.actor, clock=clock,
+    )
+    return IssueRead.model_validate(issue)
+
+
+@router.post("/issues/{issue_id}/resolve", response_model=IssueRead)
+def resolve_issue(
+    issue_id: IdPath, body: IssueResolve, session: DbSession, principal: Operator, clock: ClockDep
+) -> IssueRead:
+    issue = service.resolve_issue(
+        session, issue_id=issue_id, resolution=body.resolution, actor=principal.actor, clock=clock
+    )
+    return IssueRead.model_validate(issue)
+
+
+@router.get("/models/{model}/aliases", response_model=list[AliasRead])
+def list_aliases(model: NamePath, session: DbSession, _: Viewer) -> list[AliasRead]:
+    return [alias_read(session, a) for a in service.list_aliases(session, model=model)]
+
+
+@router.get("/models/{model}/aliases/{alias}/history", response_model=list[AliasMoveRead])
+def alias_history(model: NamePath, alias: NamePath, session: DbSession, _: Viewer) -> list[AliasMoveRead]:
+    service.get_alias_or_raise(session, model=model, name=alias)
+    return move_reads(session, list(service.alias_history(session, model=model, name=alias)))
+
+
+@router.post("/models/{model}/aliases/{alias}/promote", response_model=AliasRead)
+def promote(
+    model: NamePath, alias: NamePath, body: PromoteRequest, session: DbSession, principal: Operator, clock: ClockDep
+) -> AliasRead:
+    service.promote(
+        session, model=model, alias=alias, version=body.version, actor=principal.actor, reason=body.reason,
+        force=body.force, expected_revision=body.expected_revision, clock=clock,
+    )
+    return alias_read(session, service.get_alias_or_raise(session, model=model, name=alias))
+
+
+@router.post("/models/{model}/aliases/{alias}/rollback", response_model=AliasRead)
+def rollback(
+    model: NamePath, alias: NamePath, body: RollbackRequest, session: DbSession, principal: Operator, clock: ClockDep
+) -> AliasRead:
+    service.rollback(
+        session, model=model, alias=alias, actor=principal.actor, reason=body.reason, force=body.force,
+        expected_revision=body.expected_revision, clock=clock,
+    )
+    return alias_read(session, service.get_alias_or_raise(session, model=model, name=alias))

@@ -1,0 +1,59 @@
+"""Catalog errors, each with its HTTP status and stable type.
+
+    LifelineError
+    ├── NotFound: version_not_found, alias_not_found, issue_not_found
+    ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
+    │             critical_known_issue, nothing_to_roll_back,
+    │             issue_already_resolved, force_needs_reason
+    └── InvalidInput: invalid_artifact, invalid_location
+"""
+
+from __future__ import annotations
+
+from controlplane.errors import Conflict, InvalidInput, NotFound
+
+
+class VersionNotFound(NotFound):
+    default_type = "version_not_found"
+
+
+class AliasNotFound(NotFound):
+    default_type = "alias_not_found"
+
+
+class IssueNotFound(NotFound):
+    default_type = "issue_not_found"
+
+
+class VersionExists(Conflict):
+    default_type = "version_exists"
+
+
+class AliasConflict(Conflict):
+    """The alias moved since the caller read it (compare-and-set lost)."""
+
+    default_type = "alias_conflict"
+
+
+class FingerprintMismatch(Conflict):
+    default_type = "fingerprint_mismatch"
+
+
+class CriticalKnownIssue(Conflict):
+    default_type = "critical_known_issue"
+
+
+class NothingToRollBack(Conflict):
+    default_type = "nothing_to_roll_back"
+
+
+class IssueAlreadyResolved(Conflict):
+    default_type = "issue_already_resolved"
+
+
+class InvalidArtifact(InvalidInput):
+    default_type = "invalid_artifact"
+
+
+class InvalidLocation(InvalidInput):
+    default_type = "invalid_location"

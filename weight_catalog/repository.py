@@ -1,0 +1,69 @@
+"""Catalog queries. No logic, no commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from weight_catalog.models import Alias, AliasMove, KnownIssue, Severity, WeightVersion
+
+
+def get_version(session: Session, *, model: str, version: str) -> WeightVersion | None:
+    return session.scalar(
+        select(WeightVersion)
+        .where(WeightVersion.model == model, WeightVersion.version == version)
+        .options(selectinload(WeightVersion.shards), selectinload(WeightVersion.issues))
+    )
+
+
+def list_versions(session: Session, *, model: str | None = None) -> Sequence[WeightVersion]:
+    query = select(WeightVersion).order_by(WeightVersion.model, WeightVersion.id)
+    if model is not None:
+        query = query.where(WeightVersion.model == model)
+    return session.scalars(query.options(selectinload(WeightVersion.issues))).all()
+
+
+def get_alias(session: Session, *, model: str, name: str) -> Alias | None:
+    return session.scalar(select(Alias).where(Alias.model == model, Alias.name == name))
+
+
+def list_aliases(session: Session, *, model: str) -> Sequence[Alias]:
+    return session.scalars(select(Alias).where(Alias.model == model).order_by(Alias.name)).all()
+
+
+def aliases_with_versions(session: Session) -> Sequence[tuple[Alias, WeightVersion]]:
+    rows = session.execute(
+        select(Alias, WeightVersion)
+        .join(WeightVersion, WeightVersion.id == Alias.version_id)
+        .order_by(Alias.model, Alias.name)
+    ).all()
+    return [(alias, version) for alias, version in rows]
+
+
+def alias_moves(session: Session, *, model: str, name: str) -> Sequence[AliasMove]:
+    return session.scalars(
+        select(AliasMove).where(AliasMove.model == model, AliasMove.alias == name).order_by(AliasMove.id.desc())
+    ).all()
+
+
+def open_critical_issues(session: Session, *, version_id: int) -> Sequence[KnownIssue]:
+    return session.scalars(
+        select(KnownIssue).where(
+            KnownIssue.version_id == version_id,
+            KnownIssue.severity == Severity.CRITICAL.value,
+            KnownIssue.resolved_at.is_(None),
+        )
+    ).all()
+
+
+def get_issue(session: Session, *, issue_id: int) -> KnownIssue | None:
+    return session.get(KnownIssue, issue_id)
+
+
+def version_labels(session: Session, ids: set[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    rows = session.execute(select(WeightVersion.id, WeightVersion.version).where(WeightVersion.id.in_(ids))).all()
+    return {row[0]: row[1] for row in rows}

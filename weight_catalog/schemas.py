@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.types import Name, Reason, Text
+from weight_catalog.models import Severity
+
+
+class ShardRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    path: str
+    size: int
+    sha256: str
+
+
+class IssueRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    severity: Severity
+    title: str
+    description: str
+    opened_by: str
+    opened_at: datetime
+    resolved_by: str | None
+    resolved_at: datetime | None
+    resolution: str | None
+
+
+class VersionSummary(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    model: str
+    version: str
+    location: str
+    total_bytes: int
+    fingerprint: str
+    registered_by: str
+    registered_at: datetime
+
+
+class VersionRead(VersionSummary):
+    fingerprint_parts: dict[str, str]
+    shards: list[ShardRead]
+    issues: list[IssueRead]
+
+
+class RegisterVersion(BaseModel):
+    version: Name
+    location: str = Field(min_length=1, max_length=1000, pattern=r"^[^\x00]+$")
+
+
+class IssueCreate(BaseModel):
+    severity: Severity
+    title: str = Field(min_length=1, max_length=400, pattern=r"^[^\x00]+$")
+    description: Text = ""
+
+
+class IssueResolve(BaseModel):
+    resolution: Text = ""
+
+
+class PromoteRequest(BaseModel):
+    version: Name
+    reason: Text = ""
+    force: bool = False
+    expected_revision: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class RollbackRequest(BaseModel):
+    reason: Reason
+    force: bool = False
+    expected_revision: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class VerifyRequest(BaseModel):
+    location: str | None = Field(default=None, min_length=1, max_length=1000, pattern=r"^[^\x00]+$")
+
+
+class AliasRead(BaseModel):
+    model: str
+    name: str
+    version: str
+    revision: int
+    updated_at: datetime
+
+
+class AliasMoveRead(BaseModel):
+    id: int
+    action: str
+    from_version: str | None
+    to_version: str
+    revision: int
+    forced: bool
+    actor: str
+    reason: str
+    moved_at: datetime
+    event_id: int | None
+
+
+class ShardMismatch(BaseModel):
+    path: str
+    expected_sha256: str
+    actual_sha256: str | None
+    expected_size: int
+    actual_size: int
+
+
+class VerifyReport(BaseModel):
+    model: str
+    version: str
+    location: str
+    healthy: bool
+    checked: int
+    mismatched: list[ShardMismatch]
+    missing: list[str]
+    unexpected: list[str]
