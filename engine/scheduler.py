@@ -116,6 +116,7 @@ class Scheduler:
                     self._finish(seq, ErrorEvent(f"engine error: {exc}"))
             with self._wake:
                 self._running = [s for s in self._running if not s.finished]
+                self.metrics.running.set(len(self._running))
 
     def _has_work(self) -> bool:
         now = time.monotonic()

@@ -39,27 +39,47 @@ def tiny_model() -> Path:
     return built_model("tiny", 0)
 
 
-@pytest.fixture
-def engine_factory(tiny_model: Path, tmp_path: Path):
-    """Start real `lifeline engine serve` processes; every one is killed at teardown."""
-    started: list[EngineProcess] = []
+class EngineStarter:
+    """Starts real `lifeline engine serve` processes and kills every one on close."""
 
-    def start(instance_id: str = "engine-a", *, model: Path | None = None, extra_args: list[str] | None = None,
-              state_dir: Path | None = None, wait_ready: bool = True) -> EngineProcess:
+    def __init__(self, model: Path, workdir: Path) -> None:
+        self.model = model
+        self.workdir = workdir
+        self.started: list[EngineProcess] = []
+
+    def __call__(self, instance_id: str = "engine-a", *, model: Path | None = None,
+                 extra_args: list[str] | None = None, state_dir: Path | None = None,
+                 wait_ready: bool = True) -> EngineProcess:
         process = EngineProcess(
-            model=model or tiny_model,
+            model=model or self.model,
             port=free_port(),
             instance_id=instance_id,
-            state_dir=state_dir or tmp_path / "state" / instance_id,
-            log_path=tmp_path / f"{instance_id}-{len(started)}.log",
+            state_dir=state_dir or self.workdir / "state" / instance_id,
+            log_path=self.workdir / f"{instance_id}-{len(self.started)}.log",
             extra_args=extra_args or [],
         )
-        started.append(process)
+        self.started.append(process)
         process.start()
         if wait_ready:
             process.wait_ready()
         return process
 
-    yield start
-    for process in started:
-        process.kill()
+    def close(self) -> None:
+        for process in self.started:
+            process.kill()
+
+
+@pytest.fixture
+def engine_factory(tiny_model: Path, tmp_path: Path):
+    """Engines for one test; each is SIGKILLed at teardown."""
+    starter = EngineStarter(tiny_model, tmp_path)
+    yield starter
+    starter.close()
+
+
+@pytest.fixture(scope="module")
+def module_engine_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Engines shared by the tests of one module (start-up costs seconds)."""
+    starter = EngineStarter(tiny_model, tmp_path_factory.mktemp("engines"))
+    yield starter
+    starter.close()
