@@ -135,7 +135,6 @@ class LlamaModel:
             raise ValueError("prefill needs an empty cache large enough for the prompt")
         positions = torch.arange(count)
         x = self.w["model.embed_tokens.weight"][torch.tensor(token_ids)]
-        groups = s.num_heads // s.num_kv_heads
         for layer in range(s.num_layers):
             p = f"model.layers.{layer}."
             q, k, v = self._qkv(self._rms_norm(x, p + "input_layernorm.weight"), p)
@@ -144,9 +143,10 @@ class LlamaModel:
             v = v.transpose(0, 1)
             cache.keys[layer, :, :count] = k
             cache.values[layer, :, :count] = v
+            # 4-D inputs let torch pick its fused CPU kernel; 3-D ones fall back to the math path.
             attn = F.scaled_dot_product_attention(
-                q, k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0), is_causal=True
-            )
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
+            )[0]
             x = x + attn.transpose(0, 1).reshape(count, -1) @ self.w[p + "self_attn.o_proj.weight"].T
             x = x + self._mlp(self._rms_norm(x, p + "post_attention_layernorm.weight"), p)
         cache.length = count
@@ -161,7 +161,6 @@ class LlamaModel:
         if any(c.length >= c.capacity for c in caches):
             raise ValueError("a sequence outgrew its KV cache")
         x = self.w["model.embed_tokens.weight"][torch.tensor(token_ids)]  # [B, hidden]
-        groups = s.num_heads // s.num_kv_heads
         rope_positions = positions.view(batch, 1, 1)
         for layer in range(s.num_layers):
             p = f"model.layers.{layer}."
@@ -173,9 +172,9 @@ class LlamaModel:
                 pos = cache.length
                 cache.keys[layer, :, pos] = k[b]
                 cache.values[layer, :, pos] = v[b]
-                keys = cache.keys[layer, :, : pos + 1].repeat_interleave(groups, dim=0)
-                values = cache.values[layer, :, : pos + 1].repeat_interleave(groups, dim=0)
-                outputs.append(F.scaled_dot_product_attention(q[b].unsqueeze(1), keys, values))
+                keys = cache.keys[layer, :, : pos + 1].unsqueeze(0)
+                values = cache.values[layer, :, : pos + 1].unsqueeze(0)
+                outputs.append(F.scaled_dot_product_attention(q[b].view(1, -1, 1, s.head_dim), keys, values, enable_gqa=True)[0])
             attn = torch.stack(outputs).reshape(batch, -1)
             x = x + attn @ self.w[p + "self_attn.o_proj.weight"].T
             x = x + self._mlp(self._rms_norm(x, p + "post_attention_layernorm.weight"), p)
