@@ -50,6 +50,9 @@ def serve(
     fault_fail_next_requests: Annotated[int, typer.Option(help="Answer the next K requests with 500")] = 0,
     fault_corrupt_weights: Annotated[bool, typer.Option(help="Corrupt weights in memory after load")] = False,
     log_level: Annotated[str, typer.Option()] = "info",
+    registry: Annotated[Optional[str], typer.Option(help="Lease registry: the gateway's URL or redis://…?key_prefix=…")] = None,
+    registry_token: Annotated[Optional[str], typer.Option(help="Bearer token for the gateway's lease endpoint")] = None,
+    advertise_url: Annotated[Optional[str], typer.Option(help="URL gateways use to reach this engine")] = None,
 ) -> None:
     """Serve vLLM's OpenAI-compatible API subset from a real torch model."""
     import uvicorn
@@ -66,6 +69,7 @@ def serve(
             served_model_name=served_model_name, state_dir=state_dir, dtype=dtype,  # type: ignore[arg-type]
             max_num_seqs=max_num_seqs, torch_threads=torch_threads,
             enable_fault_admin=enable_fault_admin, log_level=log_level,
+            registry=registry, registry_token=registry_token, advertise_url=advertise_url,
         )
         faults = FaultSettings(
             exit_after_tokens=fault_exit_after_tokens, hang_after_tokens=fault_hang_after_tokens,

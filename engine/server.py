@@ -170,10 +170,13 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         state.ready = True
         metrics.ready.set(1)
         log.info("engine ready", weights=fingerprint)
+        lease = _start_lease_client(state) if settings.registry else None
         try:
             yield
         finally:
             state.ready = False
+            if lease is not None:
+                await lease.stop()
             scheduler.stop()
             log.info("engine stopped")
 
@@ -498,6 +501,29 @@ async def _collect(
         choice["prompt_token_ids"] = prompt_ids
     log.info("request finished", request_id=seq.request_id, tokens=len(token_ids), finish_reason=generation.finish_reason)
     return JSONResponse(response)
+
+
+def _start_lease_client(state: EngineState):  # type: ignore[no-untyped-def]
+    """Register only once ready: a lease means "route here"."""
+    from engine.lease_client import LeaseClient, transport_for
+
+    settings = state.settings
+    registration = {
+        "instance_id": settings.instance_id,
+        "url": settings.advertise_url or f"http://{settings.host}:{settings.port}",
+        "version": settings.model_name,
+        "zone": settings.zone,
+        "region": settings.region,
+    }
+
+    def adopt(generation: int) -> None:
+        state.lease_generation = generation
+        structlog.contextvars.bind_contextvars(generation=generation)
+
+    assert settings.registry is not None
+    client = LeaseClient(transport_for(settings.registry, settings.registry_token, registration), on_generation=adopt)
+    client.start()
+    return client
 
 
 async def _self_test(state: EngineState) -> None:

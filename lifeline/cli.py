@@ -11,12 +11,14 @@ import typer
 
 from controlplane.cli import controlplane_app
 from engine.cli import engine_app, model_app
+from gateway.cli import gateway_app
 from lifeline.demo import demo
 from weight_catalog.cli import catalog_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(engine_app, name="engine", help="Reference inference engine (vLLM API subset).")
 app.add_typer(model_app, name="model", help="Build deterministic reference models.")
+app.add_typer(gateway_app, name="gateway", help="LLM-aware gateway: streams survive engine crashes.")
 app.add_typer(controlplane_app, name="controlplane", help="Central control plane (API, migrations, tokens).")
 app.add_typer(catalog_app, name="catalog", help="Weight-version catalog.")
 app.command("demo")(demo)

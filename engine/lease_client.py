@@ -1,0 +1,170 @@
+"""The engine's side of leases: register, renew before the lease lapses, release on shutdown.
+
+The registry, not the engine, assigns the generation; a registration after a
+restart or after a lapsed lease gets a higher one, which the engine then
+reports in `/healthz/generation` and `X-Lifeline-Generation`. Renewals go out
+every TTL/2 minus up to 10% jitter (so one lost renewal is survivable and a
+fleet restarted together does not renew in lockstep). A renewal refused as
+stale or expired means someone else's view moved on: register again under a
+new generation rather than keep the old one alive.
+
+Transports: `http(s)://gateway` (the gateway's authenticated lease endpoint,
+embedded default) or `redis://…` (the region's Redis registry, shared with
+every gateway replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_exponential_jitter
+
+from lifeline.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class LeaseLost(Exception):
+    """The registry refused a renewal (stale generation or lapsed lease)."""
+
+
+class LeaseTransport(Protocol):
+    async def register(self) -> tuple[int, float]:
+        """Returns (generation, ttl seconds)."""
+        ...
+
+    async def renew(self, generation: int) -> None: ...
+
+    async def release(self, generation: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class HttpLeaseTransport:
+    def __init__(self, base_url: str, token: str | None, registration: dict[str, str]) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(1.0, connect=0.5))
+        self.registration = registration
+
+    async def register(self) -> tuple[int, float]:
+        response = await self.http.post("/lifeline/v1/leases", json=self.registration)
+        response.raise_for_status()
+        body = response.json()
+        return int(body["generation"]), float(body["ttl_s"])
+
+    async def renew(self, generation: int) -> None:
+        response = await self.http.put(f"/lifeline/v1/leases/{self.registration['instance_id']}", json={"generation": generation})
+        if response.status_code in (404, 409):
+            raise LeaseLost(response.text)
+        response.raise_for_status()
+
+    async def release(self, generation: int) -> None:
+        await self.http.delete(f"/lifeline/v1/leases/{self.registration['instance_id']}", params={"generation": generation})
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class RedisLeaseTransport:
+    def __init__(self, url: str, registration: dict[str, str], *, prefix: str = "lifeline:lease", ttl_s: float = 2.0) -> None:
+        from gateway.lease_registry import Registration, RedisLeaseRegistry  # one place owns the key layout
+
+        self.registry = RedisLeaseRegistry.from_url(url, prefix=prefix, ttl=timedelta(seconds=ttl_s))
+        self.registration = Registration(**registration)
+
+    async def register(self) -> tuple[int, float]:
+        lease = await self.registry.register(self.registration)
+        return lease.generation, self.registry.ttl.total_seconds()
+
+    async def renew(self, generation: int) -> None:
+        from gateway.errors import LeaseExpired, StaleGeneration
+
+        try:
+            await self.registry.renew(self.registration.instance_id, generation)
+        except (LeaseExpired, StaleGeneration) as exc:
+            raise LeaseLost(str(exc)) from None
+
+    async def release(self, generation: int) -> None:
+        await self.registry.release(self.registration.instance_id, generation)
+
+    async def close(self) -> None:
+        await self.registry.close()
+
+
+def transport_for(url: str, token: str | None, registration: dict[str, str]) -> LeaseTransport:
+    """`redis://host:port/db?key_prefix=…&ttl_ms=…` or the gateway's base URL."""
+    if url.startswith(("redis://", "rediss://")):
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        prefix = query.pop("key_prefix", "lifeline:lease")
+        ttl_s = float(query.pop("ttl_ms", "2000")) / 1000.0
+        clean = urlunsplit(parts._replace(query=urlencode(query)))
+        return RedisLeaseTransport(clean, registration, prefix=prefix, ttl_s=ttl_s)
+    if url.startswith(("http://", "https://")):
+        return HttpLeaseTransport(url, token, registration)
+    raise ValueError(f"registry URL must be http(s):// or redis://, got {url!r}")
+
+
+class LeaseClient:
+    def __init__(self, transport: LeaseTransport, *, on_generation: Callable[[int], None]) -> None:
+        self.transport = transport
+        self.on_generation = on_generation
+        self.generation: int | None = None
+        self.ttl_s = 2.0
+        self._task: asyncio.Task | None = None
+
+    async def _register(self) -> None:
+        # The registry may not be up yet (or is restarting): keep trying, gently.
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((httpx.HTTPError, OSError, ConnectionError)),
+            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            stop=stop_never,
+            reraise=True,
+        ):
+            with attempt:
+                self.generation, self.ttl_s = await self.transport.register()
+        assert self.generation is not None
+        self.on_generation(self.generation)
+        log.info("lease registered", generation=self.generation, ttl_s=self.ttl_s)
+
+    def _renew_interval(self) -> float:
+        return self.ttl_s / 2 - random.uniform(0, self.ttl_s / 10)
+
+    async def run(self) -> None:
+        await self._register()
+        while True:
+            await asyncio.sleep(self._renew_interval())
+            try:
+                assert self.generation is not None
+                await self.transport.renew(self.generation)
+            except LeaseLost as exc:
+                log.warning("lease lost; registering again for a new generation", generation=self.generation, detail=str(exc)[:200])
+                await self._register()
+            except (httpx.HTTPError, OSError, ConnectionError) as exc:
+                log.warning("lease renewal failed; retrying", error=str(exc)[:200])
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="lease-client")
+
+    async def stop(self) -> None:
+        """Release the lease so gateways stop routing here at once, not a TTL later."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - shutting down either way
+                pass
+        if self.generation is not None:
+            try:
+                await self.transport.release(self.generation)
+                log.info("lease released", generation=self.generation)
+            except Exception as exc:  # the lease lapses within its TTL anyway
+                log.warning("lease release failed", error=str(exc)[:200])
+        await self.transport.close()

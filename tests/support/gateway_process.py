@@ -1,0 +1,115 @@
+"""A real `lifeline gateway serve` subprocess, for tests that kill gateways and engines."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+LEASE_TOKEN = "test-lease-token"
+
+
+def gateway_config(model_dir: Path, *, alias: str = "tiny", version: str | None = None, **sections: Any) -> dict[str, Any]:
+    """A config dict for one model; `sections` override top-level keys (registry, recovery, …)."""
+    config: dict[str, Any] = {
+        "models": [{"alias": alias, "version": version or model_dir.name, "model_dir": str(model_dir)}],
+        "registry": {"kind": "memory", "token": LEASE_TOKEN, "ttl": 2.0},
+        "recovery": {"stall_timeout": 1.5, "first_token_timeout": 20.0, "connect_timeout": 1.0},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+@dataclass
+class GatewayProcess:
+    config: dict[str, Any]
+    port: int
+    workdir: Path
+    replica_id: str = "gateway-0"
+    process: subprocess.Popen | None = None
+    _log: Any = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.replica_id}.log"
+
+    def registry_args(self) -> list[str]:
+        """Engine flags that make an engine renew its lease against this gateway."""
+        return ["--registry", self.url, "--registry-token", LEASE_TOKEN]
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / f"{self.replica_id}.yaml"
+        config_path.write_text(yaml.safe_dump(self.config))
+        cmd = [sys.executable, "-m", "lifeline.cli", "gateway", "serve", "--config", str(config_path),
+               "--port", str(self.port), "--replica-id", self.replica_id]
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_live(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.logs()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz/live", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"gateway not live: {self.logs()[-3000:]}")
+
+    def wait_routable(self, alias: str, count: int, timeout: float = 60.0) -> None:
+        """Until `count` endpoints for `alias` hold live leases (and are not suppressed)."""
+        deadline = time.monotonic() + timeout
+        seen = None
+        while time.monotonic() < deadline:
+            try:
+                seen = httpx.get(f"{self.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
+                if seen.get(alias, 0) >= count:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"gateway never had {count} endpoints for {alias}: {seen}\n{self.logs()[-3000:]}")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Sum of a counter/gauge sample over series matching `labels`."""
+        return scrape_metric(f"{self.url}/metrics", name, labels)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=15)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def scrape_metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url, timeout=5.0).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
