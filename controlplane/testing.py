@@ -59,6 +59,8 @@ def clean_tables(engine: Any) -> None:
     tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
+            # A session a test left open would block TRUNCATE forever; fail fast instead.
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
         else:
             for table in tables:

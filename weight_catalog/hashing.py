@@ -9,7 +9,7 @@ processes: the data never crosses a process boundary.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -30,31 +30,35 @@ class ShardSource(Protocol):
     def open(self, path: str) -> BinaryIO: ...
 
 
-def sha256_stream(stream: BinaryIO, *, block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None) -> tuple[str, int]:
+def _blocks(stream: BinaryIO, block_bytes: int) -> Iterator[bytes | memoryview]:
+    """Blocks of the stream; one reused buffer when the stream supports readinto."""
+    readinto = getattr(stream, "readinto", None)
+    if readinto is not None:
+        view = memoryview(bytearray(block_bytes))
+        try:
+            n = readinto(view)
+        except NotImplementedError:  # io.RawIOBase's placeholder
+            pass
+        else:
+            while n:
+                yield view[:n]
+                n = readinto(view)
+            return
+    while block := stream.read(block_bytes):
+        yield block
+
+
+def sha256_stream(
+    stream: BinaryIO, *, block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None
+) -> tuple[str, int]:
     """Hash a binary stream block by block; returns (hex digest, bytes read)."""
     digest = hashlib.sha256()
     size = 0
-    readinto = getattr(stream, "readinto", None)
-    if readinto is not None:
-        buffer = bytearray(block_bytes)
-        view = memoryview(buffer)
-        while True:
-            n = readinto(view)
-            if not n:
-                break
-            digest.update(view[:n])
-            size += n
-            if progress is not None:
-                progress(n)
-    else:  # e.g. a botocore StreamingBody
-        while True:
-            block = stream.read(block_bytes)
-            if not block:
-                break
-            digest.update(block)
-            size += len(block)
-            if progress is not None:
-                progress(len(block))
+    for block in _blocks(stream, block_bytes):
+        digest.update(block)
+        size += len(block)
+        if progress is not None:
+            progress(len(block))
     return digest.hexdigest(), size
 
 

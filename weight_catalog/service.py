@@ -298,6 +298,7 @@ def _move(
     if current is not None and current.version_id == target.id:
         raise AliasConflict(f"alias {name!r} of {model!r} already points at {target.version}", type="alias_unchanged")
     before_version: str | None = None
+    from_version_id = current.version_id if current is not None else None
     if current is None:
         revision = 1
         try:
@@ -335,7 +336,7 @@ def _move(
         model=model,
         alias=name,
         action=action.value,
-        from_version_id=current.version_id if current else None,
+        from_version_id=from_version_id,
         to_version_id=target.id,
         revision=revision,
         forced=forced,
