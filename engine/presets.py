@@ -21,6 +21,16 @@ class ModelPreset:
     max_position_embeddings: int
     num_shards: int
 
+    @property
+    def parameter_count(self) -> int:
+        """Parameters of the LLaMA model this preset builds (untied output head)."""
+        head_dim = self.hidden_size // self.num_attention_heads
+        kv = self.num_key_value_heads * head_dim
+        attention = 2 * self.hidden_size * self.hidden_size + 2 * kv * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        per_layer = attention + mlp + 2 * self.hidden_size
+        return 2 * self.vocab_size * self.hidden_size + self.num_hidden_layers * per_layer + self.hidden_size
+
 
 PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset("tiny", 4096, 256, 688, 4, 4, 2, 4096, 2),

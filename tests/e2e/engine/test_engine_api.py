@@ -155,3 +155,12 @@ def test_client_disconnect_stops_generation_within_a_step(engine) -> None:
     time.sleep(0.5)
     assert _metric(engine, "vllm:generation_tokens_total") == settled
     assert _metric(engine, "lifeline_engine_requests_total", '{outcome="aborted"}') == aborted + 1
+
+
+def test_logprobs_are_reported_for_each_sampled_token(engine) -> None:
+    response = complete(engine.url, _body(max_tokens=5, logprobs=3)).json()
+    logprobs = response["choices"][0]["logprobs"]
+    assert len(logprobs["token_logprobs"]) == 5 and len(logprobs["top_logprobs"]) == 5
+    for chosen, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True):
+        assert chosen <= 0.0 and len(top) == 3
+        assert chosen >= max(top.values()) - 1e-9  # greedy picks the most likely token

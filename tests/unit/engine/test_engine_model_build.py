@@ -94,3 +94,24 @@ def test_prefill_of_prefix_equals_step_by_step_decode(tiny_model: Path) -> None:
     for k in (1, 17, 39):
         resumed = model.prefill(prompt + generated[:k], model.new_cache(64))
         assert int(resumed.argmax()) == generated[k]
+
+
+def test_preset_sizes_match_the_built_weights_and_the_promise(tiny_model: Path) -> None:
+    from engine.presets import get_preset
+
+    assert get_preset("tiny").parameter_count == sum(t.numel() for t in load_weights(tiny_model).values())
+    assert 90_000_000 <= get_preset("small").parameter_count <= 120_000_000
+
+
+def test_model_build_cli_refuses_bad_arguments_and_writes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from lifeline.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["model", "build", str(tmp_path / "m"), "--preset", "gigantic"])
+    assert result.exit_code == 2 and "gigantic" not in str(tmp_path)
+    assert not (tmp_path / "m").exists()
+    result = runner.invoke(app, ["model", "build", str(tmp_path / "m"), "--seed", "-4"])
+    assert result.exit_code == 2
+    assert not (tmp_path / "m").exists()
