@@ -4,9 +4,10 @@ The registry, not the engine, assigns the generation; a registration after a
 restart or after a lapsed lease gets a higher one, which the engine then
 reports in `/healthz/generation` and `X-Lifeline-Generation`. Renewals go out
 every TTL/2 minus up to 10% jitter (so one lost renewal is survivable and a
-fleet restarted together does not renew in lockstep). A renewal refused as
-stale or expired means someone else's view moved on: register again under a
-new generation rather than keep the old one alive.
+fleet restarted together does not renew in lockstep). A renewal refused because
+the lease lapsed (a partition, a long pause) means register again under a new
+generation rather than keep the old one alive; one refused as stale means a
+newer process holds this instance id, and this one steps down (not ready).
 
 Transports: `http(s)://gateway` (the gateway's authenticated lease endpoint,
 embedded default) or `redis://…` (the region's Redis registry, shared with
@@ -30,7 +31,11 @@ log = get_logger(__name__)
 
 
 class LeaseLost(Exception):
-    """The registry refused a renewal (stale generation or lapsed lease)."""
+    """The registry refused a renewal because the lease lapsed: register again."""
+
+
+class LeaseSuperseded(Exception):
+    """A newer generation of this instance id exists: another process took over; step down."""
 
 
 class LeaseTransport(Protocol):
@@ -59,7 +64,9 @@ class HttpLeaseTransport:
 
     async def renew(self, generation: int) -> None:
         response = await self.http.put(f"/lifeline/v1/leases/{self.registration['instance_id']}", json={"generation": generation})
-        if response.status_code in (404, 409):
+        if response.status_code == 409:
+            raise LeaseSuperseded(response.text)
+        if response.status_code == 404:
             raise LeaseLost(response.text)
         response.raise_for_status()
 
@@ -86,7 +93,9 @@ class RedisLeaseTransport:
 
         try:
             await self.registry.renew(self.registration.instance_id, generation)
-        except (LeaseExpired, StaleGeneration) as exc:
+        except StaleGeneration as exc:
+            raise LeaseSuperseded(str(exc)) from None
+        except LeaseExpired as exc:
             raise LeaseLost(str(exc)) from None
 
     async def release(self, generation: int) -> None:
@@ -113,9 +122,11 @@ def transport_for(url: str, token: str | None, registration: dict[str, str]) -> 
 
 
 class LeaseClient:
-    def __init__(self, transport: LeaseTransport, *, on_generation: Callable[[int], None]) -> None:
+    def __init__(self, transport: LeaseTransport, *, on_generation: Callable[[int], None],
+                 on_superseded: Callable[[], None] = lambda: None) -> None:
         self.transport = transport
         self.on_generation = on_generation
+        self.on_superseded = on_superseded
         self.generation: int | None = None
         self.ttl_s = 2.0
         self._task: asyncio.Task | None = None
@@ -147,6 +158,12 @@ class LeaseClient:
             except LeaseLost as exc:
                 log.warning("lease lost; registering again for a new generation", generation=self.generation, detail=str(exc)[:200])
                 await self._register()
+            except LeaseSuperseded as exc:
+                # Fighting back would make two processes flap one endpoint; the newer one wins.
+                log.error("lease superseded by a newer generation; stepping down", generation=self.generation, detail=str(exc)[:200])
+                self.generation = None
+                self.on_superseded()
+                return
             except (httpx.HTTPError, OSError, ConnectionError) as exc:
                 log.warning("lease renewal failed; retrying", error=str(exc)[:200])
 

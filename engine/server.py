@@ -520,8 +520,14 @@ def _start_lease_client(state: EngineState):  # type: ignore[no-untyped-def]
         state.lease_generation = generation
         structlog.contextvars.bind_contextvars(generation=generation)
 
+    def step_down() -> None:
+        state.ready = False
+        state.metrics.ready.set(0)
+
     assert settings.registry is not None
-    client = LeaseClient(transport_for(settings.registry, settings.registry_token, registration), on_generation=adopt)
+    client = LeaseClient(
+        transport_for(settings.registry, settings.registry_token, registration), on_generation=adopt, on_superseded=step_down
+    )
     client.start()
     return client
 

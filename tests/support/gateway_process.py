@@ -88,6 +88,21 @@ class GatewayProcess:
             time.sleep(0.1)
         raise TimeoutError(f"gateway never had {count} endpoints for {alias}: {seen}\n{self.logs()[-3000:]}")
 
+    def leases(self) -> dict[str, int]:
+        """instance id → live generation, from the authenticated lease endpoint."""
+        response = httpx.get(f"{self.url}/lifeline/v1/leases", headers={"Authorization": f"Bearer {LEASE_TOKEN}"}, timeout=5.0)
+        response.raise_for_status()
+        return {lease["instance_id"]: lease["generation"] for lease in response.json()["leases"]}
+
+    def wait_generation_above(self, instance_id: str, generation: int, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            current = self.leases().get(instance_id, 0)
+            if current > generation:
+                return current
+            time.sleep(0.05)
+        raise TimeoutError(f"{instance_id} never registered above generation {generation}")
+
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Sum of a counter/gauge sample over series matching `labels`."""
         return scrape_metric(f"{self.url}/metrics", name, labels)
