@@ -33,6 +33,10 @@ class ControlPlaneSettings(BaseSettings):
     hash_block_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     hash_workers: int = Field(default=4, ge=1, le=64)
     s3_endpoint_url: str | None = None
+    # Directories the API may read artifacts from (JSON list in the env).
+    # The CLI reads any path its user can; the API refuses paths outside
+    # these roots, so a token cannot make the server hash /etc.
+    artifact_roots: list[Path] = []
 
     @field_validator("database_url")
     @classmethod

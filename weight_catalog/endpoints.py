@@ -27,7 +27,7 @@ from weight_catalog.schemas import (
     VersionRead,
     VersionSummary,
 )
-from weight_catalog.store import open_store
+from weight_catalog.store import check_readable_by_api, open_store
 
 router = APIRouter(prefix="/catalog", tags=["catalog"])
 
@@ -67,6 +67,7 @@ def register_version(
 ) -> VersionRead:
     """Hash an artifact the control plane can read. Large artifacts: use `lifeline catalog register`."""
     service.ensure_version_absent(session, model=model, version=body.version)
+    check_readable_by_api(body.location, settings.artifact_roots)
     store = open_store(body.location, s3_endpoint_url=settings.s3_endpoint_url)
     scan = service.scan_artifact(store, workers=settings.hash_workers, block_bytes=settings.hash_block_bytes)
     created = service.create_version(
@@ -85,6 +86,7 @@ def verify_version(
     model: NamePath, version: NamePath, body: VerifyRequest, session: DbSession, _: Operator, settings: SettingsDep
 ) -> VerifyReport:
     found = service.get_version_or_raise(session, model=model, version=version)
+    check_readable_by_api(body.location or found.location, settings.artifact_roots)
     store = open_store(body.location or found.location, s3_endpoint_url=settings.s3_endpoint_url)
     return service.verify(
         session, model=model, version=version, store=store, workers=settings.hash_workers,

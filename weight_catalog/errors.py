@@ -5,12 +5,13 @@
     ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
     │             critical_known_issue, nothing_to_roll_back,
     │             issue_already_resolved, force_needs_reason
-    └── InvalidInput: invalid_artifact, invalid_location
+    ├── InvalidInput: invalid_artifact, invalid_location
+    └── ArtifactStoreUnavailable (503): artifact_store_unavailable
 """
 
 from __future__ import annotations
 
-from controlplane.errors import Conflict, InvalidInput, NotFound
+from controlplane.errors import Conflict, InvalidInput, LifelineError, NotFound
 
 
 class VersionNotFound(NotFound):
@@ -57,3 +58,10 @@ class InvalidArtifact(InvalidInput):
 
 class InvalidLocation(InvalidInput):
     default_type = "invalid_location"
+
+
+class ArtifactStoreUnavailable(LifelineError):
+    """The store could not be reached (network, credentials); not the caller's fault."""
+
+    status_code = 503
+    default_type = "artifact_store_unavailable"

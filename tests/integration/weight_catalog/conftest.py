@@ -57,7 +57,8 @@ def lease_reader() -> InMemoryLeaseReader:
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
-    return ControlPlaneSettings(database_url=database_url, data_dir=tmp_path, hash_workers=2)
+    return ControlPlaneSettings(database_url=database_url, data_dir=tmp_path, hash_workers=2,
+                                artifact_roots=[tmp_path])
 
 
 @pytest.fixture

@@ -204,3 +204,12 @@ def test_verify_reports_every_corrupt_and_missing_shard(client: TestClient, as_r
         "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors"]
     assert report["missing"] == ["model-00004-of-00004.safetensors"]
     assert report["unexpected"] == ["stray.bin"]
+
+
+def test_api_refuses_filesystem_locations_outside_artifact_roots(client: TestClient, as_role: Any,
+                                                                 tmp_path: Path) -> None:
+    for location in ("/", "/etc", str(tmp_path / ".." / "..")):
+        response = client.post(f"{BASE}/versions", json={"version": "v1", "location": location},
+                               headers=as_role("operator"))
+        assert (response.status_code, response.json()["error"]["type"]) == (422, "invalid_location")
+    assert client.get("/api/v1/catalog/versions", headers=as_role("viewer")).json() == []

@@ -22,6 +22,7 @@ def settings(database_url: str, tmp_path: Path, moto_s3: Any, monkeypatch: pytes
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return ControlPlaneSettings(database_url=database_url, data_dir=tmp_path, s3_endpoint_url=moto_s3.endpoint_url,
+                                artifact_roots=[tmp_path],
                                 hash_workers=3, hash_block_bytes=64 * 1024)
 
 
