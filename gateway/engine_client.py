@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
+from httpx_sse import EventSource, SSEError
 
 from gateway.router import Endpoint
 
@@ -108,6 +108,8 @@ class EngineClient:
             raise EngineFailure("timeout", str(exc)) from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise EngineFailure("connection_lost", str(exc)) from None
+        except (SSEError, ValueError, KeyError, IndexError) as exc:
+            raise EngineFailure("bad_response", f"not a vLLM completion stream: {exc}") from None
 
 
 def _int_or_none(value: str | None) -> int | None:

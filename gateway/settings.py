@@ -10,11 +10,24 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+def _seconds(value: Any) -> Any:
+    """Environment variables arrive as strings: read "1.5" as seconds, as YAML numbers are."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
 
 
 class RecoveryStrategy(StrEnum):
@@ -51,9 +64,9 @@ class RegistryConfig(_Section):
     url: str | None = Field(None, description="redis://… when kind is redis")
     key_prefix: str = "lifeline:lease"
     token: str | None = Field(None, description="bearer token engines present to the lease endpoint")
-    ttl: timedelta = Field(timedelta(seconds=2), description="lease time to live; engines renew before it lapses")
+    ttl: Seconds = Field(timedelta(seconds=2), description="lease time to live; engines renew before it lapses")
     require_lease: bool = Field(True, description="static engines need a live lease to be routed to")
-    refresh_interval: timedelta = Field(timedelta(milliseconds=250), description="how often a Redis view is re-read")
+    refresh_interval: Seconds = Field(timedelta(milliseconds=250), description="how often a Redis view is re-read")
 
     @model_validator(mode="after")
     def _check(self) -> RegistryConfig:
@@ -68,8 +81,8 @@ class TokenLogConfig(_Section):
     kind: Literal["memory", "redis"] = "memory"
     url: str | None = None
     key_prefix: str = "lifeline:stream"
-    retention: timedelta = Field(timedelta(minutes=10), description="how long a finished or detached stream can be resumed")
-    owner_ttl: timedelta = Field(timedelta(seconds=2), description="a replica driving a stream refreshes its ownership within this")
+    retention: Seconds = Field(timedelta(minutes=10), description="how long a finished or detached stream can be resumed")
+    owner_ttl: Seconds = Field(timedelta(seconds=2), description="a replica driving a stream refreshes its ownership within this")
 
     @model_validator(mode="after")
     def _check(self) -> TokenLogConfig:
@@ -81,19 +94,19 @@ class TokenLogConfig(_Section):
 class RecoveryConfig(_Section):
     strategy: RecoveryStrategy = RecoveryStrategy.TOKEN_COMMIT_RESUME
     max_migrations: int = Field(3, ge=0)
-    connect_timeout: timedelta = timedelta(seconds=1)
-    first_token_timeout: timedelta = Field(timedelta(seconds=30), description="prefill budget before a stall is declared")
-    stall_timeout: timedelta = Field(timedelta(seconds=2), description="no token for this long mid-stream: migrate")
-    request_timeout: timedelta = Field(timedelta(minutes=5), description="default deadline; X-Lifeline-Timeout-Ms overrides")
-    min_deadline_remaining: timedelta = Field(timedelta(milliseconds=500), description="do not migrate with less left")
-    suppress_for: timedelta = Field(timedelta(seconds=10), description="a failed endpoint is skipped locally this long")
+    connect_timeout: Seconds = timedelta(seconds=1)
+    first_token_timeout: Seconds = Field(timedelta(seconds=30), description="prefill budget before a stall is declared")
+    stall_timeout: Seconds = Field(timedelta(seconds=2), description="no token for this long mid-stream: migrate")
+    request_timeout: Seconds = Field(timedelta(minutes=5), description="default deadline; X-Lifeline-Timeout-Ms overrides")
+    min_deadline_remaining: Seconds = Field(timedelta(milliseconds=500), description="do not migrate with less left")
+    suppress_for: Seconds = Field(timedelta(seconds=10), description="a failed endpoint is skipped locally this long")
 
 
 class AdmissionConfig(_Section):
     max_concurrency_per_engine: int = Field(8, ge=1)
     max_queue: int = Field(16, ge=0, description="requests waiting for an engine slot; more get 429")
-    queue_timeout: timedelta = timedelta(seconds=5)
-    retry_after: timedelta = timedelta(seconds=1)
+    queue_timeout: Seconds = timedelta(seconds=5)
+    retry_after: Seconds = timedelta(seconds=1)
     retry_budget_ratio: float = Field(0.2, ge=0.0, le=1.0, description="migrations in flight ≤ this × active requests")
     retry_budget_min: int = Field(3, ge=0, description="migrations always allowed in flight, as Envoy's min_retry_concurrency")
     hash_load_factor: float = Field(1.25, ge=1.0, description="bounded-load consistent hashing: c × mean load")
