@@ -170,7 +170,11 @@ def events_export(
     from controlplane.event.models import RoutingTier
     from controlplane.event.repository import EventFilter
 
-    tier = RoutingTier(routing_tier) if routing_tier else None
+    try:
+        tier = RoutingTier(routing_tier) if routing_tier else None
+    except ValueError as exc:
+        typer.echo("error: invalid_request: --routing-tier must be l7, mesh, zone or dns", err=True)
+        raise typer.Exit(2) from exc
     flt = EventFilter(kind=kind, routing_tier=tier, scope_prefix=scope)
     settings = load_settings()
     read_only(settings, lambda session: sys.stdout.writelines(service.export_jsonl(session, flt)))
