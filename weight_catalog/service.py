@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.clock import Clock
-from controlplane.errors import InvalidInput
+from controlplane.errors import InvalidInput, LifelineError
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
 from controlplane.snapshot import service as snapshot_service
@@ -259,7 +259,8 @@ def _refuse_fingerprint(session: Session, target: WeightVersion, *, force: bool)
     if prod is None or prod.version_id == target.id:
         return
     current = session.get(WeightVersion, prod.version_id)
-    assert current is not None  # FK guarantees it  # noqa: S101
+    if current is None:  # the foreign key makes this unreachable
+        raise LifelineError(f"prod alias of {target.model} points at a missing version")
     if current.fingerprint == target.fingerprint or force:
         return
     differing = sorted(
@@ -399,7 +400,8 @@ def rollback_target(session: Session, *, model: str, alias: str) -> WeightVersio
         if move.from_version_id is None:
             break
         target = session.get(WeightVersion, move.from_version_id)
-        assert target is not None  # noqa: S101
+        if target is None:  # the foreign key makes this unreachable
+            raise LifelineError(f"alias history of {model} {alias} names a missing version")
         return target
     raise NothingToRollBack(f"alias {alias!r} of {model!r} has no earlier version to return to")
 
