@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
 from tests.support.engine_process import EngineProcess
+from tests.support.ports import free_port
 
 # Models are deterministic, so one build per preset and seed serves the whole run.
 MODEL_CACHE = Path(os.environ.get("LIFELINE_TEST_MODEL_CACHE", Path(__file__).parent.parent / ".lifeline" / "test-models"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def built_model(preset: str, seed: int) -> Path:

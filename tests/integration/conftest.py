@@ -1,4 +1,4 @@
-"""Every control-plane integration test runs on SQLite and on the real PostgreSQL.
+"""Control-plane and catalog integration tests run on SQLite and on the real PostgreSQL.
 
 Needs PostgreSQL at 127.0.0.1:5432 (trust auth, user postgres, database
 `test`; override with LIFELINE_TEST_POSTGRES_URL). One throwaway database
@@ -21,7 +21,7 @@ from controlplane.auth.roles import Role
 from controlplane.clock import ManualClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory, session_scope, upgrade
-from controlplane.testing import clean_tables, throwaway_database
+from tests.support.controlplane_testing import clean_tables, throwaway_database
 from controlplane.topology.lease import InMemoryLeaseReader
 
 

@@ -19,13 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
+
 POSTGRES_ADMIN_URL = os.environ.get("LIFELINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from sqlalchemy import inspect
 
 from controlplane.db import build_engine, downgrade, upgrade
 from controlplane.models import Base
-from controlplane.testing import throwaway_database
+from tests.support.controlplane_testing import throwaway_database
 
 pytestmark = pytest.mark.integration
 

@@ -1,98 +1,20 @@
-"""Every catalog integration test runs on SQLite and on the real PostgreSQL.
+"""moto's S3 emulator for the catalog's S3 artifact-store tests.
 
-Needs PostgreSQL at 127.0.0.1:5432 (trust auth, user postgres, database
-`test`; override with LIFELINE_TEST_POSTGRES_URL). One throwaway database
-per backend per session, built by `alembic upgrade head` and dropped after;
-tables are emptied before each test.
+The database fixtures every catalog test uses live in tests/integration/conftest.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-
-from controlplane.app import create_app
-from controlplane.auth import service as auth_service
-from controlplane.auth.roles import Role
-from controlplane.clock import ManualClock
-from controlplane.config import ControlPlaneSettings
-from controlplane.db import build_engine, build_session_factory, session_scope, upgrade
-from controlplane.testing import clean_tables, throwaway_database
-from controlplane.topology.lease import InMemoryLeaseReader
-
-
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with throwaway_database(request.param, tmp_path_factory.mktemp("db")) as url:
-        upgrade(url)
-        yield url
-
-
-@pytest.fixture(scope="session")
-def db_engine(database_url: str) -> Iterator[Any]:
-    engine = build_engine(database_url)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def session_factory(db_engine: Any) -> Any:
-    clean_tables(db_engine)
-    return build_session_factory(db_engine)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def lease_reader() -> InMemoryLeaseReader:
-    return InMemoryLeaseReader()
-
-
-@pytest.fixture
-def settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
-    return ControlPlaneSettings(database_url=database_url, data_dir=tmp_path, hash_workers=2,
-                                artifact_roots=[tmp_path])
-
-
-@pytest.fixture
-def client(
-    settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock, lease_reader: InMemoryLeaseReader
-) -> Iterator[TestClient]:
-    app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def tokens(session_factory: Any, clock: ManualClock) -> dict[str, str]:
-    secrets = {}
-    with session_scope(session_factory) as session:
-        for role in Role:
-            _, secrets[role.value] = auth_service.create_token(
-                session, name=f"test-{role.value}", role=role, created_by="test", clock=clock
-            )
-    return secrets
-
-
-@pytest.fixture
-def as_role(tokens: dict[str, str]) -> Any:
-    def headers(role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {tokens[role]}"}
-
-    return headers
 
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Any]:
     """moto's S3 emulator over real HTTP, one process for the session."""
-    from controlplane.testing import MotoServer
+    from tests.support.controlplane_testing import MotoServer
 
     server = MotoServer()
     server.start()

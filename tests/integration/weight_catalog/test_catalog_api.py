@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from controlplane.clock import ManualClock
 from controlplane.db import session_scope
 from controlplane.errors import LifelineError
-from controlplane.testing import write_artifact
+from tests.support.controlplane_testing import write_artifact
 from weight_catalog import service
 
 pytestmark = pytest.mark.integration

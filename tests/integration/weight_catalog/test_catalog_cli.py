@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from controlplane.auth.models import AuditRecord
 from controlplane.db import session_scope
-from controlplane.testing import write_artifact
+from tests.support.controlplane_testing import write_artifact
 from lifeline.cli import app
 
 pytestmark = pytest.mark.integration

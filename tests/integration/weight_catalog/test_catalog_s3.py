@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controlplane.config import ControlPlaneSettings
-from controlplane.testing import write_artifact
+from tests.support.controlplane_testing import write_artifact
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.testing import write_artifact
+from tests.support.controlplane_testing import write_artifact
 from weight_catalog.errors import InvalidArtifact
 from weight_catalog.fingerprint import fingerprint, fingerprint_parts
 from weight_catalog.store import FilesystemStore
