@@ -28,8 +28,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from weight_catalog.hashing import DEFAULT_BLOCK_BYTES, hash_shards
-from weight_catalog.store import FilesystemStore
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.docs import replace_section  # noqa: E402
+from weight_catalog.hashing import DEFAULT_BLOCK_BYTES, hash_shards  # noqa: E402
+from weight_catalog.store import FilesystemStore  # noqa: E402
 
 HEADING = "## Checksums (bench/checksum.py)"
 
@@ -81,18 +86,6 @@ def best_of(repeat: int, run: Callable[[], dict[str, str]]) -> tuple[float, dict
     return best, result
 
 
-def record(path: Path, section: str) -> None:
-    """Replace this script's section in the file, or append it; other sections are kept."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text if text.endswith("\n") else text + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gib", type=float, default=2.0)
@@ -129,8 +122,6 @@ def main() -> None:
     base = results[0][1]
     cpu = platform.processor() or platform.machine()
     lines = [
-        HEADING,
-        "",
         f"{total / 1024**3:.2f} GiB in {args.shards} shards, page cache warm, best of {args.repeat}; "
         f"{os.cpu_count()} CPUs ({cpu}), shared with other work; block {DEFAULT_BLOCK_BYTES // 1024**2} MiB.",
         "",
@@ -148,9 +139,9 @@ def main() -> None:
         "",
     ]
     section = "\n".join(lines)
-    print(section)
+    print(HEADING + "\n\n" + section)
     if args.record:
-        record(args.record, section)
+        replace_section(args.record, HEADING, section)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import platform
 import statistics
 import sys
@@ -29,7 +28,9 @@ from httpx_sse import connect_sse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import built_model, free_port  # noqa: E402
+from bench.docs import replace_section  # noqa: E402
+from tests.conftest import built_model  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.engine_process import EngineProcess  # noqa: E402
 
 
@@ -134,20 +135,6 @@ def render(serving: list[dict], prefill: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(doc: Path, heading: str, body: str) -> None:
-    """Replace (or append) one `## heading` section of docs/benchmarks.md."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n\nEach section is written by its bench/ script.\n"
-    marker = f"## {heading}"
-    section = f"{marker}\n\n{body}\n"
-    if marker in text:
-        start = text.index(marker)
-        nxt = text.find("\n## ", start + len(marker))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,small")
@@ -166,7 +153,7 @@ def main() -> None:
     table = render(serving, prefill)
     print(table)
     if args.write:
-        write_section(args.write, "Reference engine (bench/engine.py)", table)
+        replace_section(args.write, "## Reference engine (bench/engine.py)", table)
 
 
 if __name__ == "__main__":
