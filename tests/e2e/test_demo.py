@@ -1,0 +1,25 @@
+"""The README's first command: `lifeline demo` must keep its promise on a fresh work dir."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_survives_engine_kill_with_identical_tokens(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "lifeline.cli", "demo", "--workdir", str(tmp_path), "--max-tokens", "32",
+         "--kill-after", "10"],
+        capture_output=True, text=True, timeout=280, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "identical to reference: yes" in done.stdout
+    assert "seq 0..31 contiguous: yes" in done.stdout
+    assert "migrations: 1;" in done.stdout
+    assert "engine-a is back under generation 2 (was 1)" in done.stdout
+    assert (tmp_path / "controlplane.sqlite3").exists()
