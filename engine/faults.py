@@ -65,6 +65,9 @@ class FaultInjector:
         exit_after = self.settings.exit_after_tokens
         if exit_after is not None and self.tokens_sent >= exit_after:
             self._fired("exit", tokens_sent=self.tokens_sent)
+            # Let the event loop flush what earlier sends left in transport buffers, so
+            # "after N tokens" means N tokens reached the socket, then die without cleanup.
+            await asyncio.sleep(0.05)
             os._exit(137)
         hang_after = self.settings.hang_after_tokens
         if hang_after is not None and self.tokens_sent >= hang_after:
