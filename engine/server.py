@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from engine.boot_generation import next_boot_generation
 from engine.errors import BadRequest, EngineError, InjectedFailure, NotReady
 from engine.faults import FaultInjector
+from engine.lease_client import LeaseClient, transport_for
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -170,7 +171,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         state.ready = True
         metrics.ready.set(1)
         log.info("engine ready", weights=fingerprint)
-        lease = _start_lease_client(state) if settings.registry else None
+        lease = _start_lease_client(state, settings.registry) if settings.registry else None
         try:
             yield
         finally:
@@ -503,9 +504,8 @@ async def _collect(
     return JSONResponse(response)
 
 
-def _start_lease_client(state: EngineState):  # type: ignore[no-untyped-def]
+def _start_lease_client(state: EngineState, registry_url: str) -> LeaseClient:
     """Register only once ready: a lease means "route here"."""
-    from engine.lease_client import LeaseClient, transport_for
 
     settings = state.settings
     registration = {
@@ -524,9 +524,8 @@ def _start_lease_client(state: EngineState):  # type: ignore[no-untyped-def]
         state.ready = False
         state.metrics.ready.set(0)
 
-    assert settings.registry is not None
     client = LeaseClient(
-        transport_for(settings.registry, settings.registry_token, registration), on_generation=adopt, on_superseded=step_down
+        transport_for(registry_url, settings.registry_token, registration), on_generation=adopt, on_superseded=step_down
     )
     client.start()
     return client
