@@ -38,7 +38,7 @@ from engine.protocol import ChatCompletionRequest, CompletionRequest, SamplingFi
 from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence, TokenEvent
 from engine.settings import EngineSettings, FaultSettings
-from lifeline.detokenize import IncrementalDetokenizer
+from lifeline.detokenize import TextAssembler
 from lifeline.logs import get_logger
 
 log = get_logger(__name__)
@@ -95,46 +95,26 @@ def _sse(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-def _stop_holdback(text: str, stops: list[str]) -> int:
-    """How many trailing characters might still become a stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
-
-
 class _Generation:
     """One request's path from token events to text, with stop strings applied."""
 
     def __init__(self, state: EngineState, seq: Sequence, stops: list[str]) -> None:
-        self.state = state
         self.seq = seq
-        self.stops = stops
-        self.detok = IncrementalDetokenizer(state.tokenizer)
-        self.text = ""  # everything decoded so far (stop string excluded once hit)
-        self.sent_chars = 0
+        self.assembler = TextAssembler(state.tokenizer, stops)
         self.finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.assembler.text
 
     def accept(self, event: TokenEvent) -> str:
         """Add a token; return the text now safe to send."""
-        self.text += self.detok.push(event.token_id)
+        delta, stop_hit = self.assembler.push(event.token_id, final=event.finish_reason is not None)
         self.finish_reason = event.finish_reason
-        if event.finish_reason is not None:
-            self.text += self.detok.flush()
-        for stop in self.stops:
-            at = self.text.find(stop, max(0, self.sent_chars - len(stop)))
-            if at != -1:
-                self.text = self.text[:at]
-                self.finish_reason = "stop"
-                self.seq.cancel()
-        holdback = 0 if self.finish_reason else _stop_holdback(self.text, self.stops)
-        upto = max(self.sent_chars, len(self.text) - holdback)
-        chunk = self.text[self.sent_chars : upto]
-        self.sent_chars = upto
-        return chunk
+        if stop_hit:
+            self.finish_reason = "stop"
+            self.seq.cancel()
+        return delta
 
 
 def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = None) -> FastAPI:

@@ -50,7 +50,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.router import Endpoint, Router
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import Frame, StreamStatus, TokenLog
-from lifeline.detokenize import IncrementalDetokenizer
+from lifeline.detokenize import TextAssembler
 from lifeline.logs import get_logger
 
 log = get_logger(__name__)
@@ -113,40 +113,6 @@ def decide(
 
 class Fenced(Exception):
     """Our request epoch is no longer current: cancelled, or another replica took over."""
-
-
-def _stop_holdback(text: str, stops: list[str]) -> int:
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
-
-
-class TextAssembler:
-    """Committed token ids → text deltas, UTF-8 safe, stop strings applied, never half a character."""
-
-    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
-        self.detok = IncrementalDetokenizer(tokenizer)
-        self.stops = stops
-        self.text = ""
-        self.sent = 0
-
-    def push(self, token_id: int, *, final: bool) -> tuple[str, bool]:
-        self.text += self.detok.push(token_id)
-        if final:
-            self.text += self.detok.flush()
-        stop_hit = False
-        for stop in self.stops:
-            at = self.text.find(stop, max(0, self.sent - len(stop)))
-            if at != -1:
-                self.text, stop_hit = self.text[:at], True
-        holdback = 0 if (final or stop_hit) else _stop_holdback(self.text, self.stops)
-        upto = max(self.sent, len(self.text) - holdback)
-        delta, self.sent = self.text[self.sent : upto], upto
-        return delta, stop_hit
 
 
 @dataclass

@@ -45,3 +45,43 @@ class IncrementalDetokenizer:
         full = self._decode(self._ids[self._prefix_offset :])
         self._emitted_upto = len(self._ids)
         return full[len(prefix) :]
+
+
+def stop_holdback(text: str, stops: list[str]) -> int:
+    """How many trailing characters of `text` might still grow into a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                longest = max(longest, size)
+                break
+    return longest
+
+
+class TextAssembler:
+    """Token ids → text deltas, UTF-8 safe, with stop strings applied.
+
+    Text that could still turn out to be the start of a stop string is held
+    back until it can't; a stop string itself is never emitted.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = stops
+        self.text = ""  # everything decoded so far, cut at a stop string once one is hit
+        self.sent = 0  # characters of `text` already handed out
+
+    def push(self, token_id: int, *, final: bool) -> tuple[str, bool]:
+        """Add a token; return (text now safe to send, whether a stop string was hit)."""
+        self.text += self.detok.push(token_id)
+        if final:
+            self.text += self.detok.flush()
+        stop_hit = False
+        for stop in self.stops:
+            at = self.text.find(stop, max(0, self.sent - len(stop)))
+            if at != -1:
+                self.text, stop_hit = self.text[:at], True
+        holdback = 0 if (final or stop_hit) else stop_holdback(self.text, self.stops)
+        upto = max(self.sent, len(self.text) - holdback)
+        delta, self.sent = self.text[self.sent : upto], upto
+        return delta, stop_hit

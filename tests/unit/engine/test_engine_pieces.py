@@ -10,8 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.boot_generation import next_boot_generation
-from engine.server import _stop_holdback
-from lifeline.detokenize import IncrementalDetokenizer
+from lifeline.detokenize import IncrementalDetokenizer, stop_holdback
 
 pytestmark = pytest.mark.unit
 
@@ -57,4 +56,4 @@ def test_incremental_detokenizer_matches_full_decode_on_random_ids(tiny_model: P
     [("hello wor", ["world"], 3), ("hello", ["xyz"], 0), ("abc<|", ["<|end|>", "c<"], 2), ("", ["a"], 0)],
 )
 def test_stop_holdback_keeps_possible_stop_prefixes(text: str, stops: list[str], held: int) -> None:
-    assert _stop_holdback(text, stops) == held
+    assert stop_holdback(text, stops) == held

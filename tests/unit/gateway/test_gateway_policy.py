@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.admission import RetryBudget
-from gateway.recovery import TextAssembler, decide
+from gateway.recovery import decide
+from lifeline.detokenize import TextAssembler
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from tests.conftest import built_model
 
