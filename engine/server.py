@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import structlog
 import torch
@@ -25,7 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
 from tokenizers import Tokenizer
 
 from engine.boot_generation import next_boot_generation
@@ -39,12 +37,12 @@ from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence, TokenEvent
 from engine.settings import EngineSettings, FaultSettings
 from lifeline.detokenize import TextAssembler
+from lifeline.request_body import Body, parse_json_body
 from lifeline.logs import get_logger
 
 log = get_logger(__name__)
 
 SELF_TEST_PROMPT = "Healthy engine serves the request."
-_Body = TypeVar("_Body", bound=BaseModel)
 
 
 def weights_fingerprint(model_dir: Path) -> str:
@@ -267,20 +265,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
     return app
 
 
-async def _parse(request: Request, model: type[_Body]) -> _Body:
-    raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise BadRequest(f"{param}: {first['msg']}", param=param) from None
+async def _parse(request: Request, model: type[Body]) -> Body:
+    return parse_json_body(await request.body(), model, BadRequest)
 
 
 def _prompt_ids(state: EngineState, prompt: str | list[int]) -> list[int]:
