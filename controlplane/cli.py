@@ -1,4 +1,4 @@
-"""`lifeline controlplane serve|migrate|token create|events export`.
+"""`lifeline controlplane serve|migrate|token create|list|revoke|events export`.
 
 SQLAlchemy, uvicorn and the app are imported inside the commands, so
 mounting this sub-app costs `lifeline engine serve` nothing.
@@ -157,6 +157,48 @@ def token_create(
     )
     typer.echo(secret)
     typer.echo(f"created {parsed.value} token #{token.id} {name!r}; it is shown only once", err=True)
+
+
+@token_app.command("list")
+def token_list(
+    include_revoked: Annotated[bool, typer.Option("--all/--active", help="Show revoked tokens too.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """List API tokens (never their secrets, which are not stored)."""
+    import json
+
+    from controlplane.auth import service
+    from controlplane.auth.schemas import TokenRead
+
+    settings = load_settings()
+    rows = read_only(
+        settings,
+        lambda session: [TokenRead.model_validate(t) for t in service.list_tokens(session, include_revoked=include_revoked)],
+    )
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        return
+    typer.echo(f"{'id':>5}  {'role':<8}  {'state':<7}  {'created':<25}  name")
+    for row in rows:
+        state = "active" if row.active else "revoked"
+        typer.echo(f"{row.id:>5}  {row.role.value:<8}  {state:<7}  {row.created_at.isoformat():<25}  {row.name}")
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="The token's id (see `token list`).", min=1, max=2**31 - 1)],
+) -> None:
+    """Revoke a token at once. The last active admin token cannot be revoked."""
+    from controlplane.auth import service
+
+    settings = load_settings()
+    token = run_mutation(
+        settings,
+        action="token.revoke",
+        target=f"token:#{token_id}",
+        work=lambda session, clock: service.revoke_token(session, token_id=token_id, actor=cli_actor(), clock=clock),
+    )
+    typer.echo(f"revoked {token.role} token #{token.id} {token.name!r}")
 
 
 @events_app.command("export")

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Query
 
 from controlplane.auth import service
 from controlplane.auth.dependencies import Admin, Viewer
-from controlplane.auth.schemas import AuditRead, TokenCreate, TokenCreated, WhoAmI
+from controlplane.auth.schemas import AuditRead, TokenCreate, TokenCreated, TokenRead, WhoAmI
 from controlplane.db import DbSession
-from controlplane.deps import ClockDep
+from controlplane.deps import ClockDep, IdPath
 
 router = APIRouter(tags=["auth"])
 
@@ -19,6 +19,18 @@ def create_token(body: TokenCreate, session: DbSession, principal: Admin, clock:
         session, name=body.name, role=body.role, created_by=principal.actor, clock=clock
     )
     return TokenCreated(id=token.id, name=token.name, role=body.role, token=secret)
+
+
+@router.get("/tokens", response_model=list[TokenRead])
+def list_tokens(session: DbSession, _: Admin, include_revoked: bool = True) -> list[TokenRead]:
+    return [TokenRead.model_validate(t) for t in service.list_tokens(session, include_revoked=include_revoked)]
+
+
+@router.post("/tokens/{token_id}/revoke", response_model=TokenRead)
+def revoke_token(token_id: IdPath, session: DbSession, principal: Admin, clock: ClockDep) -> TokenRead:
+    """Revoke a token; it is refused (401) from the next request on. The last active admin token stays."""
+    token = service.revoke_token(session, token_id=token_id, actor=principal.actor, clock=clock)
+    return TokenRead.model_validate(token)
 
 
 @router.get("/whoami", response_model=WhoAmI)
@@ -34,6 +46,3 @@ def list_audit(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditRead]:
     return [AuditRead.model_validate(r) for r in service.list_audit(session, actor=actor, limit=limit)]
-
-
-

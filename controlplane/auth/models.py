@@ -20,6 +20,11 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_by: Mapped[str] = mapped_column(String(160))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
 
 
 class AuditRecord(Base):

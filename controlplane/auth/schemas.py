@@ -20,6 +20,21 @@ class TokenCreated(BaseModel):
     token: str  # shown once; only its hash is stored
 
 
+class TokenRead(BaseModel):
+    """A token without its secret, which is never stored and never shown again."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    role: Role
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+    revoked_by: str | None
+    active: bool
+
+
 class AuditRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
