@@ -58,6 +58,21 @@ def open_critical_issues(session: Session, *, version_id: int) -> Sequence[Known
     ).all()
 
 
+def open_issues_by_version(session: Session, version_ids: set[int]) -> dict[int, list[KnownIssue]]:
+    """Unresolved issues of the given versions, oldest first."""
+    if not version_ids:
+        return {}
+    issues = session.scalars(
+        select(KnownIssue)
+        .where(KnownIssue.version_id.in_(version_ids), KnownIssue.resolved_at.is_(None))
+        .order_by(KnownIssue.id)
+    ).all()
+    grouped: dict[int, list[KnownIssue]] = {}
+    for issue in issues:
+        grouped.setdefault(issue.version_id, []).append(issue)
+    return grouped
+
+
 def get_issue(session: Session, *, issue_id: int) -> KnownIssue | None:
     return session.get(KnownIssue, issue_id)
 

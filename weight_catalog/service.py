@@ -199,6 +199,7 @@ def add_issue(
         after={"issue_id": issue.id, "severity": severity.value},
         clock=clock,
     )
+    snapshot_service.bump(session, clock=clock)  # the snapshot lists open issues
     return issue
 
 
@@ -223,6 +224,7 @@ def resolve_issue(session: Session, *, issue_id: int, resolution: str, actor: st
         after={"issue_id": issue.id, "open": False},
         clock=clock,
     )
+    snapshot_service.bump(session, clock=clock)
     return issue
 
 

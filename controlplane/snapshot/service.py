@@ -1,6 +1,8 @@
 """Build the snapshot gateways route by, and advance its version.
 
-Any change to desired routing state calls `bump` in the same transaction,
+Any change to desired routing state (alias moves, cluster create/update,
+drains, ejections and readmissions) or to what it shows about a version
+(a known issue opened or resolved) calls `bump` in the same transaction,
 so the version a gateway sees only grows and changes exactly when the
 content can have changed. `build` reads the counter *first*: content read
 afterwards can only be as new or newer than the version it is labelled
@@ -44,12 +46,20 @@ def build(session: Session) -> dict[str, Any]:
     changed_at = counter.changed_at.isoformat() if counter and counter.changed_at else None
 
     models: dict[str, Any] = {}
-    for alias, weight_version in catalog_repository.aliases_with_versions(session):
+    aliased = catalog_repository.aliases_with_versions(session)
+    open_issues = catalog_repository.open_issues_by_version(session, {v.id for _, v in aliased})
+    for alias, weight_version in aliased:
         model = models.setdefault(alias.model, {"aliases": {}, "versions": {}})
         model["aliases"][alias.name] = {"version": weight_version.version, "revision": alias.revision}
         model["versions"][weight_version.version] = {
             "fingerprint": weight_version.fingerprint,
             "location": weight_version.location,
+            # Open issues only, so a gateway or operator sees what is wrong
+            # with what it routes to; resolved ones stay in the catalog.
+            "known_issues": [
+                {"id": issue.id, "severity": issue.severity, "summary": issue.title}
+                for issue in open_issues.get(weight_version.id, [])
+            ],
         }
 
     clusters = session.scalars(select(ServingCluster).order_by(ServingCluster.name)).all()

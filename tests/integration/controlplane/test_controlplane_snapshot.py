@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
+from tests.support.controlplane_testing import write_artifact
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +50,100 @@ def test_failed_change_does_not_advance_the_snapshot(client: TestClient, as_role
     assert client.patch("/api/v1/clusters/ghost", json={"weight": 1, "reason": "r"}, headers=op).status_code == 404
     assert client.post("/api/v1/clusters", json={"name": "c", "region": "gone", "model": "m"}, headers=op).status_code == 404
     assert client.get("/api/v1/snapshot", headers=op).json()["version"] == before
+
+
+CATALOG = "/api/v1/catalog/models/llama"
+
+
+def _version(client: TestClient, headers: dict[str, str]) -> int:
+    return client.get("/api/v1/snapshot", headers=headers).json()["version"]
+
+
+@pytest.fixture
+def registered(client: TestClient, as_role: Any, tmp_path: Path) -> None:
+    op = as_role("operator")
+    for name, template in (("v1", None), ("v2", None), ("v3", "{{ different }}")):
+        extra = {"chat_template": template} if template else {}
+        root = write_artifact(tmp_path / name, seed=int(name[1]), **extra)
+        response = client.post(f"{CATALOG}/versions", json={"version": name, "location": str(root)}, headers=op)
+        assert response.status_code == 201, response.text
+
+
+def test_every_routing_change_advances_the_snapshot_by_one_and_refusals_by_none(
+    client: TestClient, as_role: Any, registered: None
+) -> None:
+    op = as_role("operator")
+    steps: list[tuple[str, str, str, dict[str, Any], int]] = [
+        ("region (not routing)", "POST", "/api/v1/regions", {"name": "us"}, 0),
+        ("cluster create", "POST", "/api/v1/clusters", {"name": "a", "region": "us", "model": "llama"}, 1),
+        ("cluster weight", "PATCH", "/api/v1/clusters/a", {"weight": 40, "reason": "shift"}, 1),
+        ("drain", "PATCH", "/api/v1/clusters/a", {"state": "draining", "reason": "maint"}, 1),
+        ("cluster eject", "PATCH", "/api/v1/clusters/a", {"state": "ejected", "reason": "dead", "routing_tier": "zone"}, 1),
+        ("reactivate", "PATCH", "/api/v1/clusters/a", {"state": "active", "reason": "back"}, 1),
+        ("stale revision", "PATCH", "/api/v1/clusters/a", {"weight": 1, "reason": "r", "expected_revision": 1}, 0),
+        ("instance eject", "POST", "/api/v1/regions/us/ejections", {"instance_id": "e1", "generation": 2, "reason": "r"}, 1),
+        ("eject twice", "POST", "/api/v1/regions/us/ejections", {"instance_id": "e1", "generation": 2, "reason": "r"}, 0),
+        ("promote", "POST", f"{CATALOG}/aliases/prod/promote", {"version": "v1"}, 1),
+        ("promote again", "POST", f"{CATALOG}/aliases/prod/promote", {"version": "v2"}, 1),
+        ("unchanged", "POST", f"{CATALOG}/aliases/prod/promote", {"version": "v2"}, 0),
+        ("fingerprint", "POST", f"{CATALOG}/aliases/prod/promote", {"version": "v3"}, 0),
+        ("canary", "POST", f"{CATALOG}/aliases/canary/promote", {"version": "v1"}, 1),
+        ("rollback", "POST", f"{CATALOG}/aliases/prod/rollback", {"reason": "regressed"}, 1),
+        ("nothing left", "POST", f"{CATALOG}/aliases/prod/rollback", {"reason": "again"}, 0),
+    ]
+    for label, method, path, body, advance in steps:
+        before = _version(client, op)
+        response = client.request(method, path, json=body, headers=op)
+        succeeded = response.status_code < 400
+        assert succeeded == (advance == 1 or label.startswith("region")), (label, response.text)
+        assert _version(client, op) == before + advance, label
+
+    ejection_id = client.get("/api/v1/regions/us/ejections", headers=op).json()[0]["id"]
+    before = _version(client, op)
+    readmit = client.delete(f"/api/v1/regions/us/ejections/{ejection_id}", params={"reason": "fixed"}, headers=op)
+    assert readmit.status_code == 204
+    assert _version(client, op) == before + 1
+
+
+def test_snapshot_shows_open_known_issues_and_advances_when_one_opens_or_closes(
+    client: TestClient, as_role: Any, registered: None
+) -> None:
+    op, viewer = as_role("operator"), as_role("viewer")
+    assert client.post(f"{CATALOG}/aliases/prod/promote", json={"version": "v1"}, headers=op).status_code == 200
+    first = client.get("/api/v1/snapshot", headers=viewer)
+    assert first.json()["models"]["llama"]["versions"]["v1"]["known_issues"] == []
+
+    high = client.post(f"{CATALOG}/versions/v1/issues", json={"severity": "high", "title": "drops stop tokens"},
+                       headers=op).json()
+    crit = client.post(f"{CATALOG}/versions/v1/issues", json={"severity": "critical", "title": "NaNs at bf16"},
+                       headers=op).json()
+    second = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": first.headers["etag"]})
+    assert second.status_code == 200
+    assert second.json()["version"] == first.json()["version"] + 2
+    assert second.json()["models"]["llama"]["versions"]["v1"]["known_issues"] == [
+        {"id": high["id"], "severity": "high", "summary": "drops stop tokens"},
+        {"id": crit["id"], "severity": "critical", "summary": "NaNs at bf16"},
+    ]
+
+    resolved = client.post(f"/api/v1/catalog/issues/{crit['id']}/resolve", json={"resolution": "fixed kernel"},
+                           headers=op)
+    assert resolved.status_code == 200
+    third = client.get("/api/v1/snapshot", headers=viewer).json()
+    assert third["version"] == second.json()["version"] + 1
+    assert third["models"]["llama"]["versions"]["v1"]["known_issues"] == [
+        {"id": high["id"], "severity": "high", "summary": "drops stop tokens"}
+    ]
+
+    # Refused or malformed issue calls change neither the issues nor the version.
+    refused = [
+        client.post(f"/api/v1/catalog/issues/{crit['id']}/resolve", json={}, headers=op),
+        client.post("/api/v1/catalog/issues/99999/resolve", json={}, headers=op),
+        client.post(f"{CATALOG}/versions/v1/issues", json={"severity": "dire", "title": "x"}, headers=op),
+        client.post(f"{CATALOG}/versions/v9/issues", json={"severity": "low", "title": "x"}, headers=op),
+        client.post(f"{CATALOG}/versions/v1/issues", json={"severity": "low", "title": ""}, headers=op),
+    ]
+    assert [(r.status_code, r.json()["error"]["type"]) for r in refused] == [
+        (409, "issue_already_resolved"), (404, "issue_not_found"), (422, "invalid_request"),
+        (404, "version_not_found"), (422, "invalid_request"),
+    ]
+    assert client.get("/api/v1/snapshot", headers=viewer).json() == third
