@@ -47,23 +47,49 @@ def throwaway_database(backend: str, workdir: Path) -> Iterator[str]:
 
 
 def clean_tables(engine: Any) -> None:
-    """Empty every table and reset the snapshot counter, keeping the schema."""
+    """Empty every table and reset the snapshot counter, keeping the schema.
+
+    `events` is append-only in the database (migration 0003: triggers that
+    refuse UPDATE and DELETE). On PostgreSQL, TRUNCATE empties it anyway:
+    row triggers do not fire on TRUNCATE. SQLite has no TRUNCATE, and its
+    `DELETE FROM` fires the trigger, so the cleaner alone lifts the
+    triggers around its DELETE and puts back the exact DDL it read from
+    `sqlite_master`. Nothing else in the code base may do this.
+    """
     from sqlalchemy import text
 
     from controlplane.models import Base
 
     tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
             # A session a test left open would block TRUNCATE forever; fail fast instead.
             conn.execute(text("SET LOCAL lock_timeout = '10s'"))
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        else:
+            conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+        return
+    with engine.connect() as conn:
+        triggers = dict(
+            conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'events'")).all()
+        )
+    try:
+        with engine.begin() as conn:
+            for name in triggers:
+                conn.execute(text(f'DROP TRIGGER "{name}"'))
             for table in tables:
                 conn.execute(text(f"DELETE FROM {table}"))
             if _has_sqlite_sequence(conn):
                 conn.execute(text("DELETE FROM sqlite_sequence"))
-        conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+            conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+    finally:
+        # Separately, and whatever happened above: pysqlite runs a DROP that
+        # comes before any DML outside the transaction, so a failed clean
+        # could otherwise leave later tests running without the guard.
+        with engine.begin() as conn:
+            present = set(conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars())
+            for name, sql in triggers.items():
+                if name not in present:
+                    conn.execute(text(sql))
 
 
 def _has_sqlite_sequence(conn: Any) -> bool:

@@ -63,3 +63,65 @@ def test_event_log_has_no_update_or_delete_routes(client: TestClient, as_role: A
         response = client.request(method, f"/api/v1/events/{first['id']}", headers=admin)
         assert response.status_code in (404, 405)
     assert client.get("/api/v1/events", headers=admin).json()[0] == first
+
+
+def _one_event(session_factory: Any, clock: ManualClock) -> int:
+    from controlplane.db import session_scope
+    from controlplane.event import service
+
+    with session_scope(session_factory) as session:
+        return service.record(session, kind="test.fact", actor="t", reason="kept", scope="test:1", clock=clock).id
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE events SET reason = 'rewritten' WHERE id = :id",
+        "UPDATE events SET routing_tier = NULL",
+        "DELETE FROM events WHERE id = :id",
+        "DELETE FROM events",
+    ],
+)
+def test_database_refuses_update_and_delete_of_events(
+    session_factory: Any, db_engine: Any, clock: ManualClock, statement: str
+) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    event_id = _one_event(session_factory, clock)
+    with pytest.raises(IntegrityError, match="append-only"), db_engine.begin() as conn:
+        conn.execute(text(statement), {"id": event_id})
+    with db_engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, reason FROM events")).all()
+    assert [tuple(r) for r in rows] == [(event_id, "kept")]
+
+
+def test_orm_cannot_change_an_event_and_inserts_still_work(session_factory: Any, db_engine: Any,
+                                                          clock: ManualClock) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from controlplane.event.models import Event
+    from tests.support.controlplane_testing import clean_tables
+
+    event_id = _one_event(session_factory, clock)
+    session = session_factory()
+    try:
+        session.get(Event, event_id).reason = "rewritten"
+        with pytest.raises(IntegrityError):
+            session.commit()
+        session.rollback()
+        session.delete(session.get(Event, event_id))
+        with pytest.raises(IntegrityError):
+            session.commit()
+    finally:
+        session.close()
+    # The test cleaner empties the table without lifting the guard for good.
+    clean_tables(db_engine)
+    second = _one_event(session_factory, clock)
+    session = session_factory()
+    try:
+        session.get(Event, second).reason = "rewritten"
+        with pytest.raises(IntegrityError):
+            session.commit()
+    finally:
+        session.close()

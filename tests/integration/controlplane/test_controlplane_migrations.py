@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,40 @@ def test_migrations_upgrade_empty_database_to_head_and_back(backend: str, tmp_pa
             upgrade(url)
             with engine.connect() as conn:
                 assert set(Base.metadata.tables) <= set(inspect(conn).get_table_names())
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_append_only_triggers_come_and_go_with_their_migration(backend: str, tmp_path: Path) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    insert = text(
+        "INSERT INTO events (kind, actor, reason, scope, outcome, started_at, ended_at) "
+        "VALUES ('k', 'a', 'r', 's', 'succeeded', :at, :at)"
+    )
+    at = {"at": datetime(2026, 1, 1, tzinfo=UTC)}
+    with throwaway_database(backend, tmp_path) as url:
+        upgrade(url)
+        engine = build_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(insert, at)
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                conn.execute(text("UPDATE events SET reason = 'x'"))
+            downgrade(url, "0002")
+            with engine.begin() as conn:
+                conn.execute(text("UPDATE events SET reason = 'x'"))
+                conn.execute(text("DELETE FROM events"))
+            upgrade(url)
+            with engine.begin() as conn:
+                conn.execute(insert, at)
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                conn.execute(text("DELETE FROM events"))
+            downgrade(url)  # all the way down, through the triggers, with a row in place
+            with engine.connect() as conn:
+                assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
         finally:
             engine.dispose()
 
