@@ -1,27 +1,38 @@
-"""Streaming to engines over vLLM's HTTP API (httpx + httpx-sse).
+"""Streaming to engines over vLLM's HTTP API, on a lean HTTP/1.1 client.
 
 Timeouts are split: `connect_timeout` for the TCP connect, then the stream
 itself is watched token by token — `first_token_timeout` until the first
-token (prefill), `stall_timeout` between tokens — because a hung engine keeps
-its socket open and only silence tells. Every way an engine can fail mid-way
-becomes an `EngineFailure` with a reason the recovery policy understands; a
-4xx is the client's fault and becomes `EngineRejected`, never a migration.
+token (prefill, response headers included), `stall_timeout` between tokens —
+because a hung engine keeps its socket open and only silence tells. Every way
+an engine can fail mid-way becomes an `EngineFailure` with a reason the
+recovery policy understands; a 4xx is the client's fault and becomes
+`EngineRejected`, never a migration.
 
 Frames are checked against the generation we routed to: an engine that
 answers with another `X-Lifeline-Generation` is not the endpoint we chose (a
 restart behind the same address), and its frames are dropped.
+
+Why not httpx: every token crossed httpx-sse, httpx's text decoder, httpcore,
+h11 and an anyio cancel scope, with a pause/resume of the socket reader per
+read; that was about a third of the gateway's CPU per token, and on a machine
+shared with the engine that CPU is taken from decoding. Here one
+`asyncio.Protocol` per connection parses with httptools (the C parser uvicorn
+uses) and splits SSE events as bytes arrive; the stream coroutine wakes once
+per event. A stream that ends early closes its connection, so the engine sees
+the hang-up and stops decoding; a completed one is kept alive for reuse.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
-from httpx_sse import EventSource, SSEError
+import httptools
 
 from gateway.router import Endpoint
 
@@ -41,78 +52,326 @@ class EngineRejected(Exception):
         self.body = body
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Opened:
     """Response headers arrived: the engine accepted the request."""
 
     generation: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineToken:
     token_id: int
     finish_reason: str | None
 
 
+# (host, port, ssl) → how to open a transport to it; tests substitute an in-memory one.
+Connector = Callable[[Callable[[], asyncio.Protocol], str, int, bool], Any]
+
+
+async def _tcp_connector(factory: Callable[[], asyncio.Protocol], host: str, port: int, ssl: bool) -> Any:
+    return await asyncio.get_running_loop().create_connection(factory, host, port, ssl=ssl or None)
+
+
+_MAX_BUFFERED_EVENTS = 256  # pause reading the engine's socket beyond this; a stuck client must not grow memory
+
+
+def _sse_data(block: bytes) -> bytes | None:
+    """The `data` of one SSE event block (lines joined by newlines), or None if it has none."""
+    if block.startswith(b"data: ") and b"\n" not in block:
+        return block[6:]  # the engine's shape: one data line per event
+    data = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(data) if data else None
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection to an engine, one request at a time; parsed in the protocol callbacks."""
+
+    def __init__(self, pool: EngineClient, key: tuple[str, int, bool]) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.headers_done = False
+        self.sse = False
+        self.complete = False
+        self.keep_alive = False
+        self.body = bytearray()
+        self.pending = b""
+        self.events: deque[bytes] = deque()
+        self.failure: EngineFailure | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+        self.draining = False  # the last token is in; waiting for the end of the response to reuse the connection
+        self.drain_timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.failure = EngineFailure("connection_lost", f"malformed HTTP from the engine: {exc}")
+            self.close()
+        if self.events and not self.paused and len(self.events) > _MAX_BUFFERED_EVENTS and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.idle:
+            self.pool._forget(self)
+        elif self.draining:
+            self.draining = False
+        elif not self.complete and self.failure is None:
+            self.failure = EngineFailure("connection_lost", str(exc) if exc else "the engine closed the connection mid-response")
+        self._wake()
+
+    # -- httptools callbacks -------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        self.sse = self.status < 400 and self.headers.get(b"content-type", b"").startswith(b"text/event-stream")
+
+    def on_body(self, body: bytes) -> None:
+        if not self.sse:
+            self.body += body
+            return
+        buffer = self.pending + body if self.pending else body
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *blocks, self.pending = buffer.split(b"\n\n")
+        for block in blocks:
+            data = _sse_data(block)
+            if data is not None:
+                self.events.append(data)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful inside the callback
+        if self.draining:
+            self.draining = False
+            self.drain_timer.cancel()  # type: ignore[union-attr]
+            asyncio.get_running_loop().call_soon(self.pool._give_back, self)
+
+    # -- the request side ------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        """Until the protocol makes progress; TimeoutError at `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    async def next_event(self, timeout: float) -> bytes | None:
+        """The next SSE event's data; None once the response is complete."""
+        deadline = None
+        while True:
+            if self.events:
+                data = self.events.popleft()
+                if self.paused and len(self.events) < _MAX_BUFFERED_EVENTS // 2 and not self.closed:
+                    self.paused = False
+                    self.transport.resume_reading()  # type: ignore[union-attr]
+                return data
+            if self.failure is not None:
+                raise self.failure
+            if self.complete:
+                return None
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + timeout
+            await self.wait(deadline)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and self.failure is None
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+@dataclass(frozen=True)
+class _Target:
+    key: tuple[str, int, bool]
+    path: str
+    host_header: str
+
+
 class EngineClient:
-    def __init__(self, *, connect_timeout: float) -> None:
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=10.0, pool=connect_timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-        )
+    """Streams completions from engines; keeps idle connections per engine address for reuse."""
+
+    def __init__(self, *, connect_timeout: float, connector: Connector | None = None, max_idle_per_engine: int = 256) -> None:
+        self.connect_timeout = connect_timeout
+        self.connector = connector or _tcp_connector
+        self.max_idle_per_engine = max_idle_per_engine
+        self.drain_timeout = 1.0
+        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self._targets: dict[str, _Target] = {}
 
     async def close(self) -> None:
-        await self.http.aclose()
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.close()
+        self._idle.clear()
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise EngineFailure("connect", f"not an http(s) engine URL: {url!r}")
+            port = parts.port or (443 if tls else 80)
+            target = self._targets[url] = _Target((parts.hostname, port, tls), parts.path.rstrip("/") + "/v1/completions", parts.netloc)
+        return target
+
+    async def _connect(self, target: _Target) -> _Connection:
+        idle = self._idle.get(target.key)
+        while idle:
+            connection = idle.pop()
+            if not connection.closed:
+                connection.idle = False
+                return connection
+        host, port, tls = target.key
+        connection = _Connection(self, target.key)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self.connector(lambda: connection, host, port, tls)
+        except TimeoutError:
+            raise EngineFailure("timeout", f"connect to {host}:{port} took over {self.connect_timeout:.2f}s") from None
+        except OSError as exc:
+            raise EngineFailure("connect", str(exc)) from None
+        return connection
+
+    def _give_back(self, connection: _Connection) -> None:
+        if not connection.reusable():
+            connection.close()
+            return
+        idle = self._idle.setdefault(connection.key, [])
+        if len(idle) >= self.max_idle_per_engine:
+            connection.close()
+            return
+        connection._reset()
+        connection.idle = True
+        idle.append(connection)
+
+    def _drain_expired(self, connection: _Connection) -> None:
+        if connection.draining:
+            connection.draining = False
+            connection.close()
+
+    def _forget(self, connection: _Connection) -> None:
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
 
     async def stream(
         self, endpoint: Endpoint, payload: dict[str, Any], *, first_token_timeout: float, stall_timeout: float
     ) -> AsyncIterator[Opened | EngineToken]:
-        """Yield `Opened`, then one `EngineToken` per SSE chunk, until the finishing token."""
+        """Yield `Opened`, then one `EngineToken` per token, until the finishing token."""
+        target = self._target(endpoint.url)
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        connection = await self._connect(target)
+        finished = False
         try:
-            async with self.http.stream("POST", f"{endpoint.url}/v1/completions", json=payload) as response:
-                if response.status_code >= 400:
-                    raw = await response.aread()
-                    if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-                        raise EngineRejected(response.status_code, _json_or_text(raw))
-                    raise EngineFailure(f"http_{response.status_code}", raw[:200].decode(errors="replace"))
-                generation = _int_or_none(response.headers.get("x-lifeline-generation"))
-                if endpoint.generation is not None and generation is not None and generation != endpoint.generation:
-                    raise EngineFailure("stale_generation", f"routed to generation {endpoint.generation}, engine is {generation}")
-                yield Opened(generation)
-                events = EventSource(response).aiter_sse()
-                timeout = first_token_timeout
-                while True:
-                    try:
-                        async with asyncio.timeout(timeout):
-                            sse = await anext(events)
-                    except StopAsyncIteration:
-                        raise EngineFailure("stream_ended", "engine closed the stream before the last token") from None
-                    except TimeoutError:
-                        raise EngineFailure("stall", f"no token within {timeout:.2f}s") from None
-                    timeout = stall_timeout
-                    if sse.data == "[DONE]":
-                        raise EngineFailure("stream_ended", "[DONE] before a finish_reason")
-                    chunk = json.loads(sse.data)
+            connection.transport.write(  # type: ignore[union-attr]
+                b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+                b"User-Agent: lifeline-gateway\r\nContent-Length: %d\r\n\r\n%s"
+                % (target.path.encode(), target.host_header.encode(), len(body), body)
+            )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + first_token_timeout
+            try:
+                while not connection.headers_done:
+                    if connection.failure is not None:
+                        raise connection.failure
+                    await connection.wait(deadline)
+                if connection.status >= 400:
+                    while not connection.complete:
+                        if connection.failure is not None:
+                            raise connection.failure
+                        await connection.wait(deadline)
+            except TimeoutError:
+                raise EngineFailure("stall", f"no response within {first_token_timeout:.2f}s") from None
+            status = connection.status
+            if status >= 400:
+                raw = bytes(connection.body)
+                if status < 500 and status not in (408, 429):
+                    raise EngineRejected(status, _json_or_text(raw))
+                raise EngineFailure(f"http_{status}", raw[:200].decode(errors="replace"))
+            generation = _int_or_none(connection.headers.get(b"x-lifeline-generation"))
+            if endpoint.generation is not None and generation is not None and generation != endpoint.generation:
+                raise EngineFailure("stale_generation", f"routed to generation {endpoint.generation}, engine is {generation}")
+            if not connection.sse:
+                content_type = connection.headers.get(b"content-type", b"").decode(errors="replace")
+                raise EngineFailure("bad_response", f"not a vLLM completion stream: content-type {content_type!r}")
+            yield Opened(generation)
+            timeout = first_token_timeout
+            while True:
+                try:
+                    data = await connection.next_event(timeout)
+                except TimeoutError:
+                    raise EngineFailure("stall", f"no token within {timeout:.2f}s") from None
+                if data is None:
+                    raise EngineFailure("stream_ended", "engine closed the stream before the last token")
+                timeout = stall_timeout
+                if data == b"[DONE]":
+                    raise EngineFailure("stream_ended", "[DONE] before a finish_reason")
+                try:
+                    chunk = json.loads(data)
                     if "error" in chunk:
                         raise EngineFailure("engine_error", str(chunk["error"].get("message", "")))
                     choice = chunk["choices"][0]
                     finish = choice.get("finish_reason")
                     token_ids = choice.get("token_ids") or []
-                    for i, token_id in enumerate(token_ids):
-                        yield EngineToken(int(token_id), finish if i == len(token_ids) - 1 else None)
-                    if finish is not None:
-                        return
-        except httpx.ConnectError as exc:
-            raise EngineFailure("connect", str(exc)) from None
-        except httpx.TimeoutException as exc:
-            raise EngineFailure("timeout", str(exc)) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise EngineFailure("connection_lost", str(exc)) from None
-        except (SSEError, ValueError, KeyError, IndexError) as exc:
-            raise EngineFailure("bad_response", f"not a vLLM completion stream: {exc}") from None
+                    last = len(token_ids) - 1
+                    tokens = [EngineToken(int(token_id), finish if i == last else None) for i, token_id in enumerate(token_ids)]
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                    raise EngineFailure("bad_response", f"not a vLLM completion stream: {exc}") from None
+                finished = finish is not None
+                for token in tokens:
+                    yield token
+                if finished:
+                    return
+        finally:
+            # Complete and keep-alive: reuse. After the last token, the end of the response ([DONE],
+            # the last chunk) is usually still in flight: reuse once it lands, close if it does not
+            # within `drain_timeout`. Anything else (a failure, a client that left) closes the
+            # socket at once, and the engine stops decoding for it.
+            if finished and not connection.complete and connection.failure is None and not connection.closed:
+                connection.draining = True
+                connection.drain_timer = asyncio.get_running_loop().call_later(self.drain_timeout, self._drain_expired, connection)
+            else:
+                self._give_back(connection)
 
 
-def _int_or_none(value: str | None) -> int | None:
+def _int_or_none(value: bytes | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:

@@ -1,10 +1,10 @@
-"""How engine responses map to failures, with httpx's mock transport standing in for the engine."""
+"""How engine responses map to failures: the real HTTP parser fed canned bytes over an in-memory transport."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-import httpx
 import pytest
 
 from gateway.engine_client import EngineClient, EngineFailure, EngineRejected, EngineToken, Opened
@@ -12,7 +12,7 @@ from gateway.router import Endpoint
 
 pytestmark = pytest.mark.unit
 
-ENDPOINT = Endpoint("eng-a", 3, "http://eng-a", "v", "z")
+ENDPOINT = Endpoint("eng-a", 3, "http://eng-a:8000", "v", "z")
 SSE = {"content-type": "text/event-stream"}
 
 
@@ -24,54 +24,170 @@ def _sse(*token_ids: int, finish_last: bool = True) -> bytes:
     return "".join(lines).encode()
 
 
-def _client(handler) -> EngineClient:
-    client = EngineClient(connect_timeout=1.0)
-    client.http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return client
+def _http(status: int, body: bytes = b"", headers: dict[str, str] | None = None, *, complete: bool = True) -> bytes:
+    """A chunked HTTP/1.1 response; `complete=False` leaves out the last chunk (the engine died mid-body)."""
+    head = f"HTTP/1.1 {status} X\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    head += "transfer-encoding: chunked\r\n\r\n"
+    parts = [part + b"\n\n" for part in body.split(b"\n\n")[:-1]] if body.endswith(b"\n\n") else [body] if body else []
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)  # one chunk per event, as engines flush
+    return head.encode() + chunks + (b"0\r\n\r\n" if complete else b"")
 
 
-async def _collect(client: EngineClient) -> list:
-    return [item async for item in client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)]
+def _json(status: int, payload: dict) -> bytes:
+    return _http(status, json.dumps(payload).encode(), {"content-type": "application/json"})
+
+
+class FakeEngine:
+    """Answers every request with canned bytes, fed a few bytes at a time to exercise reassembly."""
+
+    def __init__(self, response: bytes | Exception, *, hang_up: bool = False, piece: int = 7) -> None:
+        self.response = response
+        self.hang_up = hang_up
+        self.piece = piece
+        self.requests: list[bytes] = []
+        self.connects = 0
+        self.transports: list[FakeTransport] = []
+
+    async def connect(self, factory, host: str, port: int, tls: bool):
+        if isinstance(self.response, Exception):
+            raise self.response
+        self.connects += 1
+        protocol = factory()
+        transport = FakeTransport(self, protocol)
+        self.transports.append(transport)
+        protocol.connection_made(transport)
+        return transport, protocol
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self, engine: FakeEngine, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.engine, self.protocol, self.closed = engine, protocol, False
+
+    def write(self, data: bytes) -> None:
+        self.engine.requests.append(data)
+        loop = asyncio.get_running_loop()
+        raw = self.engine.response
+        for i in range(0, len(raw), self.engine.piece):
+            loop.call_soon(self._deliver, raw[i : i + self.engine.piece])
+        if self.engine.hang_up:
+            loop.call_soon(self.close)
+
+    def _deliver(self, data: bytes) -> None:
+        if not self.closed:
+            self.protocol.data_received(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _client(engine: FakeEngine) -> EngineClient:
+    return EngineClient(connect_timeout=1.0, connector=engine.connect)
+
+
+async def _collect(client: EngineClient, *, stall_timeout: float = 1.0) -> list:
+    return [item async for item in client.stream(ENDPOINT, {"prompt": [1]}, first_token_timeout=1, stall_timeout=stall_timeout)]
 
 
 async def test_tokens_of_the_routed_generation_pass():
-    client = _client(lambda r: httpx.Response(200, headers={**SSE, "x-lifeline-generation": "3"}, content=_sse(5, 6, 7)))
-    items = await _collect(client)
+    engine = FakeEngine(_http(200, _sse(5, 6, 7) + b"data: [DONE]\n\n", {**SSE, "x-lifeline-generation": "3"}))
+    items = await _collect(_client(engine))
     assert items == [Opened(3), EngineToken(5, None), EngineToken(6, None), EngineToken(7, "length")]
+    assert engine.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\nHost: eng-a:8000\r\n")
+    assert engine.requests[0].endswith(b'\r\n\r\n{"prompt":[1]}')
+
+
+async def test_a_completed_stream_reuses_its_connection():
+    engine = FakeEngine(_http(200, _sse(5) + b"data: [DONE]\n\n", {**SSE, "x-lifeline-generation": "3"}))
+    client = _client(engine)
+    for _ in range(3):
+        stream = client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+        items = [item async for item in stream]
+        assert items[-1] == EngineToken(5, "length")
+        for _ in range(20):  # the end of the response lands just behind the last token
+            await asyncio.sleep(0)
+    assert engine.connects == 1
+    assert len(engine.requests) == 3
+
+
+async def test_a_stream_abandoned_mid_way_closes_its_connection():
+    engine = FakeEngine(_http(200, _sse(5, 6, 7, 8, finish_last=False), {**SSE, "x-lifeline-generation": "3"}, complete=False))
+    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+    assert await anext(stream) == Opened(3)
+    assert await anext(stream) == EngineToken(5, None)
+    await stream.aclose()
+    assert engine.transports[0].closed  # the engine sees the hang-up and stops decoding
 
 
 async def test_frames_from_another_generation_are_dropped():
-    client = _client(lambda r: httpx.Response(200, headers={**SSE, "x-lifeline-generation": "4"}, content=_sse(5, 6)))
+    engine = FakeEngine(_http(200, _sse(5, 6), {**SSE, "x-lifeline-generation": "4"}))
     with pytest.raises(EngineFailure) as failure:
-        await _collect(client)
+        await _collect(_client(engine))
     assert failure.value.reason == "stale_generation"
 
 
 @pytest.mark.parametrize(("response", "reason"), [
-    (httpx.Response(500, json={"error": {"message": "boom"}}), "http_500"),
-    (httpx.Response(503, json={}), "http_503"),
-    (httpx.Response(200, headers=SSE, content=_sse(5, 6, finish_last=False)), "stream_ended"),
-    (httpx.Response(200, headers=SSE, content=b'data: {"error": {"message": "oom"}}\n\n'), "engine_error"),
-    (httpx.Response(200, content=b'{"choices": []}'), "bad_response"),
-    (httpx.Response(200, headers=SSE, content=b"data: not json\n\n"), "bad_response"),
+    (_json(500, {"error": {"message": "boom"}}), "http_500"),
+    (_json(503, {}), "http_503"),
+    (_http(200, _sse(5, 6, finish_last=False), SSE), "stream_ended"),
+    (_http(200, b"data: [DONE]\n\n", SSE), "stream_ended"),
+    (_http(200, b'data: {"error": {"message": "oom"}}\n\n', SSE), "engine_error"),
+    (_json(200, {"choices": []}), "bad_response"),
+    (_http(200, b"data: not json\n\n", SSE), "bad_response"),
+    (_http(200, b'data: {"choices": []}\n\n', SSE), "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nbroken header line\r\n\r\n", "connection_lost"),
 ])
 async def test_engine_failures_are_classified(response, reason):
     with pytest.raises(EngineFailure) as failure:
-        await _collect(_client(lambda r: response))
+        await _collect(_client(FakeEngine(response)))
     assert failure.value.reason == reason
 
 
+async def test_an_engine_that_dies_mid_body_is_a_lost_connection():
+    engine = FakeEngine(_http(200, _sse(5, 6, finish_last=False), SSE, complete=False), hang_up=True)
+    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+    items = []
+    with pytest.raises(EngineFailure) as failure:
+        async for item in stream:
+            items.append(item)
+    assert failure.value.reason == "connection_lost"
+    assert items == [Opened(None), EngineToken(5, None), EngineToken(6, None)]
+
+
+async def test_a_silent_engine_is_a_stall():
+    engine = FakeEngine(_http(200, _sse(5, finish_last=False), SSE, complete=False))
+    with pytest.raises(EngineFailure) as failure:
+        await _collect(_client(engine), stall_timeout=0.05)
+    assert failure.value.reason == "stall"
+
+
+async def test_sse_events_with_crlf_and_several_data_lines_are_read():
+    body = b'data: {"choices":\r\ndata: [{"token_ids": [9], "finish_reason": "stop"}]}\r\n\r\n'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % len(body)
+    items = await _collect(_client(FakeEngine(head + body)))
+    assert items == [Opened(None), EngineToken(9, "stop")]
+
+
 async def test_client_errors_are_not_migrated():
-    client = _client(lambda r: httpx.Response(400, json={"error": {"message": "too long", "type": "BadRequestError"}}))
+    engine = FakeEngine(_json(400, {"error": {"message": "too long", "type": "BadRequestError"}}))
     with pytest.raises(EngineRejected) as rejected:
-        await _collect(client)
+        await _collect(_client(engine))
     assert rejected.value.status_code == 400
+    assert rejected.value.body["error"]["message"] == "too long"
 
 
 async def test_connect_refused_is_a_failure():
-    def refuse(request):
-        raise httpx.ConnectError("refused", request=request)
-
     with pytest.raises(EngineFailure) as failure:
-        await _collect(_client(refuse))
+        await _collect(_client(FakeEngine(ConnectionRefusedError(111, "refused"))))
     assert failure.value.reason == "connect"
