@@ -327,12 +327,11 @@ class StreamSession:
         return frame
 
     async def _commit_token(self, token: EngineToken, endpoint: Endpoint) -> list[Frame]:
-        now = self.deps.clock.now()
         if self._failed_at is not None:
-            self.deps.metrics.recovery_gap.observe(now - self._failed_at)
+            self.deps.metrics.recovery_gap.observe(self.deps.clock.now() - self._failed_at)
             self._failed_at = None
         elif not self.committed:
-            self.deps.metrics.ttft.observe(now - self.received_at)
+            self.deps.metrics.ttft.observe(self.deps.clock.now() - self.received_at)
         self.committed.append(token.token_id)
         length_reached = len(self.committed) >= self.request.max_tokens
         finish = token.finish_reason or ("length" if length_reached else None)
