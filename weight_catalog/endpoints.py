@@ -32,6 +32,17 @@ from weight_catalog.store import check_readable_by_api, open_store
 router = APIRouter(prefix="/catalog", tags=["catalog"])
 
 
+def release_connection(session: Session) -> None:
+    """End the request's read-only transaction before a long hash.
+
+    Only reads have happened, so rolling back loses nothing; the session
+    checks a connection out again for the writes that follow. Without
+    this, a hash of many gigabytes kept a pooled connection idle in
+    transaction (PostgreSQL) or a read snapshot open (SQLite) throughout.
+    """
+    session.rollback()
+
+
 def alias_read(session: Session, alias: Alias) -> AliasRead:
     labels = repository.version_labels(session, {alias.version_id})
     return AliasRead(
@@ -66,7 +77,12 @@ def register_version(
     settings: SettingsDep,
 ) -> VersionRead:
     """Hash an artifact the control plane can read. Large artifacts: use `lifeline catalog register`."""
+    # A plain `def` route: FastAPI runs it in a worker thread, so the hash
+    # below never blocks the event loop (a test holds a hash open and
+    # requires other requests to be answered meanwhile). Keep it that way,
+    # or move the hash to run_in_threadpool if this becomes `async def`.
     service.ensure_version_absent(session, model=model, version=body.version)
+    release_connection(session)
     check_readable_by_api(body.location, settings.artifact_roots)
     store = open_store(body.location, s3_endpoint_url=settings.s3_endpoint_url)
     scan = service.scan_artifact(store, workers=settings.hash_workers, block_bytes=settings.hash_block_bytes)
@@ -86,10 +102,13 @@ def verify_version(
     model: NamePath, version: NamePath, body: VerifyRequest, session: DbSession, _: Operator, settings: SettingsDep
 ) -> VerifyReport:
     found = service.get_version_or_raise(session, model=model, version=version)
-    check_readable_by_api(body.location or found.location, settings.artifact_roots)
-    store = open_store(body.location or found.location, s3_endpoint_url=settings.s3_endpoint_url)
-    return service.verify(
-        session, model=model, version=version, store=store, workers=settings.hash_workers,
+    location = body.location or found.location
+    expected = service.expected_shards(session, model=model, version=version)
+    release_connection(session)  # worker thread, no connection held: see register_version
+    check_readable_by_api(location, settings.artifact_roots)
+    store = open_store(location, s3_endpoint_url=settings.s3_endpoint_url)
+    return service.verify_against(
+        model=model, version=version, expected=expected, store=store, workers=settings.hash_workers,
         block_bytes=settings.hash_block_bytes,
     )
 

@@ -124,6 +124,12 @@ def create_version(
     return weight_version
 
 
+def expected_shards(session: Session, *, model: str, version: str) -> list[ShardDigest]:
+    """What the catalog recorded for a version, detached from the session."""
+    weight_version = get_version_or_raise(session, model=model, version=version)
+    return [ShardDigest(path=s.path, size=s.size, sha256=s.sha256) for s in weight_version.shards]
+
+
 def verify(
     session: Session,
     *,
@@ -135,23 +141,40 @@ def verify(
     progress: Progress | None = None,
 ) -> VerifyReport:
     """Re-hash the version at `store`; every mismatched, missing or extra file is reported."""
-    weight_version = get_version_or_raise(session, model=model, version=version)
-    expected = {s.path: s for s in weight_version.shards}
+    expected = expected_shards(session, model=model, version=version)
+    return verify_against(
+        model=model, version=version, expected=expected, store=store, workers=workers, block_bytes=block_bytes,
+        progress=progress,
+    )
+
+
+def verify_against(
+    *,
+    model: str,
+    version: str,
+    expected: Sequence[ShardDigest],
+    store: ArtifactStore,
+    workers: int = 4,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Compare `store` with recorded shards; touches no database, so none is held while hashing."""
+    by_path = {s.path: s for s in expected}
     present = store.list_files()
-    missing = sorted(p for p in expected if p not in present)
-    unexpected = sorted(p for p in present if p not in expected)
-    to_hash = sorted(p for p in expected if p in present)
+    missing = sorted(p for p in by_path if p not in present)
+    unexpected = sorted(p for p in present if p not in by_path)
+    to_hash = sorted(p for p in by_path if p in present)
     digests = hash_shards(store, to_hash, workers=workers, block_bytes=block_bytes, progress=progress)
     mismatched = [
         ShardMismatch(
             path=d.path,
-            expected_sha256=expected[d.path].sha256,
+            expected_sha256=by_path[d.path].sha256,
             actual_sha256=d.sha256,
-            expected_size=expected[d.path].size,
+            expected_size=by_path[d.path].size,
             actual_size=d.size,
         )
         for d in digests
-        if d.sha256 != expected[d.path].sha256 or d.size != expected[d.path].size
+        if d.sha256 != by_path[d.path].sha256 or d.size != by_path[d.path].size
     ]
     return VerifyReport(
         model=model,
