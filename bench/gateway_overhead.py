@@ -1,14 +1,31 @@
-"""Gateway overhead: the same streams direct to an engine and through the gateway.
+"""Gateway overhead: the same streams direct to an engine, through the gateway, and through LiteLLM's proxy.
 
 Measures time to first token, inter-token latency (p50/p99 over every gap of
 every stream) and aggregate tokens/s at 1 and 32 concurrent streams, greedy,
-`tiny` preset (fast enough that a fraction of a millisecond shows). Gateway
-and engine share this machine's CPUs, so the gateway's own CPU time is taken
-from the engine: on 2 cores that is the dominant cost, not network hops.
+`tiny` preset (fast enough that a fraction of a millisecond shows). Engine,
+gateway (or LiteLLM) and client share this machine's CPUs, so a proxy's own
+CPU time is taken from the engine: on 2 cores that is the dominant cost, not
+network hops.
 
-LiteLLM's proxy as a third column is not measured here (it needs its own
-virtualenv; see docs/benchmarks.md).
+Fairness: one engine serves every path; the same prompt, `max_tokens` and
+`ignore_eos`, and every stream must end with `finish_reason: "length"`, so
+every path generates exactly the same tokens; the client code is the same on
+every path (it parses each event's JSON). Each path gets a warm-up run at full
+concurrency (connection pools, engine) before it is measured; a run repeats
+sequential rounds until it holds at least `--min-gaps` inter-token gaps, so
+p99 at 1 stream is not just the maximum of 63 gaps; the order of the paths
+rotates between repeats and the best run (by tokens/s) of each path is kept.
 
+A token is an event whose choice carries `text`. LiteLLM does not forward
+chunks whose text is empty (a token that ends mid-character), so on its path
+a few gaps span two tokens; tokens/s counts the tokens generated
+(`max_tokens` per stream), not the events.
+
+LiteLLM's proxy (optional, `--litellm`, on by default when its virtualenv
+exists at .lifeline/litellm-venv) runs with its defaults and a `hosted_vllm/`
+model entry whose api_base is the engine; it needs its own virtualenv:
+
+    python3.11 -m venv .lifeline/litellm-venv && .lifeline/litellm-venv/bin/pip install 'litellm[proxy]'
     .venv/bin/python bench/gateway_overhead.py [--streams 1,32] [--tokens 64] [--write docs/benchmarks.md]
 """
 
@@ -16,14 +33,21 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
+import math
+import os
 import platform
+import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 from httpx_sse import connect_sse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,43 +59,113 @@ from tests.support.engine_process import EngineProcess  # noqa: E402
 from tests.support.gateway_process import GatewayProcess, gateway_config  # noqa: E402
 
 PROMPT = "Gateways add latency only where they must"
+LITELLM_VENV = ROOT / ".lifeline" / "litellm-venv"
 
 
-def one_stream(url: str, model: str, max_tokens: int) -> tuple[float, list[float], int, float]:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+@dataclass
+class Target:
+    label: str
+    url: str
+    model: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def one_stream(path: Target, max_tokens: int) -> tuple[float, list[float], str | None]:
+    body = {"model": path.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     start = time.perf_counter()
     stamps: list[float] = []
-    with httpx.Client(timeout=600) as client, connect_sse(client, "POST", f"{url}/v1/completions", json=body) as source:
+    finish = None
+    with httpx.Client(timeout=600, headers=path.headers) as client, \
+            connect_sse(client, "POST", f"{path.url}/v1/completions", json=body) as source:
         for event in source.iter_sse():
             if event.data == "[DONE]":
                 break
-            stamps.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return stamps[0] - start, gaps, len(stamps), stamps[-1] - start
+            now = time.perf_counter()
+            chunk = json.loads(event.data)
+            choice = chunk["choices"][0] if chunk.get("choices") else {}
+            if "text" in choice:
+                stamps.append(now)
+            finish = choice.get("finish_reason") or finish
+    return stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])], finish
 
 
-def run(url: str, model: str, streams: int, max_tokens: int) -> dict:
-    one_stream(url, model, 4)  # warm the connection pool and the engine
+def run(path: Target, streams: int, max_tokens: int, *, min_gaps: int = 1000) -> dict:
+    rounds = max(1, math.ceil(min_gaps / (streams * (max_tokens - 1))))
+    ttfts: list[float] = []
+    gaps: list[float] = []
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda _: one_stream(url, model, max_tokens), range(streams)))
+        for _ in range(rounds):
+            for ttft, stream_gaps, finish in pool.map(lambda _: one_stream(path, max_tokens), range(streams)):
+                if finish != "length":  # every path must generate the same tokens
+                    raise RuntimeError(f"{path.label}: a stream ended with {finish!r}, not 'length'")
+                ttfts.append(ttft)
+                gaps.extend(stream_gaps)
     wall = time.perf_counter() - start
-    ttfts = [r[0] for r in results]
-    gaps = sorted(g for r in results for g in r[1])
-    tokens = sum(r[2] for r in results)
+    gaps.sort()
     return {
         "ttft_p50_ms": statistics.median(ttfts) * 1000,
         "itl_p50_ms": statistics.median(gaps) * 1000,
         "itl_p99_ms": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000,
-        "tokens_per_s": tokens / wall,
+        "tokens_per_s": rounds * streams * max_tokens / wall,
+        "gaps": len(gaps),
     }
+
+
+class LiteLLMProxy:
+    """LiteLLM's proxy from its own virtualenv, with a hosted_vllm model entry pointing at the engine."""
+
+    def __init__(self, engine_url: str, engine_model: str, port: int, workdir: Path) -> None:
+        self.port = port
+        self.key = "sk-" + secrets.token_hex(16)  # the proxy refuses to start without a master key
+        self.config = workdir / "litellm.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "model_list": [{"model_name": "tiny", "litellm_params": {
+                "model": f"hosted_vllm/{engine_model}", "api_base": f"{engine_url}/v1", "api_key": "none"}}],
+            "litellm_settings": {"telemetry": False},
+        }))
+        self.log_path = workdir / "litellm.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        env = {**os.environ, "LITELLM_MASTER_KEY": self.key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        cmd = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"litellm exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health/liveliness", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"litellm not live: {self.log_path.read_text()[-2000:]}")
+
+    def version(self) -> str:
+        out = subprocess.run([str(LITELLM_VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                             capture_output=True, text=True, check=False)
+        return out.stdout.strip() or "?"
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=15)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--streams", default="1,32")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2, help="alternate direct/gateway this many times; best run kept")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per path, order rotated; best run kept")
+    parser.add_argument("--min-gaps", type=int, default=1000, help="sequential rounds until a run holds this many gaps")
+    parser.add_argument("--litellm", action=argparse.BooleanOptionalAction, default=(LITELLM_VENV / "bin" / "litellm").exists(),
+                        help="also measure LiteLLM's proxy (needs .lifeline/litellm-venv)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     model = built_model("tiny", 0)
@@ -81,38 +175,56 @@ def main() -> None:
     gw.wait_live()
     engine = EngineProcess(model, free_port(), "bench-eng", work / "state", work / "engine.log", extra_args=gw.registry_args())
     engine.start()
+    litellm = LiteLLMProxy(engine.url, model.name, free_port(), work) if args.litellm else None
+    litellm_note = "LiteLLM proxy: not measured (run with --litellm after creating .lifeline/litellm-venv)."
     rows = []
+    load_before = os.getloadavg()[0]
     try:
         engine.wait_ready()
         gw.wait_routable("tiny", 1)
+        paths = [Target("direct", engine.url, model.name), Target("gateway", gw.url, "tiny")]
+        if litellm is not None:
+            litellm.start()
+            paths.append(Target("litellm", litellm.url, "tiny", {"Authorization": f"Bearer {litellm.key}"}))
+            litellm_note = (f"LiteLLM {litellm.version()} proxy (own venv, defaults, `hosted_vllm/` entry on the same engine; "
+                            "it drops empty-text chunks, so a few of its gaps span two tokens; it does not resume streams).")
         for streams in [int(s) for s in args.streams.split(",")]:
+            for path in paths:
+                run(path, streams, 8, min_gaps=0)  # warm-up at full concurrency: pools, engine
             best: dict[str, dict] = {}
-            for _ in range(args.repeats):
-                for label, url, name in (("direct", engine.url, model.name), ("gateway", gw.url, "tiny")):
-                    result = run(url, name, streams, args.tokens)
-                    if label not in best or result["tokens_per_s"] > best[label]["tokens_per_s"]:
-                        best[label] = result
-            for label in ("direct", "gateway"):
-                rows.append({"path": label, "streams": streams, **best[label]})
-                print(label, streams, best[label], flush=True)
-            d, g = best["direct"], best["gateway"]
-            rows.append({"path": "gateway − direct", "streams": streams, "ttft_p50_ms": g["ttft_p50_ms"] - d["ttft_p50_ms"],
-                         "itl_p50_ms": g["itl_p50_ms"] - d["itl_p50_ms"], "itl_p99_ms": g["itl_p99_ms"] - d["itl_p99_ms"],
-                         "tokens_per_s": g["tokens_per_s"] / d["tokens_per_s"], "ratio": True})
+            for repeat in range(args.repeats):
+                order = paths[repeat % len(paths):] + paths[: repeat % len(paths)]
+                for path in order:
+                    result = run(path, streams, args.tokens, min_gaps=args.min_gaps)
+                    if path.label not in best or result["tokens_per_s"] > best[path.label]["tokens_per_s"]:
+                        best[path.label] = result
+            d = best["direct"]
+            for path in paths:
+                rows.append({"path": path.label, "streams": streams, **best[path.label]})
+                print(path.label, streams, best[path.label], flush=True)
+            for path in paths[1:]:
+                g = best[path.label]
+                rows.append({"path": f"{path.label} − direct", "streams": streams, "ttft_p50_ms": g["ttft_p50_ms"] - d["ttft_p50_ms"],
+                             "itl_p50_ms": g["itl_p50_ms"] - d["itl_p50_ms"], "itl_p99_ms": g["itl_p99_ms"] - d["itl_p99_ms"],
+                             "tokens_per_s": g["tokens_per_s"] / d["tokens_per_s"], "ratio": True, "gaps": g["gaps"]})
     finally:
+        if litellm is not None:
+            litellm.kill()
         engine.kill()
         gw.kill()
+    load_after = os.getloadavg()[0]
     lines = [
-        f"Machine: {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs shared by engine, gateway and client; "
-        f"`tiny` preset, float64, greedy, {args.tokens} tokens per stream, best of {args.repeats} alternating runs. "
-        "LiteLLM proxy: not measured (time; it needs its own venv).",
+        f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs shared by engine, proxy and client "
+        f"(1-minute load average {load_before:.2f} before, {load_after:.2f} after); `tiny` preset, float64, greedy, "
+        f"{args.tokens} tokens per stream (every stream checked to end by length), ≥ {args.min_gaps} gaps per run, "
+        f"best of {args.repeats} runs per path in rotating order. {litellm_note}",
         "",
-        "| path | streams | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s |",
-        "|---|---|---|---|---|---|",
+        "| path | streams | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | gaps |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tps = f"{r['tokens_per_s']:.2f}× of direct" if r.get("ratio") else f"{r['tokens_per_s']:.1f}"
-        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {tps} |")
+        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {tps} | {r['gaps']} |")
     table = "\n".join(lines)
     print(table)
     if args.write:
