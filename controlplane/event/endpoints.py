@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from controlplane.auth.dependencies import Viewer
@@ -53,7 +53,7 @@ def list_events(
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one event per line"}},
 )
 def export_events(
-    session: DbSession,
+    request: Request,
     _: Viewer,
     kind: Text = None,
     routing_tier: RoutingTier | None = None,
@@ -62,7 +62,10 @@ def export_events(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> StreamingResponse:
+    """Every matching event as JSON lines, oldest first, streamed a page at a time."""
     flt = _filter(kind, routing_tier, actor, scope, since, until)
-    # Materialised inside the request's session, which closes at return.
-    lines = list(service.export_jsonl(session, flt))
-    return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+    # Not the request's DbSession, which closes when this returns, before
+    # the body is sent: the stream reads through a session of its own.
+    # A sync iterator, so Starlette pulls each page in a worker thread.
+    lines = service.stream_jsonl(request.app.state.session_factory, flt)
+    return StreamingResponse(lines, media_type="application/x-ndjson")

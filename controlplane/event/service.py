@@ -7,13 +7,16 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.clock import Clock
 from controlplane.event import repository
 from controlplane.event.models import Event, RoutingTier
 from controlplane.event.repository import EventFilter
 from controlplane.event.schemas import EventRead
+from lifeline.logs import get_logger
+
+log = get_logger(__name__)
 
 
 def record(
@@ -66,3 +69,23 @@ def export_jsonl(session: Session, flt: EventFilter, *, page: int = 500) -> Iter
         if len(batch) < page:
             return
         after_id = batch[-1].id
+
+
+def stream_jsonl(factory: sessionmaker[Session], flt: EventFilter, *, page: int = 500) -> Iterator[str]:
+    """`export_jsonl` on a session of its own, for a streamed response.
+
+    Nothing is read until the first line is asked for, at most one page is
+    in memory, and the session is closed when the stream ends or is
+    abandoned. The response has already started when a page fails, so the
+    failure becomes a last line `{"error": {"type", "message"}}` (the
+    shape of every other error) and the stream ends: a reader can tell a
+    cut-short export from a complete one.
+    """
+    session = factory()
+    try:
+        yield from export_jsonl(session, flt, page=page)
+    except Exception as exc:
+        log.error("event_export_failed", error=repr(exc))
+        yield json.dumps({"error": {"type": "export_failed", "message": "the export stopped early"}}) + "\n"
+    finally:
+        session.close()

@@ -125,3 +125,75 @@ def test_orm_cannot_change_an_event_and_inserts_still_work(session_factory: Any,
             session.commit()
     finally:
         session.close()
+
+
+def _many_events(session_factory: Any, clock: ManualClock, count: int) -> None:
+    from controlplane.db import session_scope
+    from controlplane.event import service
+
+    with session_scope(session_factory) as session:
+        for index in range(count):
+            service.record(session, kind="test.fact", actor="t", reason=str(index),
+                           scope=f"test:{'even' if index % 2 == 0 else 'odd'}", clock=clock)
+
+
+def test_events_export_streams_every_event_across_pages(client: TestClient, as_role: Any, session_factory: Any,
+                                                         clock: ManualClock) -> None:
+    _many_events(session_factory, clock, 1203)  # export pages hold 500
+    response = client.get("/api/v1/events/export", headers=as_role("viewer"))
+    assert response.status_code == 200
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert [e["reason"] for e in lines] == [str(i) for i in range(1203)]
+    assert [e["id"] for e in lines] == sorted(e["id"] for e in lines)
+    odd = client.get("/api/v1/events/export", params={"scope": "test:odd"}, headers=as_role("viewer"))
+    assert len(odd.text.splitlines()) == 601
+    bad = client.get("/api/v1/events/export", params={"since": "yesterday"}, headers=as_role("viewer"))
+    assert (bad.status_code, bad.json()["error"]["type"]) == (422, "invalid_request")
+
+
+def test_export_stream_reads_a_page_at_a_time_and_closes_its_session(
+    session_factory: Any, db_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.event import repository, service
+    from controlplane.event.repository import EventFilter
+
+    _many_events(session_factory, clock, 7)
+    pages: list[int] = []
+    real = repository.list_events
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        pages.append(kwargs["limit"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "list_events", counting)
+    stream = service.stream_jsonl(session_factory, EventFilter(), page=3)
+    assert pages == []  # nothing read before the first line is asked for
+    first = next(stream)
+    assert json.loads(first)["reason"] == "0" and len(pages) == 1
+    rest = list(stream)
+    assert len(rest) == 6 and len(pages) == 3  # 3 + 3 + 1
+    assert db_engine.pool.checkedout() == 0
+
+
+def test_export_stream_that_fails_midway_ends_with_a_typed_error_line(
+    session_factory: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from controlplane.event import repository, service
+    from controlplane.event.repository import EventFilter
+
+    _many_events(session_factory, clock, 5)
+    real = repository.list_events
+    calls: list[int] = []
+
+    def failing_second_page(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OperationalError("SELECT", {}, Exception("connection lost"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "list_events", failing_second_page)
+    lines = [json.loads(line) for line in service.stream_jsonl(session_factory, EventFilter(), page=2)]
+    assert [e.get("reason") for e in lines[:2]] == ["0", "1"]
+    assert lines[2:] == [{"error": {"type": "export_failed", "message": "the export stopped early"}}]
