@@ -51,6 +51,20 @@ def get_region(region: NamePath, session: DbSession, _: Viewer) -> RegionRead:
     return RegionRead(name=found.name, description=found.description, created_at=found.created_at, zones=zones)
 
 
+@router.delete("/regions/{region}", status_code=204)
+def delete_region(
+    region: NamePath,
+    session: DbSession,
+    principal: Operator,
+    clock: ClockDep,
+    reader: LeaseReaderDep,
+    reason: Annotated[Reason, Query(min_length=1, max_length=2000)],
+) -> Response:
+    """Delete a region and its zones; 409 region_not_empty while it has clusters, ejections or live instances."""
+    service.delete_region(session, name=region, reason=reason, reader=reader, actor=principal.actor, clock=clock)
+    return Response(status_code=204)
+
+
 @router.post("/regions/{region}/zones", status_code=201, response_model=ZoneRead)
 def create_zone(region: NamePath, body: ZoneCreate, session: DbSession, principal: Operator, clock: ClockDep) -> ZoneRead:
     zone = service.create_zone(session, region=region, name=body.name, actor=principal.actor, clock=clock)
@@ -114,3 +128,19 @@ def update_cluster(
 ) -> ClusterRead:
     cluster = service.update_cluster(session, name=name, change=body, actor=principal.actor, clock=clock)
     return ClusterRead.model_validate(cluster)
+
+
+@router.delete("/clusters/{name}", status_code=204)
+def delete_cluster(
+    name: NamePath,
+    session: DbSession,
+    principal: Operator,
+    clock: ClockDep,
+    reason: Annotated[Reason, Query(min_length=1, max_length=2000)],
+    expected_revision: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+) -> Response:
+    """Delete an ejected cluster; 409 cluster_in_service while it is active or draining."""
+    service.delete_cluster(
+        session, name=name, reason=reason, expected_revision=expected_revision, actor=principal.actor, clock=clock
+    )
+    return Response(status_code=204)

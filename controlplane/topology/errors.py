@@ -27,3 +27,15 @@ class ClusterConflict(Conflict):
     """The cluster changed since the caller read it (compare-and-set lost)."""
 
     default_type = "cluster_conflict"
+
+
+class RegionNotEmpty(Conflict):
+    """The region still has clusters, ejections or live instances."""
+
+    default_type = "region_not_empty"
+
+
+class ClusterInService(Conflict):
+    """Only a cluster already out of routing (state `ejected`) may be deleted."""
+
+    default_type = "cluster_in_service"

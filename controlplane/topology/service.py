@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,8 +20,10 @@ from controlplane.snapshot import service as snapshot_service
 from controlplane.topology import repository
 from controlplane.topology.errors import (
     ClusterConflict,
+    ClusterInService,
     ClusterNotFound,
     EjectionNotFound,
+    RegionNotEmpty,
     RegionNotFound,
     TopologyExists,
     ZoneNotFound,
@@ -61,6 +63,40 @@ def create_region(session: Session, *, name: str, description: str, actor: str, 
         after={"name": name}, clock=clock,
     )
     return region
+
+
+def delete_region(
+    session: Session, *, name: str, reason: str, reader: LeaseReader, actor: str, clock: Clock
+) -> None:
+    """Delete an empty region and its zones.
+
+    Refused while it has serving clusters or ejections (delete or lift
+    those first) or while its lease registry shows a live instance: the
+    region is still serving, whatever the declared topology says. Zones
+    are names inside the region and go with it.
+    """
+    region = get_region_or_raise(session, name=name)
+    clusters = [c.name for c in repository.list_clusters(session, model=None, region=name)]
+    ejections = repository.list_ejections(session, region=name)
+    now = clock.now()
+    live = [i.instance_id for i in reader.list_instances(name) if i.is_live(now)]
+    blockers = []
+    if clusters:
+        blockers.append(f"serving clusters {', '.join(clusters)}")
+    if ejections:
+        blockers.append(f"{len(ejections)} ejection(s)")
+    if live:
+        blockers.append(f"live instances {', '.join(live[:10])}")
+    if blockers:
+        raise RegionNotEmpty(f"region {name!r} still has {'; '.join(blockers)}")
+    zones = repository.zones_by_region(session).get(name, [])
+    session.execute(delete(Zone).where(Zone.region == name))
+    session.delete(region)
+    session.flush()
+    event_service.record(
+        session, kind="topology.region.delete", actor=actor, reason=reason, scope=f"region:{name}",
+        before={"name": name, "zones": zones}, after=None, clock=clock,
+    )
 
 
 def create_zone(session: Session, *, region: str, name: str, actor: str, clock: Clock) -> Zone:
@@ -146,6 +182,39 @@ def update_cluster(session: Session, *, name: str, change: ClusterUpdate, actor:
     )
     snapshot_service.bump(session, clock=clock)
     return cluster
+
+
+def delete_cluster(
+    session: Session, *, name: str, reason: str, expected_revision: int | None, actor: str, clock: Clock
+) -> None:
+    """Delete a cluster that is already out of routing (state `ejected`).
+
+    An active or draining cluster may still carry requests; eject it first
+    (a routing change with its own event), then delete it.
+    """
+    cluster = get_cluster_or_raise(session, name=name)
+    if expected_revision is not None and expected_revision != cluster.revision:
+        raise ClusterConflict(f"cluster {name!r} is at revision {cluster.revision}, not {expected_revision}")
+    if cluster.state != ClusterState.EJECTED:
+        raise ClusterInService(f"cluster {name!r} is {cluster.state}; eject it before deleting it")
+    before = {**_cluster_state(cluster), "region": cluster.region, "zone": cluster.zone, "model": cluster.model}
+    result = session.execute(
+        delete(ServingCluster)
+        .where(
+            ServingCluster.name == name,
+            ServingCluster.revision == cluster.revision,
+            ServingCluster.state == ClusterState.EJECTED.value,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        raise ClusterConflict(f"cluster {name!r} changed concurrently; retry")
+    session.expunge(cluster)
+    event_service.record(
+        session, kind="topology.cluster.delete", actor=actor, reason=reason,
+        scope=f"region:{before['region']}/cluster:{name}", before=before, after=None, clock=clock,
+    )
+    snapshot_service.bump(session, clock=clock)  # it leaves the snapshot's cluster list
 
 
 def eject_instance(

@@ -107,3 +107,95 @@ def test_observed_instances_liveness_is_computed_at_read_time(
     later = client.get("/api/v1/regions/eu-west/instances", headers=op).json()
     assert later[0]["live"] is False
     assert client.get("/api/v1/regions/nowhere/instances", headers=op).status_code == 404
+
+
+def _snapshot_version(client: TestClient, headers: dict[str, str]) -> int:
+    return client.get("/api/v1/snapshot", headers=headers).json()["version"]
+
+
+def test_cluster_is_deleted_only_once_ejected(client: TestClient, as_role: Any, declared: None) -> None:
+    op = as_role("operator")
+    before = client.get("/api/v1/clusters/eu-a", headers=op).json()
+    version = _snapshot_version(client, op)
+    for state in ("active", "draining"):
+        if state == "draining":
+            client.patch("/api/v1/clusters/eu-a", json={"state": "draining", "reason": "r"}, headers=op)
+            before = client.get("/api/v1/clusters/eu-a", headers=op).json()
+            version = _snapshot_version(client, op)
+        refused = client.delete("/api/v1/clusters/eu-a", params={"reason": "retire"}, headers=op)
+        assert (refused.status_code, refused.json()["error"]["type"]) == (409, "cluster_in_service")
+        assert client.get("/api/v1/clusters/eu-a", headers=op).json() == before
+        assert _snapshot_version(client, op) == version
+
+    client.patch("/api/v1/clusters/eu-a", json={"state": "ejected", "reason": "retire"}, headers=op)
+    stale = client.delete("/api/v1/clusters/eu-a", params={"reason": "retire", "expected_revision": 1}, headers=op)
+    assert (stale.status_code, stale.json()["error"]["type"]) == (409, "cluster_conflict")
+    version = _snapshot_version(client, op)
+    deleted = client.delete("/api/v1/clusters/eu-a", params={"reason": "retired"}, headers=op)
+    assert deleted.status_code == 204
+    assert client.get("/api/v1/clusters/eu-a", headers=op).json()["error"]["type"] == "cluster_not_found"
+    snapshot = client.get("/api/v1/snapshot", headers=op).json()
+    assert snapshot["version"] == version + 1 and snapshot["clusters"] == [] and snapshot["ejected_clusters"] == []
+    event = client.get("/api/v1/events", params={"kind": "topology.cluster.delete"}, headers=op).json()
+    assert [(e["reason"], e["before"]["state"], e["after"]) for e in event] == [("retired", "ejected", None)]
+    again = client.delete("/api/v1/clusters/eu-a", params={"reason": "r"}, headers=op)
+    assert (again.status_code, again.json()["error"]["type"]) == (404, "cluster_not_found")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"reason": ""}, {"reason": "r", "expected_revision": -1}, {"reason": "r", "expected_revision": "x"}],
+)
+def test_delete_with_bad_input_is_422_and_changes_nothing(client: TestClient, as_role: Any, declared: None,
+                                                          params: dict) -> None:
+    op = as_role("operator")
+    paths = ["/api/v1/clusters/eu-a"] + (["/api/v1/regions/eu-west"] if "expected_revision" not in params else [])
+    for path in paths:
+        response = client.delete(path, params=params, headers=op)
+        assert (response.status_code, response.json()["error"]["type"]) == (422, "invalid_request"), path
+    assert client.get("/api/v1/clusters/eu-a", headers=op).status_code == 200
+    assert client.get("/api/v1/regions/eu-west", headers=op).status_code == 200
+    viewer = client.delete("/api/v1/clusters/eu-a", params={"reason": "r"}, headers=as_role("viewer"))
+    assert viewer.status_code == 403
+
+
+def test_region_is_deleted_only_when_empty_and_takes_its_zones(
+    client: TestClient, as_role: Any, declared: None, lease_reader: InMemoryLeaseReader, clock: ManualClock
+) -> None:
+    op = as_role("operator")
+
+    def refused_because() -> str:
+        response = client.delete("/api/v1/regions/eu-west", params={"reason": "close"}, headers=op)
+        assert (response.status_code, response.json()["error"]["type"]) == (409, "region_not_empty")
+        assert client.get("/api/v1/regions/eu-west", headers=op).json()["zones"] == ["eu-west-1a"]
+        return response.json()["error"]["message"]
+
+    assert "eu-a" in refused_because()
+    client.patch("/api/v1/clusters/eu-a", json={"state": "ejected", "reason": "r"}, headers=op)
+    assert client.delete("/api/v1/clusters/eu-a", params={"reason": "r"}, headers=op).status_code == 204
+
+    client.post("/api/v1/regions/eu-west/ejections", json={"instance_id": "e1", "generation": 1, "reason": "r"},
+                headers=op)
+    assert "ejection" in refused_because()
+    ejection_id = client.get("/api/v1/regions/eu-west/ejections", headers=op).json()[0]["id"]
+    client.delete(f"/api/v1/regions/eu-west/ejections/{ejection_id}", params={"reason": "r"}, headers=op)
+
+    lease_reader.put("eu-west", ObservedInstance(
+        instance_id="e2", generation=1, endpoint="http://e2", zone="eu-west-1a", state="ready",
+        lease_expires_at=clock.now() + timedelta(seconds=10),
+    ))
+    assert "e2" in refused_because()
+    clock.advance(timedelta(seconds=11))  # the lease lapses: no longer live
+
+    version = _snapshot_version(client, op)
+    deleted = client.delete("/api/v1/regions/eu-west", params={"reason": "closed"}, headers=op)
+    assert deleted.status_code == 204, deleted.text
+    assert client.get("/api/v1/regions", headers=op).json() == []
+    assert _snapshot_version(client, op) == version  # regions are not in the snapshot
+    events = client.get("/api/v1/events", params={"kind": "topology.region.delete"}, headers=op).json()
+    assert [(e["reason"], e["before"]) for e in events] == [("closed", {"name": "eu-west", "zones": ["eu-west-1a"]})]
+    # The name is free again, zones included.
+    assert client.post("/api/v1/regions", json={"name": "eu-west"}, headers=op).status_code == 201
+    assert client.post("/api/v1/regions/eu-west/zones", json={"name": "eu-west-1a"}, headers=op).status_code == 201
+    missing = client.delete("/api/v1/regions/nowhere", params={"reason": "r"}, headers=op)
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "region_not_found")
