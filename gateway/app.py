@@ -365,7 +365,8 @@ async def _follow(st: GatewayState, req: StreamRequest, version: ModelVersion, a
             if await st.token_log.advance_epoch(rid, record.epoch, owner=st.settings.replica_id):
                 st.metrics.resumes.labels(mode="takeover").inc()
                 frames = await st.token_log.frames_after(rid, -1)
-                session = StreamSession.from_log(st.deps, req, version.tokenizer, epoch=record.epoch + 1, frames=frames)
+                session = StreamSession.from_log(st.deps, req, version.tokenizer, epoch=record.epoch + 1, frames=frames,
+                                                 migrations=record.migrations)  # read under the epoch we just CAS'd
                 log.info("resuming stream", request_id=rid, committed=len(session.committed), epoch=session.epoch)
                 async with _closing(session.run()) as items:
                     async for item in items:

@@ -149,9 +149,14 @@ class StreamSession:
         self._opened = False
 
     @classmethod
-    def from_log(cls, deps: Deps, request: StreamRequest, tokenizer: Tokenizer, *, epoch: int, frames: list[Frame]) -> StreamSession:
-        """Rebuild a session from committed frames (a resume on this or another replica)."""
-        session = cls(deps, request, tokenizer, epoch=epoch, next_seq=len(frames), received_at=deps.clock.now())
+    def from_log(cls, deps: Deps, request: StreamRequest, tokenizer: Tokenizer, *, epoch: int, frames: list[Frame],
+                 migrations: int) -> StreamSession:
+        """Rebuild a session from committed frames (a resume on this or another replica).
+
+        `migrations` comes from the token log, so `max_migrations` counts every engine failure of
+        the stream, whichever replica or resume it happened under.
+        """
+        session = cls(deps, request, tokenizer, epoch=epoch, next_seq=len(frames), received_at=deps.clock.now(), migrations=migrations)
         for frame in frames:
             for token_id in frame.token_ids:
                 session.committed.append(token_id)
@@ -308,7 +313,7 @@ class StreamSession:
             if not self.deps.router.admission.retry_budget.try_acquire():
                 raise RecoveryImpossible("retry_budget_exhausted", "too many streams are migrating; the retry budget is spent")
             self._holds_retry_token = True
-        if not await self.deps.token_log.advance_epoch(self.request.request_id, self.epoch, owner=self.deps.replica_id):
+        if not await self.deps.token_log.advance_epoch(self.request.request_id, self.epoch, owner=self.deps.replica_id, migration=True):
             raise Fenced()
         self.epoch += 1
         self.migrations += 1

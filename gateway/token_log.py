@@ -3,8 +3,9 @@
 A frame is committed once the gateway has it: it is appended here before it is
 written to the client, so a client (or another gateway replica) can resume
 after any sequence number it holds. Each stream also keeps its request
-(prompt token ids, sampling parameters, deadline), its request epoch and its
-status, so any replica can continue it from `prompt ‖ committed tokens`.
+(prompt token ids, sampling parameters, deadline), its request epoch, its
+status and how many times it migrated to another engine, so any replica can
+continue it from `prompt ‖ committed tokens` under the same migration cap.
 
 Request epochs change only by compare-and-set (`advance_epoch`, `cancel`);
 `append` is fenced by the epoch, so frames from an older epoch — a late frame
@@ -48,6 +49,7 @@ class StreamRecord:
     request: dict[str, Any]
     epoch: int
     status: StreamStatus
+    migrations: int = 0  # engine-failure moves so far, across resumes and replicas (the cap's count)
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,12 @@ class TokenLog(Protocol):
         """Frames after `after_seq`, waiting up to `timeout` for at least one."""
         ...
 
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str) -> bool:
-        """Compare-and-set epoch → epoch+1 and take ownership; False if someone moved first or it is terminal."""
+    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
+        """Compare-and-set epoch → epoch+1 and take ownership; False if someone moved first or it is terminal.
+
+        `migration`: the move is to another engine after a failure (not a resume); the stream's
+        migration count grows by one in the same step, so the cap holds across resumes and replicas.
+        """
         ...
 
     async def set_status(self, request_id: str, epoch: int, status: StreamStatus) -> bool: ...
@@ -123,6 +129,7 @@ class _MemoryStream:
     request: dict[str, Any]
     epoch: int = 0
     status: StreamStatus = StreamStatus.ACTIVE
+    migrations: int = 0
     frames: list[Frame] = field(default_factory=list)
     owner: str | None = None
     owner_expires_at: float = 0.0
@@ -155,7 +162,7 @@ class MemoryTokenLog:
 
     async def get(self, request_id: str) -> StreamRecord | None:
         s = self._streams.get(request_id)
-        return None if s is None else StreamRecord(request_id, s.request, s.epoch, s.status)
+        return None if s is None else StreamRecord(request_id, s.request, s.epoch, s.status, s.migrations)
 
     async def append(self, request_id: str, epoch: int, frame: Frame) -> bool:
         s = self._streams.get(request_id)
@@ -182,11 +189,12 @@ class MemoryTokenLog:
                 pass
         return s.frames[after_seq + 1 :]
 
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str) -> bool:
+    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
         s = self._streams.get(request_id)
         if s is None or s.epoch != expected or s.status.terminal:
             return False
         s.epoch += 1
+        s.migrations += migration
         s.status = StreamStatus.ACTIVE
         s.owner, s.owner_expires_at = owner, self.clock.now() + self.owner_ttl
         self._notify(s)
@@ -250,6 +258,7 @@ if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'finished' or status == 'failed' or status == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'epoch', tonumber(ARGV[1]) + 1, 'status', 'active')
+if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[1], 'migrations', 1) end
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 return 1
 """
@@ -307,7 +316,7 @@ class RedisTokenLog:
     async def create(self, request_id: str, request: dict[str, Any], *, owner: str) -> None:
         meta, _, owner_key = self._keys(request_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(meta, mapping={"request": json.dumps(request), "epoch": 0, "status": StreamStatus.ACTIVE.value})
+            pipe.hset(meta, mapping={"request": json.dumps(request), "epoch": 0, "status": StreamStatus.ACTIVE.value, "migrations": 0})
             pipe.pexpire(meta, self.retention_ms)
             pipe.set(owner_key, owner, px=self.owner_ttl_ms)
             await pipe.execute()
@@ -316,7 +325,8 @@ class RedisTokenLog:
         raw = await self.redis.hgetall(self._keys(request_id)[0])
         if not raw:
             return None
-        return StreamRecord(request_id, json.loads(raw["request"]), int(raw["epoch"]), StreamStatus(raw["status"]))
+        return StreamRecord(request_id, json.loads(raw["request"]), int(raw["epoch"]), StreamStatus(raw["status"]),
+                            int(raw.get("migrations", 0)))  # absent in records written before the count was kept
 
     async def append(self, request_id: str, epoch: int, frame: Frame) -> bool:
         ok = await self._append(keys=self._keys(request_id), args=[epoch, f"{frame.seq + 1}-0", frame.to_json(), self.retention_ms])
@@ -334,8 +344,8 @@ class RedisTokenLog:
         result = await self.redis.xread({stream: f"{after_seq + 1}-0"}, block=max(1, int(timeout * 1000)))
         return [Frame.from_json(fields["f"]) for _, entries in result for _, fields in entries]
 
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str) -> bool:
-        return bool(await self._advance(keys=self._keys(request_id), args=[expected, owner, self.owner_ttl_ms]))
+    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
+        return bool(await self._advance(keys=self._keys(request_id), args=[expected, owner, self.owner_ttl_ms, int(migration)]))
 
     async def set_status(self, request_id: str, epoch: int, status: StreamStatus) -> bool:
         return bool(await self._set_status(keys=self._keys(request_id), args=[epoch, status.value]))

@@ -104,3 +104,19 @@ async def test_redis_cancel_wins_and_terminal_states_are_idempotent(client):
     assert await log.cancel("r4") and await log.cancel("r4")
     assert not await log.advance_epoch("r4", 1, owner="gw-1")
     assert (await log.get("r4")).status is StreamStatus.CANCELLED
+
+
+async def test_redis_token_log_keeps_the_migration_count_for_every_replica(client):
+    redis, prefix = client
+    one = RedisTokenLog(redis, prefix=prefix)
+    two = RedisTokenLog(redis, prefix=prefix)  # another gateway replica
+    await one.create("r1", {"prompt_ids": [1]}, owner="gw-1")
+    assert (await two.get("r1")).migrations == 0
+    assert await one.advance_epoch("r1", 0, owner="gw-1", migration=True)  # engine failed under replica one
+    assert await two.advance_epoch("r1", 1, owner="gw-2")  # the client resumed on replica two
+    assert not await one.advance_epoch("r1", 1, owner="gw-1", migration=True)  # replica one is fenced: no count
+    assert await two.advance_epoch("r1", 2, owner="gw-2", migration=True)
+    record = await one.get("r1")
+    assert (record.epoch, record.migrations) == (3, 2)
+    await redis.hdel(f"{prefix}:{{r1}}:meta", "migrations")  # a record written before the count existed
+    assert (await two.get("r1")).migrations == 0

@@ -83,3 +83,15 @@ async def test_owner_lapses_so_another_replica_can_take_over():
     assert await log.owner("r1") is None
     assert await log.advance_epoch("r1", 0, owner="gw-2")
     assert await log.owner("r1") == "gw-2"
+
+
+async def test_the_migration_count_lives_in_the_log_and_only_migrations_raise_it():
+    log = MemoryTokenLog(clock=ManualClock())
+    await log.create("r1", {}, owner="gw-1")
+    assert (await log.get("r1")).migrations == 0
+    assert await log.advance_epoch("r1", 0, owner="gw-1", migration=True)  # engine failed: moved
+    assert await log.advance_epoch("r1", 1, owner="gw-2")  # a client resume: new epoch, same count
+    assert not await log.advance_epoch("r1", 1, owner="gw-1", migration=True)  # fenced off: counts nothing
+    assert await log.advance_epoch("r1", 2, owner="gw-2", migration=True)
+    record = await log.get("r1")
+    assert (record.epoch, record.migrations) == (3, 2)
