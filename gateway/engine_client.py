@@ -94,10 +94,13 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle = False
+        self.idle_since = 0.0
+        self.reused = False  # served an earlier request: the engine may be closing it as idle right now
         self._reset()
 
     def _reset(self) -> None:
         self.status = 0
+        self.received = False
         self.headers: dict[bytes, bytes] = {}
         self.headers_done = False
         self.sse = False
@@ -117,6 +120,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -231,6 +235,8 @@ class EngineClient:
         self.connector = connector or _tcp_connector
         self.max_idle_per_engine = max_idle_per_engine
         self.drain_timeout = 1.0
+        # Engines (uvicorn, vLLM) close keep-alive connections idle for 5 s; reuse well before that.
+        self.idle_expiry = 2.0
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
 
@@ -251,13 +257,17 @@ class EngineClient:
             target = self._targets[url] = _Target((parts.hostname, port, tls), parts.path.rstrip("/") + "/v1/completions", parts.netloc)
         return target
 
-    async def _connect(self, target: _Target) -> _Connection:
+    async def _connect(self, target: _Target, *, fresh: bool = False) -> _Connection:
         idle = self._idle.get(target.key)
-        while idle:
+        now = asyncio.get_running_loop().time()
+        while idle and not fresh:
             connection = idle.pop()
-            if not connection.closed:
-                connection.idle = False
-                return connection
+            if connection.closed or connection.transport.is_closing() or now - connection.idle_since > self.idle_expiry:  # type: ignore[union-attr]
+                connection.close()
+                continue
+            connection.idle = False
+            connection.reused = True
+            return connection
         host, port, tls = target.key
         connection = _Connection(self, target.key)
         try:
@@ -269,6 +279,20 @@ class EngineClient:
             raise EngineFailure("connect", str(exc)) from None
         return connection
 
+    @staticmethod
+    async def _send(connection: _Connection, request: bytes, deadline: float) -> None:
+        """Write the request; wait for the response headers (and the whole body of an error)."""
+        connection.transport.write(request)  # type: ignore[union-attr]
+        while not connection.headers_done:
+            if connection.failure is not None:
+                raise connection.failure
+            await connection.wait(deadline)
+        if connection.status >= 400:
+            while not connection.complete:
+                if connection.failure is not None:
+                    raise connection.failure
+                await connection.wait(deadline)
+
     def _give_back(self, connection: _Connection) -> None:
         if not connection.reusable():
             connection.close()
@@ -279,6 +303,7 @@ class EngineClient:
             return
         connection._reset()
         connection.idle = True
+        connection.idle_since = asyncio.get_running_loop().time()
         idle.append(connection)
 
     def _drain_expired(self, connection: _Connection) -> None:
@@ -297,26 +322,24 @@ class EngineClient:
         """Yield `Opened`, then one `EngineToken` per token, until the finishing token."""
         target = self._target(endpoint.url)
         body = json.dumps(payload, separators=(",", ":")).encode()
+        request = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+                   b"User-Agent: lifeline-gateway\r\nContent-Length: %d\r\n\r\n%s"
+                   % (target.path.encode(), target.host_header.encode(), len(body), body))
+        deadline = asyncio.get_running_loop().time() + first_token_timeout
         connection = await self._connect(target)
         finished = False
         try:
-            connection.transport.write(  # type: ignore[union-attr]
-                b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                b"User-Agent: lifeline-gateway\r\nContent-Length: %d\r\n\r\n%s"
-                % (target.path.encode(), target.host_header.encode(), len(body), body)
-            )
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + first_token_timeout
             try:
-                while not connection.headers_done:
-                    if connection.failure is not None:
-                        raise connection.failure
-                    await connection.wait(deadline)
-                if connection.status >= 400:
-                    while not connection.complete:
-                        if connection.failure is not None:
-                            raise connection.failure
-                        await connection.wait(deadline)
+                try:
+                    await self._send(connection, request, deadline)
+                except EngineFailure:
+                    if not (connection.reused and not connection.received):
+                        raise
+                    # A kept-alive connection the engine closed as idle while we picked it: nothing of
+                    # ours was answered, so this is no engine failure. Once more on a new connection.
+                    connection.close()
+                    connection = await self._connect(target, fresh=True)
+                    await self._send(connection, request, deadline)
             except TimeoutError:
                 raise EngineFailure("stall", f"no response within {first_token_timeout:.2f}s") from None
             status = connection.status

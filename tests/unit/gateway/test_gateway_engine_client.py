@@ -40,9 +40,10 @@ def _json(status: int, payload: dict) -> bytes:
 class FakeEngine:
     """Answers every request with canned bytes, fed a few bytes at a time to exercise reassembly."""
 
-    def __init__(self, response: bytes | Exception, *, hang_up: bool = False, piece: int = 7) -> None:
+    def __init__(self, response: bytes | Exception, *, hang_up: bool = False, piece: int = 7, close_idle: bool = False) -> None:
         self.response = response
         self.hang_up = hang_up
+        self.close_idle = close_idle  # hang up, unanswered, on a second request over a kept-alive connection
         self.piece = piece
         self.requests: list[bytes] = []
         self.connects = 0
@@ -62,11 +63,15 @@ class FakeEngine:
 class FakeTransport(asyncio.Transport):
     def __init__(self, engine: FakeEngine, protocol: asyncio.Protocol) -> None:
         super().__init__()
-        self.engine, self.protocol, self.closed = engine, protocol, False
+        self.engine, self.protocol, self.closed, self.served = engine, protocol, False, 0
 
     def write(self, data: bytes) -> None:
         self.engine.requests.append(data)
+        self.served += 1
         loop = asyncio.get_running_loop()
+        if self.engine.close_idle and self.served > 1:
+            loop.call_soon(self.close)
+            return
         raw = self.engine.response
         for i in range(0, len(raw), self.engine.piece):
             loop.call_soon(self._deliver, raw[i : i + self.engine.piece])
@@ -191,3 +196,25 @@ async def test_connect_refused_is_a_failure():
     with pytest.raises(EngineFailure) as failure:
         await _collect(_client(FakeEngine(ConnectionRefusedError(111, "refused"))))
     assert failure.value.reason == "connect"
+
+
+async def _two_requests(engine: FakeEngine, client: EngineClient) -> None:
+    for _ in range(2):
+        items = [item async for item in client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)]
+        assert items[-1] == EngineToken(5, "length")
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+async def test_a_kept_alive_connection_the_engine_closed_is_retried_once_on_a_new_one():
+    engine = FakeEngine(_http(200, _sse(5) + b"data: [DONE]\n\n", SSE), close_idle=True)
+    await _two_requests(engine, _client(engine))
+    assert engine.connects == 2 and len(engine.requests) == 3  # the unanswered one was sent again
+
+
+async def test_connections_idle_past_the_expiry_are_not_reused():
+    engine = FakeEngine(_http(200, _sse(5) + b"data: [DONE]\n\n", SSE))
+    client = _client(engine)
+    client.idle_expiry = -1.0  # every idle connection counts as expired
+    await _two_requests(engine, client)
+    assert engine.connects == 2 and engine.transports[0].closed
