@@ -5,7 +5,9 @@ every stream) and aggregate tokens/s at 1 and 32 concurrent streams, greedy,
 `tiny` preset (fast enough that a fraction of a millisecond shows). Engine,
 gateway (or LiteLLM) and client share this machine's CPUs, so a proxy's own
 CPU time is taken from the engine: on 2 cores that is the dominant cost, not
-network hops.
+network hops. So the proxy's own CPU time per token (user + system, from
+/proc, process tree) is reported too: unlike latency it barely moves with
+other load on the machine.
 
 Fairness: one engine serves every path; the same prompt, `max_tokens` and
 `ignore_eos`, and every stream must end with `finish_reason: "length"`, so
@@ -68,6 +70,25 @@ class Target:
     url: str
     model: str
     headers: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None  # the proxy's process, whose CPU time per token is reported
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live descendants, from /proc (Linux)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def one_stream(path: Target, max_tokens: int) -> tuple[float, list[float], str | None]:
@@ -93,6 +114,7 @@ def run(path: Target, streams: int, max_tokens: int, *, min_gaps: int = 1000) ->
     rounds = max(1, math.ceil(min_gaps / (streams * (max_tokens - 1))))
     ttfts: list[float] = []
     gaps: list[float] = []
+    cpu_before = cpu_seconds(path.pid) if path.pid else 0.0
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         for _ in range(rounds):
@@ -102,13 +124,16 @@ def run(path: Target, streams: int, max_tokens: int, *, min_gaps: int = 1000) ->
                 ttfts.append(ttft)
                 gaps.extend(stream_gaps)
     wall = time.perf_counter() - start
+    tokens = rounds * streams * max_tokens
+    proxy_cpu = (cpu_seconds(path.pid) - cpu_before) / tokens * 1e6 if path.pid else None
     gaps.sort()
     return {
         "ttft_p50_ms": statistics.median(ttfts) * 1000,
         "itl_p50_ms": statistics.median(gaps) * 1000,
         "itl_p99_ms": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000,
-        "tokens_per_s": rounds * streams * max_tokens / wall,
+        "tokens_per_s": tokens / wall,
         "gaps": len(gaps),
+        "proxy_cpu_us": proxy_cpu,
     }
 
 
@@ -182,10 +207,10 @@ def main() -> None:
     try:
         engine.wait_ready()
         gw.wait_routable("tiny", 1)
-        paths = [Target("direct", engine.url, model.name), Target("gateway", gw.url, "tiny")]
+        paths = [Target("direct", engine.url, model.name), Target("gateway", gw.url, "tiny", pid=gw.process.pid)]
         if litellm is not None:
             litellm.start()
-            paths.append(Target("litellm", litellm.url, "tiny", {"Authorization": f"Bearer {litellm.key}"}))
+            paths.append(Target("litellm", litellm.url, "tiny", {"Authorization": f"Bearer {litellm.key}"}, pid=litellm.process.pid))
             litellm_note = (f"LiteLLM {litellm.version()} proxy (own venv, defaults, `hosted_vllm/` entry on the same engine; "
                             "it drops empty-text chunks, so a few of its gaps span two tokens; it does not resume streams).")
         for streams in [int(s) for s in args.streams.split(",")]:
@@ -206,7 +231,7 @@ def main() -> None:
                 g = best[path.label]
                 rows.append({"path": f"{path.label} − direct", "streams": streams, "ttft_p50_ms": g["ttft_p50_ms"] - d["ttft_p50_ms"],
                              "itl_p50_ms": g["itl_p50_ms"] - d["itl_p50_ms"], "itl_p99_ms": g["itl_p99_ms"] - d["itl_p99_ms"],
-                             "tokens_per_s": g["tokens_per_s"] / d["tokens_per_s"], "ratio": True, "gaps": g["gaps"]})
+                             "tokens_per_s": g["tokens_per_s"] / d["tokens_per_s"], "ratio": True, "gaps": g["gaps"], "proxy_cpu_us": None})
     finally:
         if litellm is not None:
             litellm.kill()
@@ -219,12 +244,13 @@ def main() -> None:
         f"{args.tokens} tokens per stream (every stream checked to end by length), ≥ {args.min_gaps} gaps per run, "
         f"best of {args.repeats} runs per path in rotating order. {litellm_note}",
         "",
-        "| path | streams | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | gaps |",
-        "|---|---|---|---|---|---|---|",
+        "| path | streams | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | gaps | proxy CPU µs/token |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tps = f"{r['tokens_per_s']:.2f}× of direct" if r.get("ratio") else f"{r['tokens_per_s']:.1f}"
-        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {tps} | {r['gaps']} |")
+        cpu = "" if r["proxy_cpu_us"] is None else f"{r['proxy_cpu_us']:.0f}"
+        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {tps} | {r['gaps']} | {cpu} |")
     table = "\n".join(lines)
     print(table)
     if args.write:
