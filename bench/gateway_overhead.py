@@ -237,10 +237,9 @@ def main() -> None:
             litellm.kill()
         engine.kill()
         gw.kill()
-    load_after = os.getloadavg()[0]
     lines = [
         f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs shared by engine, proxy and client "
-        f"(1-minute load average {load_before:.2f} before, {load_after:.2f} after); `tiny` preset, float64, greedy, "
+        f"(1-minute load average {load_before:.2f} before the run; the run itself then adds about 3); `tiny` preset, float64, greedy, "
         f"{args.tokens} tokens per stream (every stream checked to end by length), ≥ {args.min_gaps} gaps per run, "
         f"best of {args.repeats} runs per path in rotating order. {litellm_note}",
         "",
