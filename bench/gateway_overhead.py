@@ -16,7 +16,10 @@ every path (it parses each event's JSON). Each path gets a warm-up run at full
 concurrency (connection pools, engine) before it is measured; a run repeats
 sequential rounds until it holds at least `--min-gaps` inter-token gaps, so
 p99 at 1 stream is not just the maximum of 63 gaps; the order of the paths
-rotates between repeats and the best run (by tokens/s) of each path is kept.
+rotates between repeats. Other load on a 2-core machine moves a whole run by
+more than the effect measured, so each figure is the median over repeats, and
+each difference (proxy − direct, proxy / direct) is the median of the
+differences within a repeat, where both paths ran back to back.
 
 A token is an event whose choice carries `text`. LiteLLM does not forward
 chunks whose text is empty (a token that ends mid-character), so on its path
@@ -187,7 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--streams", default="1,32")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per path, order rotated; best run kept")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per path, order rotated; medians reported")
     parser.add_argument("--min-gaps", type=int, default=1000, help="sequential rounds until a run holds this many gaps")
     parser.add_argument("--litellm", action=argparse.BooleanOptionalAction, default=(LITELLM_VENV / "bin" / "litellm").exists(),
                         help="also measure LiteLLM's proxy (needs .lifeline/litellm-venv)")
@@ -216,22 +219,26 @@ def main() -> None:
         for streams in [int(s) for s in args.streams.split(",")]:
             for path in paths:
                 run(path, streams, 8, min_gaps=0)  # warm-up at full concurrency: pools, engine
-            best: dict[str, dict] = {}
+            runs: dict[str, list[dict]] = {path.label: [] for path in paths}
             for repeat in range(args.repeats):
                 order = paths[repeat % len(paths):] + paths[: repeat % len(paths)]
                 for path in order:
-                    result = run(path, streams, args.tokens, min_gaps=args.min_gaps)
-                    if path.label not in best or result["tokens_per_s"] > best[path.label]["tokens_per_s"]:
-                        best[path.label] = result
-            d = best["direct"]
+                    runs[path.label].append(run(path, streams, args.tokens, min_gaps=args.min_gaps))
+                    print(path.label, streams, runs[path.label][-1], flush=True)
+            metrics = ("ttft_p50_ms", "itl_p50_ms", "itl_p99_ms", "tokens_per_s", "proxy_cpu_us")
             for path in paths:
-                rows.append({"path": path.label, "streams": streams, **best[path.label]})
-                print(path.label, streams, best[path.label], flush=True)
+                median = {m: None if runs[path.label][0][m] is None else statistics.median(r[m] for r in runs[path.label]) for m in metrics}
+                rows.append({"path": path.label, "streams": streams, **median, "gaps": runs[path.label][0]["gaps"]})
             for path in paths[1:]:
-                g = best[path.label]
-                rows.append({"path": f"{path.label} − direct", "streams": streams, "ttft_p50_ms": g["ttft_p50_ms"] - d["ttft_p50_ms"],
-                             "itl_p50_ms": g["itl_p50_ms"] - d["itl_p50_ms"], "itl_p99_ms": g["itl_p99_ms"] - d["itl_p99_ms"],
-                             "tokens_per_s": g["tokens_per_s"] / d["tokens_per_s"], "ratio": True, "gaps": g["gaps"], "proxy_cpu_us": None})
+                pairs = list(zip(runs[path.label], runs["direct"]))
+                rows.append({"path": f"{path.label} − direct", "streams": streams, "ratio": True, "gaps": runs[path.label][0]["gaps"],
+                             **{m: statistics.median(g[m] - d[m] for g, d in pairs) for m in metrics[:3]},
+                             "tokens_per_s": statistics.median(g["tokens_per_s"] / d["tokens_per_s"] for g, d in pairs),
+                             "proxy_cpu_us": None,
+                             "range": (min(g["tokens_per_s"] / d["tokens_per_s"] for g, d in pairs),
+                                       max(g["tokens_per_s"] / d["tokens_per_s"] for g, d in pairs),
+                                       min(g["itl_p50_ms"] - d["itl_p50_ms"] for g, d in pairs),
+                                       max(g["itl_p50_ms"] - d["itl_p50_ms"] for g, d in pairs))})
     finally:
         if litellm is not None:
             litellm.kill()
@@ -241,15 +248,21 @@ def main() -> None:
         f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs shared by engine, proxy and client "
         f"(1-minute load average {load_before:.2f} before the run; the run itself then adds about 3); `tiny` preset, float64, greedy, "
         f"{args.tokens} tokens per stream (every stream checked to end by length), ≥ {args.min_gaps} gaps per run, "
-        f"best of {args.repeats} runs per path in rotating order. {litellm_note}",
+        f"medians of {args.repeats} runs per path in rotating order (differences: medians of back-to-back pairs, "
+        f"range of the pairs in brackets). {litellm_note}",
         "",
         "| path | streams | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | gaps | proxy CPU µs/token |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        tps = f"{r['tokens_per_s']:.2f}× of direct" if r.get("ratio") else f"{r['tokens_per_s']:.1f}"
+        tps = f"{r['tokens_per_s']:.1f}"
+        itl = f"{r['itl_p50_ms']:.2f}"
+        if r.get("ratio"):
+            low_tps, high_tps, low_itl, high_itl = r["range"]
+            tps = f"{r['tokens_per_s']:.2f}× of direct [{low_tps:.2f}, {high_tps:.2f}]"
+            itl = f"{r['itl_p50_ms']:.2f} [{low_itl:.2f}, {high_itl:.2f}]"
         cpu = "" if r["proxy_cpu_us"] is None else f"{r['proxy_cpu_us']:.0f}"
-        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {tps} | {r['gaps']} | {cpu} |")
+        lines.append(f"| {r['path']} | {r['streams']} | {r['ttft_p50_ms']:.2f} | {itl} | {r['itl_p99_ms']:.2f} | {tps} | {r['gaps']} | {cpu} |")
     table = "\n".join(lines)
     print(table)
     if args.write:
