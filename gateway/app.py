@@ -15,16 +15,15 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
 
 from gateway.admission import Admission
 from gateway.clock import Clock, MonotonicClock
@@ -39,9 +38,9 @@ from gateway.schemas import ChatCompletionRequest, CompletionRequest, LeaseRegis
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import Frame, MemoryTokenLog, RedisTokenLog, TokenLog
 from lifeline.logs import get_logger
+from lifeline.request_body import Body, parse_json_body
 
 log = get_logger(__name__)
-_Body = TypeVar("_Body", bound=BaseModel)
 _TERMINAL_KINDS = ("done", "error")
 
 
@@ -368,7 +367,7 @@ async def _follow(st: GatewayState, req: StreamRequest, version: ModelVersion, a
                 session = StreamSession.from_log(st.deps, req, version.tokenizer, epoch=record.epoch + 1, frames=frames,
                                                  migrations=record.migrations)  # read under the epoch we just CAS'd
                 log.info("resuming stream", request_id=rid, committed=len(session.committed), epoch=session.epoch)
-                async with _closing(session.run()) as items:
+                async with aclosing(session.run()) as items:
                     async for item in items:
                         if isinstance(item, Frame) and item.seq > last:
                             yield item
@@ -379,17 +378,6 @@ async def _follow(st: GatewayState, req: StreamRequest, version: ModelVersion, a
             last = frame.seq
             if frame.kind in _TERMINAL_KINDS:
                 return
-
-
-class _closing:
-    def __init__(self, agen: Any) -> None:
-        self.agen = agen
-
-    async def __aenter__(self) -> Any:
-        return self.agen
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.agen.aclose()
 
 
 def _envelope(req: StreamRequest, frame: Frame, choices: list[dict]) -> dict:
@@ -463,7 +451,7 @@ class FrameRenderer:
 
 async def _sse_body(req: StreamRequest, frames: AsyncIterator[Any]) -> AsyncIterator[str]:
     render = FrameRenderer(req).render
-    async with _closing(frames) as items:
+    async with aclosing(frames) as items:
         async for item in items:
             if isinstance(item, Frame):
                 yield render(item)
@@ -475,7 +463,7 @@ async def _collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict
     finish: str | None = None
     usage: dict[str, int] | None = None
     epoch = 0
-    async with _closing(frames) as items:
+    async with aclosing(frames) as items:
         async for item in items:
             if not isinstance(item, Frame):
                 continue
@@ -505,17 +493,5 @@ async def _collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict
     return JSONResponse(body, headers=headers)
 
 
-async def _parse(request: Request, model: type[_Body]) -> _Body:
-    raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise BadRequest(f"{param}: {first['msg']}", param=param) from None
+async def _parse(request: Request, model: type[Body]) -> Body:
+    return parse_json_body(await request.body(), model, BadRequest)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 _REPLACEMENT = "\ufffd"
-# How many earlier tokens to re-decode for context; a UTF-8 character spans at most 4 bytes.
+# Earlier tokens re-decoded for context (a UTF-8 character spans at most 4 bytes);
+# the window slides only once it holds twice that, so most tokens cost one decode.
 _WINDOW = 6
 
 
@@ -24,27 +25,31 @@ class IncrementalDetokenizer:
         self._ids: list[int] = []
         self._emitted_upto = 0  # index into _ids: tokens whose text has been released
         self._prefix_offset = 0  # window start for context
+        self._prefix_text = ""  # decode of _ids[_prefix_offset:_emitted_upto]
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        prefix = self._decode(self._ids[self._prefix_offset : self._emitted_upto])
         full = self._decode(self._ids[self._prefix_offset :])
-        if full.endswith(_REPLACEMENT) or len(full) < len(prefix):
+        if full.endswith(_REPLACEMENT) or len(full) < len(self._prefix_text):
             return ""  # wait for the rest of the character
-        new_text = full[len(prefix) :]
+        new_text = full[len(self._prefix_text) :]
         self._emitted_upto = len(self._ids)
-        self._prefix_offset = max(0, self._emitted_upto - _WINDOW)
+        if self._emitted_upto - self._prefix_offset > 2 * _WINDOW:
+            self._prefix_offset = self._emitted_upto - _WINDOW
+            self._prefix_text = self._decode(self._ids[self._prefix_offset : self._emitted_upto])
+        else:
+            self._prefix_text = full
         return new_text
 
     def flush(self) -> str:
         """Text still held back at the end of a stream (an incomplete trailing character)."""
-        prefix = self._decode(self._ids[self._prefix_offset : self._emitted_upto])
         full = self._decode(self._ids[self._prefix_offset :])
         self._emitted_upto = len(self._ids)
-        return full[len(prefix) :]
+        tail, self._prefix_text = full[len(self._prefix_text) :], full
+        return tail
 
 
 def stop_holdback(text: str, stops: list[str]) -> int:
