@@ -8,7 +8,7 @@ kill → next token at the client), decode tokens recomputed and prompt tokens
 prefilled again (gateway counters), and completion time relative to the same
 requests unfaulted.
 
-    .venv/bin/python bench/recovery.py [--preset small] [--kills 32,128,512] [--concurrency 1,8] [--tail 32] [--write docs/benchmarks.md]
+    .venv/bin/python bench/recovery.py [--preset small] [--kills 32,128,512] [--concurrency 1,8] [--tail N] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.docs import replace_section  # noqa: E402
-from tests.conftest import built_model, free_port  # noqa: E402
+from tests.conftest import built_model  # noqa: E402
 from tests.support.engine_process import EngineProcess  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.gateway_process import GatewayProcess, gateway_config  # noqa: E402
 
 STRATEGIES = ("fail_stop", "retry_from_scratch", "token_commit_resume")
@@ -79,7 +80,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float64")
     parser.add_argument("--kills", default="32,128,512")
     parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--tail", type=int, default=32, help="tokens generated after the kill point")
+    parser.add_argument("--tail", type=int, default=None,
+                        help="tokens generated after the kill point (default: k, so the kill lands mid-request)")
     parser.add_argument("--skip", default="", help="k:c pairs to skip, e.g. 512:8,128:8")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
@@ -116,7 +118,7 @@ def main() -> None:
             for c in [int(x) for x in args.concurrency.split(",")]:
                 if (k, c) in skip:
                     continue
-                max_tokens = k + args.tail
+                max_tokens = k + (args.tail if args.tail is not None else k)
                 start_victim(None)
                 baseline = batch(gw.url, c, max_tokens, "token_commit_resume", "victim")
                 base_time = statistics.median(r["time"] for r in baseline)
@@ -149,7 +151,8 @@ def main() -> None:
 
     lines = [
         f"Machine: {platform.machine()}, 2 CPUs shared by two engines, the gateway and the client; `{args.preset}` preset, "
-        f"{args.dtype}, greedy, prompt {len(PROMPT.split())} words, {args.tail} tokens after the kill point, one run per cell "
+        f"{args.dtype}, greedy, prompt {len(PROMPT.split())} words, "
+        f"{'k' if args.tail is None else args.tail} tokens after the kill point (requests of k + that many tokens), one run per cell "
         "(CPU timings on this machine are noisy, ±15%). The victim exits (os._exit, as SIGKILL) when about to send token "
         "c·k+1 engine-wide. Gap: last token before the kill → next token at the client (median over streams). "
         "Inflation: completion time / the same requests unfaulted.",
