@@ -41,6 +41,7 @@ def serve(
     state_dir: Annotated[Optional[Path], typer.Option(help="Where the boot generation counter lives")] = None,
     dtype: Annotated[str, typer.Option(help="float64 (exact resume) or float32 (faster)")] = "float64",
     max_num_seqs: Annotated[int, typer.Option(help="Sequences decoded together")] = 64,
+    max_prefill_tokens: Annotated[int, typer.Option(help="Prompt tokens prefilled per step before decoding")] = 2048,
     torch_threads: Annotated[Optional[int], typer.Option()] = None,
     enable_fault_admin: Annotated[bool, typer.Option(help="Expose POST /admin/faults")] = False,
     fault_exit_after_tokens: Annotated[Optional[int], typer.Option(help="Exit abruptly after N tokens sent")] = None,
@@ -67,7 +68,7 @@ def serve(
         settings = EngineSettings(
             model=model, port=port, host=host, instance_id=instance_id, zone=zone, region=region,
             served_model_name=served_model_name, state_dir=state_dir, dtype=dtype,  # type: ignore[arg-type]
-            max_num_seqs=max_num_seqs, torch_threads=torch_threads,
+            max_num_seqs=max_num_seqs, max_prefill_tokens=max_prefill_tokens, torch_threads=torch_threads,
             enable_fault_admin=enable_fault_admin, log_level=log_level,
             registry=registry, registry_token=registry_token, advertise_url=advertise_url,
         )

@@ -1,7 +1,8 @@
 """The decode loop: one thread that owns the model and every KV cache.
 
-Each iteration prefills at most one newly admitted sequence, then runs one
-batched decode step over every running sequence that is due. Keeping model
+Each iteration prefills newly admitted sequences (at least one, then more
+while a token budget lasts), then runs one batched decode step over every
+running sequence that is due. Keeping model
 work on this thread keeps the HTTP event loop free; results go back to each
 request's asyncio queue with `call_soon_threadsafe`. A cancelled sequence is
 dropped at the start of the next iteration, so a client that disconnects
@@ -39,7 +40,7 @@ class ErrorEvent:
     message: str
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two requests are never 'equal'
 class Sequence:
     request_id: str
     prompt_ids: list[int]
@@ -62,10 +63,12 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int) -> None:
+    def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
+                 max_prefill_tokens: int = 2048) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
         self.token_delay_s = 0.0
         self.first_token_delay_s = 0.0
         self._waiting: deque[Sequence] = deque()
@@ -144,14 +147,22 @@ class Scheduler:
         now = time.monotonic()
         due = [s for s in running if not s.cancelled and not s.finished and s.not_before <= now]
         fresh = [s for s in due if s.cache is None]
-        if fresh:
-            seq = fresh[0]
+        # Prefill first, up to a token budget per step (vLLM's max_num_batched_tokens idea):
+        # streams migrated here after an engine died get their next token sooner, and a
+        # burst of long prompts still cannot stall running streams for more than one budget.
+        budget = self.max_prefill_tokens
+        prefilled = []
+        for seq in fresh:
+            if prefilled and len(seq.prompt_ids) > budget:
+                break
             seq.cache = self.model.new_cache(len(seq.prompt_ids) + seq.max_tokens)
             logits = self.model.prefill(seq.prompt_ids, seq.cache)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
             self.metrics.ttft.observe(time.monotonic() - seq.arrived_at)
             self._emit(seq, logits)
-        decoding = [s for s in due if s.cache is not None and s not in fresh and not s.finished]
+            prefilled.append(seq)
+            budget -= len(seq.prompt_ids)
+        decoding = [s for s in due if s.cache is not None and s not in prefilled and not s.finished]
         if decoding:
             logits = self.model.decode([s.output_ids[-1] for s in decoding], [s.cache for s in decoding])
             for seq, row in zip(decoding, logits, strict=True):

@@ -128,7 +128,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         dtype = torch.float64 if settings.dtype == "float64" else torch.float32
         model = await asyncio.to_thread(LlamaModel.load, settings.model, dtype)
         fingerprint = await asyncio.to_thread(weights_fingerprint, settings.model)
-        scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs)
+        scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
+                              max_prefill_tokens=settings.max_prefill_tokens)
         faults = FaultInjector(FaultSettings(), metrics)
         state = EngineState(
             settings=settings,

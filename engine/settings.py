@@ -35,6 +35,7 @@ class EngineSettings(BaseSettings):
     state_dir: Path | None = None
     dtype: Literal["float64", "float32"] = "float64"
     max_num_seqs: int = Field(64, ge=1, description="sequences decoded together; more wait")
+    max_prefill_tokens: int = Field(2048, ge=1, description="prompt tokens prefilled per scheduler step (at least one prompt)")
     torch_threads: int | None = Field(None, ge=1)
     enable_fault_admin: bool = False
     log_level: str = "info"
