@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -233,7 +234,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         state = engine_state(request)
         body = await _parse(request, CompletionRequest)
         prompt_ids = _prompt_ids(state, body.prompt)
-        return await _serve(state, body, prompt_ids, chat=False)
+        return await _serve(state, body, prompt_ids, chat=False, caller_id=_caller_request_id(request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -246,7 +247,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
             add_generation_prompt=body.add_generation_prompt,
         )
         prompt_ids = state.tokenizer.encode(rendered, add_special_tokens=False).ids
-        return await _serve(state, body, prompt_ids, chat=True)
+        return await _serve(state, body, prompt_ids, chat=True, caller_id=_caller_request_id(request))
 
     if settings.enable_fault_admin:
 
@@ -303,11 +304,25 @@ def _validate(state: EngineState, body: SamplingFields, prompt_ids: list[int]) -
     return max_tokens
 
 
-async def _serve(state: EngineState, body: SamplingFields, prompt_ids: list[int], *, chat: bool) -> Response:
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _caller_request_id(request: Request) -> str | None:
+    """`X-Request-Id`, as vLLM takes it: the gateway's request id, so one grep finds every hop."""
+    value = request.headers.get("x-request-id")
+    if value is None:
+        return None
+    if not _REQUEST_ID.fullmatch(value):
+        raise BadRequest("X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", param="X-Request-Id")
+    return value
+
+
+async def _serve(state: EngineState, body: SamplingFields, prompt_ids: list[int], *, chat: bool,
+                 caller_id: str | None) -> Response:
     max_tokens = _validate(state, body, prompt_ids)
     if state.faults.take_request_failure():
         raise InjectedFailure("injected failure")
-    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    request_id = ("chatcmpl-" if chat else "cmpl-") + (caller_id or uuid.uuid4().hex)
     sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed)
     seed = body.seed if body.seed is not None else random.getrandbits(63)
     stop_ids = set(body.stop_token_ids or [])

@@ -317,14 +317,19 @@ class EngineClient:
             idle.remove(connection)
 
     async def stream(
-        self, endpoint: Endpoint, payload: dict[str, Any], *, first_token_timeout: float, stall_timeout: float
+        self, endpoint: Endpoint, payload: dict[str, Any], *, first_token_timeout: float, stall_timeout: float,
+        attempt_id: str,
     ) -> AsyncIterator[Opened | EngineToken]:
-        """Yield `Opened`, then one `EngineToken` per token, until the finishing token."""
+        """Yield `Opened`, then one `EngineToken` per token, until the finishing token.
+
+        `attempt_id` goes out as `X-Request-Id` (vLLM's request id header), so the
+        engine's logs carry the gateway's request id.
+        """
         target = self._target(endpoint.url)
         body = json.dumps(payload, separators=(",", ":")).encode()
         request = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                   b"User-Agent: lifeline-gateway\r\nContent-Length: %d\r\n\r\n%s"
-                   % (target.path.encode(), target.host_header.encode(), len(body), body))
+                   b"User-Agent: lifeline-gateway\r\nX-Request-Id: %s\r\nContent-Length: %d\r\n\r\n%s"
+                   % (target.path.encode(), target.host_header.encode(), attempt_id.encode(), len(body), body))
         deadline = asyncio.get_running_loop().time() + first_token_timeout
         connection = await self._connect(target)
         finished = False

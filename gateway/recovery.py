@@ -220,6 +220,7 @@ class StreamSession:
                     endpoint, payload,
                     first_token_timeout=min(settings.first_token_timeout.total_seconds(), max(self._remaining(), 0.01)),
                     stall_timeout=min(settings.stall_timeout.total_seconds(), max(self._remaining(), 0.01)),
+                    attempt_id=f"{self.request.request_id}.{self.epoch}",
                 )
                 async with aclosing(stream) as items:
                     async for item in items:

@@ -164,3 +164,13 @@ def test_logprobs_are_reported_for_each_sampled_token(engine) -> None:
     for chosen, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True):
         assert chosen <= 0.0 and len(top) == 3
         assert chosen >= max(top.values()) - 1e-9  # greedy picks the most likely token
+
+
+def test_caller_request_id_names_the_request_and_bad_ones_are_refused(engine) -> None:
+    response = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
+                          headers={"X-Request-Id": "cmpl-gw42.1"}, timeout=30)
+    assert response.json()["id"] == "cmpl-cmpl-gw42.1"
+    assert '"request_id": "cmpl-cmpl-gw42.1"' in engine.logs()
+    bad = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
+                     headers={"X-Request-Id": "two words"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Request-Id"

@@ -102,7 +102,7 @@ def _client(engine: FakeEngine) -> EngineClient:
 
 
 async def _collect(client: EngineClient, *, stall_timeout: float = 1.0) -> list:
-    return [item async for item in client.stream(ENDPOINT, {"prompt": [1]}, first_token_timeout=1, stall_timeout=stall_timeout)]
+    return [item async for item in client.stream(ENDPOINT, {"prompt": [1]}, first_token_timeout=1, stall_timeout=stall_timeout, attempt_id="cmpl-test.0")]
 
 
 async def test_tokens_of_the_routed_generation_pass():
@@ -111,13 +111,14 @@ async def test_tokens_of_the_routed_generation_pass():
     assert items == [Opened(3), EngineToken(5, None), EngineToken(6, None), EngineToken(7, "length")]
     assert engine.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\nHost: eng-a:8000\r\n")
     assert engine.requests[0].endswith(b'\r\n\r\n{"prompt":[1]}')
+    assert b"\r\nX-Request-Id: cmpl-test.0\r\n" in engine.requests[0]  # the engine logs the gateway's id
 
 
 async def test_a_completed_stream_reuses_its_connection():
     engine = FakeEngine(_http(200, _sse(5) + b"data: [DONE]\n\n", {**SSE, "x-lifeline-generation": "3"}))
     client = _client(engine)
     for _ in range(3):
-        stream = client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+        stream = client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="cmpl-test.0")
         items = [item async for item in stream]
         assert items[-1] == EngineToken(5, "length")
         for _ in range(20):  # the end of the response lands just behind the last token
@@ -128,7 +129,7 @@ async def test_a_completed_stream_reuses_its_connection():
 
 async def test_a_stream_abandoned_mid_way_closes_its_connection():
     engine = FakeEngine(_http(200, _sse(5, 6, 7, 8, finish_last=False), {**SSE, "x-lifeline-generation": "3"}, complete=False))
-    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="cmpl-test.0")
     assert await anext(stream) == Opened(3)
     assert await anext(stream) == EngineToken(5, None)
     await stream.aclose()
@@ -161,7 +162,7 @@ async def test_engine_failures_are_classified(response, reason):
 
 async def test_an_engine_that_dies_mid_body_is_a_lost_connection():
     engine = FakeEngine(_http(200, _sse(5, 6, finish_last=False), SSE, complete=False), hang_up=True)
-    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)
+    stream = _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="cmpl-test.0")
     items = []
     with pytest.raises(EngineFailure) as failure:
         async for item in stream:
@@ -200,7 +201,7 @@ async def test_connect_refused_is_a_failure():
 
 async def _two_requests(engine: FakeEngine, client: EngineClient) -> None:
     for _ in range(2):
-        items = [item async for item in client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1)]
+        items = [item async for item in client.stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="cmpl-test.0")]
         assert items[-1] == EngineToken(5, "length")
         for _ in range(20):
             await asyncio.sleep(0)
