@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.docs import replace_section  # noqa: E402
+from lifeline.processes import wait_for_http_ok  # noqa: E402
 from tests.conftest import built_model, free_port  # noqa: E402
 from tests.support.engine_process import EngineProcess  # noqa: E402
 from tests.support.gateway_process import GatewayProcess, gateway_config  # noqa: E402
@@ -163,17 +164,8 @@ class LiteLLMProxy:
         env = {**os.environ, "LITELLM_MASTER_KEY": self.key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         cmd = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
         self.process = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"litellm exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health/liveliness", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"litellm not live: {self.log_path.read_text()[-2000:]}")
+        wait_for_http_ok(f"{self.url}/health/liveliness", self.process, name="litellm", log_path=self.log_path,
+                         timeout=timeout, interval=0.2)
 
     def version(self) -> str:
         out = subprocess.run([str(LITELLM_VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],

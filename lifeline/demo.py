@@ -31,6 +31,8 @@ import yaml
 from httpx_sse import connect_sse
 from rich.console import Console
 
+from lifeline.processes import wait_for_http_ok
+
 console = Console(highlight=False)
 
 ALIAS = "tiny"
@@ -61,17 +63,7 @@ class _Process:
         return self
 
     def wait_http(self, url: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen is not None and self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early; see {self.log_path}")
-            try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} did not answer {url} within {timeout:.0f}s; see {self.log_path}")
+        wait_for_http_ok(url, self.popen, name=self.name, log_path=self.log_path, timeout=timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.popen is not None and self.popen.poll() is None:

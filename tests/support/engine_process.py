@@ -5,11 +5,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+
+from lifeline.processes import wait_for_http_ok
 
 
 @dataclass
@@ -37,17 +37,8 @@ class EngineProcess:
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"engine {self.instance_id} exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz/ready", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"engine {self.instance_id} not ready: {self.log_path.read_text()[-3000:]}")
+        wait_for_http_ok(f"{self.url}/healthz/ready", self.process, name=f"engine {self.instance_id}",
+                         log_path=self.log_path, timeout=timeout)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import yaml
 
+from lifeline.processes import wait_for_http_ok
+
 LEASE_TOKEN = "test-lease-token"
 
 
@@ -62,17 +64,8 @@ class GatewayProcess:
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_live(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.logs()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz/live", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"gateway not live: {self.logs()[-3000:]}")
+        wait_for_http_ok(f"{self.url}/healthz/live", self.process, name=f"gateway {self.replica_id}",
+                         log_path=self.log_path, timeout=timeout)
 
     def wait_routable(self, alias: str, count: int, timeout: float = 60.0) -> None:
         """Until `count` endpoints for `alias` hold live leases (and are not suppressed)."""
