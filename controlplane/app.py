@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from controlplane.auth.audit import AuditMiddleware
-from controlplane.clock import Clock, SystemClock
+from common.clock import Clock, SystemClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
@@ -20,7 +20,8 @@ def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
         return NoLeaseRegistry()
     import redis
 
-    return RedisLeaseReader(redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0))
+    client = redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0, decode_responses=True)
+    return RedisLeaseReader(client, prefix=settings.lease_key_prefix)
 
 
 def create_app(

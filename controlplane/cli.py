@@ -17,7 +17,7 @@ import typer
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from controlplane.clock import Clock
+    from common.clock import Clock
     from controlplane.config import ControlPlaneSettings
 
 controlplane_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Central control plane.")
@@ -65,7 +65,7 @@ def run_mutation(
 ) -> T:
     """One audited unit of work: commit on success; on a typed error, audit it and exit 1."""
     from controlplane.auth.service import record_audit
-    from controlplane.clock import SystemClock
+    from common.clock import SystemClock
     from controlplane.db import session_scope
     from controlplane.errors import LifelineError
 
@@ -82,7 +82,7 @@ def run_mutation(
             with session_scope(factory) as session:
                 record_audit(session, actor=actor, action=action, target=target, outcome="failed",
                              status_code=exc.status_code, clock=clock)
-            typer.echo(f"error: {exc.type}: {exc.message}", err=True)
+            typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
             raise typer.Exit(1) from exc
 
 
@@ -95,7 +95,7 @@ def read_only(settings: ControlPlaneSettings, work: Callable[[Session], T]) -> T
             with session_scope(factory) as session:
                 return work(session)
         except LifelineError as exc:
-            typer.echo(f"error: {exc.type}: {exc.message}", err=True)
+            typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
             raise typer.Exit(1) from exc
 
 
@@ -108,7 +108,7 @@ def serve(
     import uvicorn
 
     from controlplane.app import create_app
-    from lifeline.logs import configure_logging
+    from common.logs import configure_logging
 
     settings = load_settings(port=port, host=host)
     configure_logging(settings.log_level, component="controlplane")

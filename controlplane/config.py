@@ -27,6 +27,8 @@ class ControlPlaneSettings(BaseSettings):
     # Redis holding the regions' lease registries; unset means no registry
     # is read and every region reports no observed instances.
     lease_redis_url: str | None = None
+    # Keys are {lease_key_prefix}:{region}:… (contract.lease), as the gateways' registry.key_prefix.
+    lease_key_prefix: str = "lifeline"
     # How long a gateway may cache a snapshot before it asks again.
     snapshot_max_age: timedelta = timedelta(seconds=5)
     # Block size and parallelism for shard hashing in the weight catalog.

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from controlplane.clock import Clock
+from common.clock import Clock
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import LeaseReader
 from controlplane.types import MAX_ID, NAME_PATTERN

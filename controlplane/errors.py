@@ -9,64 +9,50 @@
 
 Services raise these; they never raise HTTPException. `install_error_handlers`
 renders every error, including FastAPI's own validation errors and database
-constraint races, as `{"error": {"type": ..., "message": ...}}`.
+constraint races, in the one shape of `common.errors`:
+`{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
-
-from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lifeline.logs import get_logger
+from common.errors import LifelineError, error_body
+from common.logs import get_logger
 
 log = get_logger(__name__)
 
 
-class LifelineError(Exception):
-    status_code: ClassVar[int] = 500
-    default_type: ClassVar[str] = "internal_error"
-
-    def __init__(self, message: str, *, type: str | None = None) -> None:  # noqa: A002
-        super().__init__(message)
-        self.message = message
-        self.type = type or self.default_type
-
-
 class NotFound(LifelineError):
     status_code = 404
-    default_type = "not_found"
+    error_type = "not_found"
 
 
 class Conflict(LifelineError):
     status_code = 409
-    default_type = "conflict"
+    error_type = "conflict"
 
 
 class InvalidInput(LifelineError):
     status_code = 422
-    default_type = "invalid_request"
+    error_type = "invalid_request"
 
 
 class Unauthenticated(LifelineError):
     status_code = 401
-    default_type = "unauthenticated"
+    error_type = "unauthenticated"
 
 
 class Forbidden(LifelineError):
     status_code = 403
-    default_type = "forbidden"
-
-
-def error_body(type_: str, message: str) -> dict[str, Any]:
-    return {"error": {"type": type_, "message": message}}
+    error_type = "forbidden"
 
 
 def _render(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(type_, message), status_code=status, headers=headers)
+    return JSONResponse(error_body(type_, message, code=status), status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -75,7 +61,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LifelineError)
     async def _lifeline(_: Request, exc: LifelineError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return _render(exc.status_code, exc.type, exc.message, headers)
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers={**exc.headers(), **(headers or {})})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -61,7 +61,7 @@ def serve(
 
     from engine.server import create_app
     from engine.settings import EngineSettings, FaultSettings
-    from lifeline.logs import configure_logging
+    from common.logs import configure_logging
 
     configure_logging(log_level, component="engine")
     try:

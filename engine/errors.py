@@ -3,25 +3,12 @@
 
 from __future__ import annotations
 
+from common.errors import LifelineError
 
-class EngineError(Exception):
+
+class EngineError(LifelineError):
     status_code = 500
     error_type = "InternalServerError"
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.status_code,
-            }
-        }
 
 
 class BadRequest(EngineError):

@@ -16,7 +16,7 @@ from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.scheduler import Scheduler
 from engine.settings import FaultSettings
-from lifeline.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

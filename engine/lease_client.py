@@ -25,7 +25,8 @@ from typing import Protocol
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
-from lifeline.logs import get_logger
+from common.logs import get_logger
+from contract.lease import DEFAULT_PREFIX, LeaseExpired, RedisLeaseRegistry, Registration, StaleGeneration
 
 log = get_logger(__name__)
 
@@ -78,19 +79,16 @@ class HttpLeaseTransport:
 
 
 class RedisLeaseTransport:
-    def __init__(self, url: str, registration: dict[str, str], *, prefix: str = "lifeline:lease", ttl_s: float = 2.0) -> None:
-        from gateway.lease_registry import Registration, RedisLeaseRegistry  # one place owns the key layout
-
-        self.registry = RedisLeaseRegistry.from_url(url, prefix=prefix, ttl=timedelta(seconds=ttl_s))
+    def __init__(self, url: str, registration: dict[str, str], *, prefix: str = DEFAULT_PREFIX, ttl_s: float = 2.0) -> None:
         self.registration = Registration(**registration)
+        self.registry = RedisLeaseRegistry.from_url(url, region=self.registration.region, prefix=prefix,
+                                                    ttl=timedelta(seconds=ttl_s))
 
     async def register(self) -> tuple[int, float]:
         lease = await self.registry.register(self.registration)
         return lease.generation, self.registry.ttl.total_seconds()
 
     async def renew(self, generation: int) -> None:
-        from gateway.errors import LeaseExpired, StaleGeneration
-
         try:
             await self.registry.renew(self.registration.instance_id, generation)
         except StaleGeneration as exc:
@@ -112,7 +110,7 @@ def transport_for(url: str, token: str | None, registration: dict[str, str]) -> 
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
-        prefix = query.pop("key_prefix", "lifeline:lease")
+        prefix = query.pop("key_prefix", DEFAULT_PREFIX)
         ttl_s = float(query.pop("ttl_ms", "2000")) / 1000.0
         clean = urlunsplit(parts._replace(query=urlencode(query)))
         return RedisLeaseTransport(clean, registration, prefix=prefix, ttl_s=ttl_s)

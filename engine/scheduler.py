@@ -22,7 +22,7 @@ import torch
 from engine.metrics import EngineMetrics
 from engine.model import KVCache, LlamaModel
 from engine.sampling import SamplingParams, sample_token
-from lifeline.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -37,9 +37,9 @@ from engine.protocol import ChatCompletionRequest, CompletionRequest, SamplingFi
 from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence, TokenEvent
 from engine.settings import EngineSettings, FaultSettings
-from lifeline.detokenize import TextAssembler
-from lifeline.request_body import Body, parse_json_body
-from lifeline.logs import get_logger
+from common.detokenize import TextAssembler
+from common.request_body import Body, parse_json_body
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -26,10 +26,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission
-from gateway.clock import Clock, MonotonicClock
+from common.clock import Clock, SystemClock
 from gateway.engine_client import EngineClient
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized
-from gateway.lease_registry import InMemoryLeaseRegistry, LeaseRegistry, RedisLeaseRegistry, Registration
+from contract.lease import LeaseRegistry, RedisLeaseRegistry, Registration
+from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.metrics import GatewayMetrics
 from gateway.recovery import OPENED, Deps, StreamRequest, StreamSession
 from gateway.router import LeaseView, Router
@@ -37,8 +38,8 @@ from gateway.routing_table import ModelVersion, RoutingTable, StaticRoutingTable
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, LeaseRegistration, LeaseRenewal, SamplingFields
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import Frame, MemoryTokenLog, RedisTokenLog, TokenLog
-from lifeline.logs import get_logger
-from lifeline.request_body import Body, parse_json_body
+from common.logs import get_logger
+from common.request_body import Body, parse_json_body
 
 log = get_logger(__name__)
 _TERMINAL_KINDS = ("done", "error")
@@ -59,7 +60,7 @@ def _build_registry(settings: GatewaySettings, clock: Clock) -> LeaseRegistry:
     cfg = settings.registry
     if cfg.kind == "redis":
         assert cfg.url is not None  # validated in settings
-        return RedisLeaseRegistry.from_url(cfg.url, prefix=cfg.key_prefix, ttl=cfg.ttl)
+        return RedisLeaseRegistry.from_url(cfg.url, region=settings.region, prefix=cfg.key_prefix, ttl=cfg.ttl)
     return InMemoryLeaseRegistry(cfg.ttl, clock)
 
 
@@ -106,7 +107,7 @@ class FrameStreamResponse(StreamingResponse):
 
 
 def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> FastAPI:
-    clock = clock or MonotonicClock()
+    clock = clock or SystemClock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -259,6 +260,8 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         authorize(request)
         body = await _parse(request, LeaseRegistration)
         st = state(request)
+        if body.region != st.settings.region:
+            raise BadRequest(f"region {body.region!r} is not this gateway's region {st.settings.region!r}", param="region")
         if body.version not in {v.version for v in st.table.versions()}:
             raise BadRequest(f"version {body.version!r} is not served through this gateway", param="version")
         lease = await st.registry.register(Registration(**body.model_dump()))

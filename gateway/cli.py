@@ -25,7 +25,7 @@ def serve(
 
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
-    from lifeline.logs import configure_logging
+    from common.logs import configure_logging
 
     if not config.exists():
         raise typer.BadParameter(f"{config} does not exist", param_hint="--config")

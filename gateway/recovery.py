@@ -43,15 +43,15 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.clock import Clock
+from common.clock import Clock
 from gateway.engine_client import EngineClient, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible
 from gateway.metrics import GatewayMetrics
 from gateway.router import Endpoint, Router
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import Frame, StreamStatus, TokenLog
-from lifeline.detokenize import TextAssembler
-from lifeline.logs import get_logger
+from common.detokenize import TextAssembler
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

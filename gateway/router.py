@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from uhashring import HashRing
 
 from gateway.admission import Admission
-from gateway.clock import Clock
+from common.clock import Clock
 from gateway.errors import NoHealthyEndpoint, Overloaded
-from gateway.lease_registry import Lease, LeaseRegistry
+from contract.lease import Lease, LeaseRegistry
 from gateway.routing_table import RoutingTable
 from gateway.settings import GatewaySettings
-from lifeline.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

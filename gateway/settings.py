@@ -62,7 +62,7 @@ class EngineConfig(_Section):
 class RegistryConfig(_Section):
     kind: Literal["memory", "redis"] = "memory"
     url: str | None = Field(None, description="redis://… when kind is redis")
-    key_prefix: str = "lifeline:lease"
+    key_prefix: str = Field("lifeline", description="keys are {key_prefix}:{region}:… (contract.lease)")
     token: str | None = Field(None, description="bearer token engines present to the lease endpoint")
     ttl: Seconds = Field(timedelta(seconds=2), description="lease time to live; engines renew before it lapses")
     require_lease: bool = Field(True, description="static engines need a live lease to be routed to")

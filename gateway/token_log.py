@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.clock import Clock, MonotonicClock
+from common.clock import Clock, SystemClock
 
 
 class StreamStatus(StrEnum):
@@ -142,7 +142,7 @@ class MemoryTokenLog:
                  clock: Clock | None = None) -> None:
         self.retention = retention.total_seconds()
         self.owner_ttl = owner_ttl.total_seconds()
-        self.clock = clock or MonotonicClock()
+        self.clock = clock or SystemClock()
         self._streams: dict[str, _MemoryStream] = {}
 
     def _sweep(self) -> None:

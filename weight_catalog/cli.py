@@ -77,7 +77,7 @@ def register(
             ),
         )
     except LifelineError as exc:
-        typer.echo(f"error: {exc.type}: {exc.message}", err=True)
+        typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
         raise typer.Exit(1) from exc
     created = run_mutation(
         settings,

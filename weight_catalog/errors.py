@@ -15,53 +15,53 @@ from controlplane.errors import Conflict, InvalidInput, LifelineError, NotFound
 
 
 class VersionNotFound(NotFound):
-    default_type = "version_not_found"
+    error_type = "version_not_found"
 
 
 class AliasNotFound(NotFound):
-    default_type = "alias_not_found"
+    error_type = "alias_not_found"
 
 
 class IssueNotFound(NotFound):
-    default_type = "issue_not_found"
+    error_type = "issue_not_found"
 
 
 class VersionExists(Conflict):
-    default_type = "version_exists"
+    error_type = "version_exists"
 
 
 class AliasConflict(Conflict):
     """The alias moved since the caller read it (compare-and-set lost)."""
 
-    default_type = "alias_conflict"
+    error_type = "alias_conflict"
 
 
 class FingerprintMismatch(Conflict):
-    default_type = "fingerprint_mismatch"
+    error_type = "fingerprint_mismatch"
 
 
 class CriticalKnownIssue(Conflict):
-    default_type = "critical_known_issue"
+    error_type = "critical_known_issue"
 
 
 class NothingToRollBack(Conflict):
-    default_type = "nothing_to_roll_back"
+    error_type = "nothing_to_roll_back"
 
 
 class IssueAlreadyResolved(Conflict):
-    default_type = "issue_already_resolved"
+    error_type = "issue_already_resolved"
 
 
 class InvalidArtifact(InvalidInput):
-    default_type = "invalid_artifact"
+    error_type = "invalid_artifact"
 
 
 class InvalidLocation(InvalidInput):
-    default_type = "invalid_location"
+    error_type = "invalid_location"
 
 
 class ArtifactStoreUnavailable(LifelineError):
     """The store could not be reached (network, credentials); not the caller's fault."""
 
     status_code = 503
-    default_type = "artifact_store_unavailable"
+    error_type = "artifact_store_unavailable"

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controlplane.clock import Clock
+from common.clock import Clock
 from controlplane.errors import InvalidInput, LifelineError
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
@@ -103,7 +103,7 @@ def create_version(
         fingerprint=scan.fingerprint,
         fingerprint_parts=scan.fingerprint_parts,
         registered_by=actor,
-        registered_at=clock.now(),
+        registered_at=clock.utcnow(),
         shards=[Shard(path=s.path, size=s.size, sha256=s.sha256) for s in scan.shards],
     )
     session.add(weight_version)
@@ -209,7 +209,7 @@ def add_issue(
         title=title,
         description=description,
         opened_by=actor,
-        opened_at=clock.now(),
+        opened_at=clock.utcnow(),
     )
     session.add(issue)
     session.flush()
@@ -232,7 +232,7 @@ def resolve_issue(session: Session, *, issue_id: int, resolution: str, actor: st
         raise IssueNotFound(f"no known issue {issue_id}")
     if issue.resolved_at is not None:
         raise IssueAlreadyResolved(f"known issue {issue_id} was resolved at {issue.resolved_at.isoformat()}")
-    issue.resolved_at = clock.now()
+    issue.resolved_at = clock.utcnow()
     issue.resolved_by = actor
     issue.resolution = resolution
     session.flush()
@@ -314,7 +314,7 @@ def _move(
     clock: Clock,
 ) -> AliasMove:
     """Compare-and-set the alias to `target`, then write its event and history row."""
-    started_at = clock.now()
+    started_at = clock.utcnow()
     current = repository.get_alias(session, model=model, name=name)
     if expected_revision is not None and (current.revision if current else 0) != expected_revision:
         raise AliasConflict(

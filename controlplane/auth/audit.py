@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.auth import service
 from controlplane.db import session_scope
-from lifeline.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger(__name__)
 

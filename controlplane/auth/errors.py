@@ -10,14 +10,14 @@ from controlplane.errors import Conflict, NotFound
 
 
 class TokenNotFound(NotFound):
-    default_type = "token_not_found"
+    error_type = "token_not_found"
 
 
 class TokenAlreadyRevoked(Conflict):
-    default_type = "token_already_revoked"
+    error_type = "token_already_revoked"
 
 
 class LastAdminToken(Conflict):
     """Revoking it would leave no active admin token, so nobody could issue another over the API."""
 
-    default_type = "last_admin_token"
+    error_type = "last_admin_token"

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from controlplane.auth.errors import LastAdminToken, TokenAlreadyRevoked, TokenNotFound
 from controlplane.auth.models import ApiToken, AuditRecord
 from controlplane.auth.roles import Role
-from controlplane.clock import Clock
+from common.clock import Clock
 
 TOKEN_PREFIX = "llt_"
 
@@ -32,7 +32,7 @@ def create_token(
         name=name,
         role=role.value,
         token_sha256=hash_token(secret),
-        created_at=clock.now(),
+        created_at=clock.utcnow(),
         created_by=created_by,
     )
     session.add(token)
@@ -78,7 +78,7 @@ def revoke_token(session: Session, *, token_id: int, actor: str, clock: Clock) -
     result = session.execute(
         update(ApiToken)
         .where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
-        .values(revoked_at=clock.now(), revoked_by=actor[:160])
+        .values(revoked_at=clock.utcnow(), revoked_by=actor[:160])
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:
@@ -111,7 +111,7 @@ def record_audit(
 ) -> AuditRecord:
     record = AuditRecord(
         actor=actor[:160],
-        at=clock.now(),
+        at=clock.utcnow(),
         action=action[:160],
         target=target[:1000],
         outcome=outcome,

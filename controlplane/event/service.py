@@ -9,12 +9,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.clock import Clock
+from common.clock import Clock
 from controlplane.event import repository
 from controlplane.event.models import Event, RoutingTier
 from controlplane.event.repository import EventFilter
 from controlplane.event.schemas import EventRead
-from lifeline.logs import get_logger
+from common.errors import error_body
+from common.logs import get_logger
 
 log = get_logger(__name__)
 
@@ -33,7 +34,7 @@ def record(
     outcome: str = "succeeded",
     started_at: datetime | None = None,
 ) -> Event:
-    now = clock.now()
+    now = clock.utcnow()
     event = Event(
         kind=kind,
         routing_tier=routing_tier.value if routing_tier else None,
@@ -86,6 +87,6 @@ def stream_jsonl(factory: sessionmaker[Session], flt: EventFilter, *, page: int 
         yield from export_jsonl(session, flt, page=page)
     except Exception as exc:
         log.error("event_export_failed", error=repr(exc))
-        yield json.dumps({"error": {"type": "export_failed", "message": "the export stopped early"}}) + "\n"
+        yield json.dumps(error_body("export_failed", "the export stopped early")) + "\n"
     finally:
         session.close()

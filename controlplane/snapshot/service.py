@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from controlplane.clock import Clock
+from common.clock import Clock
 from controlplane.snapshot.models import SnapshotCounter
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
 
@@ -25,7 +25,7 @@ def bump(session: Session, *, clock: Clock) -> int:
     session.execute(
         update(SnapshotCounter)
         .where(SnapshotCounter.id == 1)
-        .values(version=SnapshotCounter.version + 1, changed_at=clock.now())
+        .values(version=SnapshotCounter.version + 1, changed_at=clock.utcnow())
     )
     return current_version(session)
 

@@ -4,38 +4,38 @@ from controlplane.errors import Conflict, NotFound
 
 
 class RegionNotFound(NotFound):
-    default_type = "region_not_found"
+    error_type = "region_not_found"
 
 
 class ZoneNotFound(NotFound):
-    default_type = "zone_not_found"
+    error_type = "zone_not_found"
 
 
 class ClusterNotFound(NotFound):
-    default_type = "cluster_not_found"
+    error_type = "cluster_not_found"
 
 
 class EjectionNotFound(NotFound):
-    default_type = "ejection_not_found"
+    error_type = "ejection_not_found"
 
 
 class TopologyExists(Conflict):
-    default_type = "already_exists"
+    error_type = "already_exists"
 
 
 class ClusterConflict(Conflict):
     """The cluster changed since the caller read it (compare-and-set lost)."""
 
-    default_type = "cluster_conflict"
+    error_type = "cluster_conflict"
 
 
 class RegionNotEmpty(Conflict):
     """The region still has clusters, ejections or live instances."""
 
-    default_type = "region_not_empty"
+    error_type = "region_not_empty"
 
 
 class ClusterInService(Conflict):
     """Only a cluster already out of routing (state `ejected`) may be deleted."""
 
-    default_type = "cluster_in_service"
+    error_type = "cluster_in_service"

@@ -87,9 +87,9 @@ class EjectionRead(BaseModel):
 class InstanceRead(BaseModel):
     instance_id: str
     generation: int
-    endpoint: str
-    zone: str | None
-    state: str
+    url: str
+    version: str
+    zone: str
     lease_expires_at: datetime
     live: bool
     ejected: bool

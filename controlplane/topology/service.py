@@ -12,7 +12,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controlplane.clock import Clock
+from common.clock import Clock
 from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
@@ -55,7 +55,7 @@ def list_regions(session: Session) -> Sequence[Region]:
 def create_region(session: Session, *, name: str, description: str, actor: str, clock: Clock) -> Region:
     if repository.get_region(session, name=name) is not None:
         raise TopologyExists(f"region {name!r} already exists")
-    region = Region(name=name, description=description, created_at=clock.now())
+    region = Region(name=name, description=description, created_at=clock.utcnow())
     session.add(region)
     _flush_or_conflict(session, f"region {name!r}")
     event_service.record(
@@ -78,7 +78,7 @@ def delete_region(
     region = get_region_or_raise(session, name=name)
     clusters = [c.name for c in repository.list_clusters(session, model=None, region=name)]
     ejections = repository.list_ejections(session, region=name)
-    now = clock.now()
+    now = clock.wall()
     live = [i.instance_id for i in reader.list_instances(name) if i.is_live(now)]
     blockers = []
     if clusters:
@@ -103,7 +103,7 @@ def create_zone(session: Session, *, region: str, name: str, actor: str, clock: 
     get_region_or_raise(session, name=region)
     if repository.get_zone(session, region=region, name=name) is not None:
         raise TopologyExists(f"zone {name!r} already exists in {region!r}")
-    zone = Zone(region=region, name=name, created_at=clock.now())
+    zone = Zone(region=region, name=name, created_at=clock.utcnow())
     session.add(zone)
     _flush_or_conflict(session, f"zone {name!r} in {region!r}")
     event_service.record(
@@ -143,7 +143,7 @@ def create_cluster(session: Session, *, spec: ClusterCreate, actor: str, clock: 
         weight=spec.weight,
         state=ClusterState.ACTIVE.value,
         revision=1,
-        updated_at=clock.now(),
+        updated_at=clock.utcnow(),
     )
     session.add(cluster)
     _flush_or_conflict(session, f"serving cluster {spec.name!r}")
@@ -159,7 +159,7 @@ def update_cluster(session: Session, *, name: str, change: ClusterUpdate, actor:
     """Change weight and/or state by compare-and-set on the cluster's revision."""
     if change.weight is None and change.state is None:
         raise InvalidInput("give a weight or a state to change")
-    started_at = clock.now()
+    started_at = clock.utcnow()
     cluster = get_cluster_or_raise(session, name=name)
     if change.expected_revision is not None and change.expected_revision != cluster.revision:
         raise ClusterConflict(f"cluster {name!r} is at revision {cluster.revision}, not {change.expected_revision}")
@@ -225,7 +225,7 @@ def eject_instance(
         raise TopologyExists(f"{instance_id} generation {generation} is already ejected")
     ejection = InstanceEjection(
         region=region, instance_id=instance_id, generation=generation, reason=reason, actor=actor,
-        created_at=clock.now(),
+        created_at=clock.utcnow(),
     )
     session.add(ejection)
     _flush_or_conflict(session, f"ejection of {instance_id} generation {generation}")
@@ -260,16 +260,16 @@ def list_ejections(session: Session, *, region: str) -> Sequence[InstanceEjectio
 def observed_instances(session: Session, *, region: str, reader: LeaseReader, clock: Clock) -> list[InstanceRead]:
     """Instances in the region's lease registry; liveness computed now, never stored."""
     get_region_or_raise(session, name=region)
-    now = clock.now()
+    now = clock.wall()
     ejected = {(e.instance_id, e.generation) for e in repository.list_ejections(session, region=region)}
     return [
         InstanceRead(
             instance_id=i.instance_id,
             generation=i.generation,
-            endpoint=i.endpoint,
+            url=i.url,
+            version=i.version,
             zone=i.zone,
-            state=i.state,
-            lease_expires_at=i.lease_expires_at,
+            lease_expires_at=i.expires_at_datetime(),
             live=i.is_live(now),
             ejected=(i.instance_id, i.generation) in ejected,
         )

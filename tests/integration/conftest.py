@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from controlplane.app import create_app
 from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
-from controlplane.clock import ManualClock
+from common.clock import ManualClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory, session_scope, upgrade
 from tests.support.controlplane_testing import clean_tables, throwaway_database

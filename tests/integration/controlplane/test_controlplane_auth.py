@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_request_without_token_is_401_with_typed_error(client: TestClient) -> None:
     response = client.get("/api/v1/regions")
     assert response.status_code == 401
-    assert response.json() == {"error": {"type": "unauthenticated", "message": "a bearer token is required"}}
+    assert response.json() == {"error": {"type": "unauthenticated", "message": "a bearer token is required", "param": None, "code": 401}}
     assert response.headers["www-authenticate"] == "Bearer"
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.clock import ManualClock
+from common.clock import ManualClock
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_events_filter_by_kind_tier_scope_and_time(client: TestClient, as_role: 
     assert kinds(routing_tier="mesh") == ["topology.cluster.update"]
     assert kinds(scope="region:eu/cluster:") == ["topology.cluster.create"] + ["topology.cluster.update"] * 2
     assert kinds(kind="topology.region.create") == ["topology.region.create"]
-    since = (clock.now() - timedelta(seconds=90)).isoformat()
+    since = (clock.utcnow() - timedelta(seconds=90)).isoformat()
     assert kinds(since=since) == ["topology.cluster.update"] * 2
     assert kinds(scope="region:eu%") == []  # LIKE wildcards are literal
     bad = client.get("/api/v1/events", params={"routing_tier": "bgp"}, headers=viewer)
@@ -196,4 +196,4 @@ def test_export_stream_that_fails_midway_ends_with_a_typed_error_line(
     monkeypatch.setattr(repository, "list_events", failing_second_page)
     lines = [json.loads(line) for line in service.stream_jsonl(session_factory, EventFilter(), page=2)]
     assert [e.get("reason") for e in lines[:2]] == ["0", "1"]
-    assert lines[2:] == [{"error": {"type": "export_failed", "message": "the export stopped early"}}]
+    assert lines[2:] == [{"error": {"type": "export_failed", "message": "the export stopped early", "param": None, "code": None}}]

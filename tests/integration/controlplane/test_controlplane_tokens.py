@@ -16,7 +16,7 @@ from controlplane.auth import service as auth_service
 from controlplane.auth.errors import LastAdminToken
 from controlplane.auth.models import ApiToken, AuditRecord
 from controlplane.auth.roles import Role
-from controlplane.clock import ManualClock
+from common.clock import ManualClock
 from controlplane.db import session_scope
 from lifeline.cli import app
 
@@ -81,7 +81,7 @@ def test_revoked_token_is_refused_on_the_very_next_request(client: TestClient, a
 
     refused = client.get("/api/v1/whoami", headers=_bearer(secret))
     assert refused.status_code == 401
-    assert refused.json() == {"error": {"type": "unauthenticated", "message": "the token is unknown or revoked"}}
+    assert refused.json() == {"error": {"type": "unauthenticated", "message": "the token is unknown or revoked", "param": None, "code": 401}}
     mutation = client.post("/api/v1/regions", json={"name": "eu"}, headers=_bearer(secret))
     assert mutation.status_code == 401
     assert client.get("/api/v1/regions", headers=admin).json() == []

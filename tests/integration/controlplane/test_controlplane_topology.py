@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.clock import ManualClock
-from controlplane.topology.lease import InMemoryLeaseReader, ObservedInstance
+from common.clock import ManualClock
+from contract.lease import Lease
+from controlplane.topology.lease import InMemoryLeaseReader
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +94,9 @@ def test_stale_revision_is_refused_and_changes_nothing(client: TestClient, as_ro
 def test_observed_instances_liveness_is_computed_at_read_time(
     client: TestClient, as_role: Any, declared: None, clock: ManualClock, lease_reader: InMemoryLeaseReader
 ) -> None:
-    lease_reader.put("eu-west", ObservedInstance(
-        instance_id="engine-a", generation=3, endpoint="http://10.0.0.1:8000", zone="eu-west-1a", state="ready",
-        lease_expires_at=clock.now() + timedelta(seconds=10),
+    lease_reader.put(Lease(
+        instance_id="engine-a", generation=3, url="http://10.0.0.1:8000", version="v1", zone="eu-west-1a",
+        region="eu-west", expires_at=clock.wall() + 10,
     ))
     op = as_role("operator")
     assert client.post(
@@ -180,9 +181,9 @@ def test_region_is_deleted_only_when_empty_and_takes_its_zones(
     ejection_id = client.get("/api/v1/regions/eu-west/ejections", headers=op).json()[0]["id"]
     client.delete(f"/api/v1/regions/eu-west/ejections/{ejection_id}", params={"reason": "r"}, headers=op)
 
-    lease_reader.put("eu-west", ObservedInstance(
-        instance_id="e2", generation=1, endpoint="http://e2", zone="eu-west-1a", state="ready",
-        lease_expires_at=clock.now() + timedelta(seconds=10),
+    lease_reader.put(Lease(
+        instance_id="e2", generation=1, url="http://e2", version="v1", zone="eu-west-1a", region="eu-west",
+        expires_at=clock.wall() + 10,
     ))
     assert "e2" in refused_because()
     clock.advance(timedelta(seconds=11))  # the lease lapses: no longer live

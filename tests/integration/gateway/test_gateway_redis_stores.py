@@ -9,8 +9,7 @@ from datetime import timedelta
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.errors import LeaseExpired, StaleGeneration
-from gateway.lease_registry import Registration, RedisLeaseRegistry
+from contract.lease import LeaseExpired, Registration, RedisLeaseRegistry, StaleGeneration
 from gateway.token_log import Frame, RedisTokenLog, StreamStatus
 
 pytestmark = pytest.mark.integration
@@ -32,8 +31,8 @@ async def client():
 async def test_redis_registry_generations_and_expiry(client):
     redis, prefix = client
     ttl = timedelta(milliseconds=300)
-    a = RedisLeaseRegistry(redis, prefix=prefix, ttl=ttl)
-    b = RedisLeaseRegistry(redis, prefix=prefix, ttl=ttl)  # a second gateway replica sees the same leases
+    a = RedisLeaseRegistry(redis, region="r1", prefix=prefix, ttl=ttl)
+    b = RedisLeaseRegistry(redis, region="r1", prefix=prefix, ttl=ttl)  # a second gateway replica sees the same leases
     reg = Registration("eng-a", "http://127.0.0.1:9", "v", "z1", "r1")
     first = await a.register(reg)
     second = await a.register(reg)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.clock import ManualClock
+from common.clock import ManualClock
 from controlplane.db import session_scope
 from controlplane.errors import LifelineError
 from tests.support.controlplane_testing import write_artifact

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from controlplane.auth.roles import Role
-from controlplane.clock import ManualClock
+from common.clock import ManualClock
 from controlplane.config import ControlPlaneSettings
-from controlplane.topology.lease import InMemoryLeaseReader, ObservedInstance, lease_key, parse_instance
+from contract.lease import Lease
+from controlplane.topology.lease import InMemoryLeaseReader
 
 pytestmark = pytest.mark.unit
 
@@ -34,22 +35,11 @@ def test_default_database_is_sqlite_in_the_data_dir(monkeypatch: pytest.MonkeyPa
     assert pg.resolved_database_url() == "postgresql+psycopg://u@h/db"
 
 
-def test_lease_record_parses_iso_and_unix_expiry() -> None:
-    base = {"instance_id": "e1", "generation": "7", "endpoint": "http://e1", "zone": "z", "state": "ready"}
-    iso = parse_instance({**base, "lease_expires_at": "2026-01-01T00:00:10+00:00"})
-    unix = parse_instance({**base, "lease_expires_at": str(datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC).timestamp())})
-    assert iso == unix
-    assert iso.generation == 7
-    with pytest.raises(ValueError, match="offset"):
-        parse_instance({**base, "lease_expires_at": "2026-01-01T00:00:10"})
-    assert lease_key("eu", "e1") == "lifeline:lease:eu:e1"
-
-
 def test_liveness_follows_the_clock_not_a_stored_flag() -> None:
     clock = ManualClock()
-    instance = ObservedInstance("e1", 1, "http://e1", None, "ready", clock.now() + timedelta(seconds=5))
-    reader = InMemoryLeaseReader([("eu", instance)])
-    assert reader.list_instances("eu")[0].is_live(clock.now())
+    lease = Lease("e1", 1, "http://e1", "v1", "z", "eu", expires_at=clock.wall() + 5)
+    reader = InMemoryLeaseReader([lease])
+    assert reader.list_instances("eu")[0].is_live(clock.wall())
     clock.advance(timedelta(seconds=5))
-    assert not reader.list_instances("eu")[0].is_live(clock.now())
+    assert not reader.list_instances("eu")[0].is_live(clock.wall())
     assert reader.list_instances("us") == []

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.boot_generation import next_boot_generation
-from lifeline.detokenize import IncrementalDetokenizer, stop_holdback
+from common.detokenize import IncrementalDetokenizer, stop_holdback
 
 pytestmark = pytest.mark.unit
 

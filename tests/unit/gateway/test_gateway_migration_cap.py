@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.clock import ManualClock
+from common.clock import ManualClock
 from gateway.engine_client import EngineFailure
 from gateway.errors import RecoveryImpossible
 from gateway.metrics import GatewayMetrics

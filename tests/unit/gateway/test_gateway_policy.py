@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from gateway.admission import RetryBudget
 from gateway.recovery import decide
-from lifeline.detokenize import TextAssembler
+from common.detokenize import TextAssembler
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from tests.conftest import built_model
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from gateway.admission import Admission
-from gateway.clock import ManualClock
+from common.clock import ManualClock
 from gateway.errors import NoHealthyEndpoint, Overloaded
-from gateway.lease_registry import InMemoryLeaseRegistry, Registration
+from contract.lease import Registration
+from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.router import LeaseView, Router
 from gateway.routing_table import StaticRoutingTable
 from gateway.settings import GatewaySettings

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from gateway.clock import ManualClock
-from gateway.errors import LeaseExpired, StaleGeneration
-from gateway.lease_registry import InMemoryLeaseRegistry, Registration
+from common.clock import ManualClock
+from contract.lease import LeaseExpired, Registration, StaleGeneration
+from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.token_log import Frame, MemoryTokenLog, StreamStatus
 
 pytestmark = pytest.mark.unit

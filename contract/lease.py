@@ -1,0 +1,288 @@
+"""Leases and generations of live engine instances: the one record and key layout.
+
+An endpoint is `(instance_id, generation)`. Each registration of an instance id
+— first boot, restart, or coming back after a lapsed lease — gets a generation
+higher than any before it, assigned by the registry, never by the engine.
+Renewals and releases name the generation they hold; an older one is refused
+(`StaleGeneration`), so a process that was partitioned away cannot resurrect
+its old endpoint.
+
+Who writes and who reads, all through this module:
+
+    engine (or the regional agent for stock vLLM) ──register/renew/release──► registry
+    gateway replicas ──live()──► route;   control plane ──RedisLeaseReader──► observed instances
+
+Redis key layout of one region's registry (`prefix` defaults to `lifeline`):
+
+    {prefix}:{region}:gen:{instance_id}     INCR counter; never expires, so generations never go back
+    {prefix}:{region}:lease:{instance_id}   the lease record as JSON, with a PX expiry of one TTL
+    {prefix}:{region}:instances             SET of instance ids; lapsed members are pruned on read
+
+The record is `LEASE_FIELDS` as JSON, `expires_at` in Unix seconds taken from
+Redis's own clock (`TIME`) inside the scripts, so every writer stamps expiry
+with one clock. A key that exists is live; readers that cache records compare
+`expires_at` with their clock at read time. Nothing stores "is dead".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import redis
+import redis.asyncio as aioredis
+
+from common.errors import LifelineError
+from common.logs import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_PREFIX = "lifeline"
+
+
+class LeaseError(LifelineError):
+    """A lease operation the registry refused."""
+
+
+class StaleGeneration(LeaseError):
+    """A newer generation of this instance id exists: the caller was superseded."""
+
+    status_code = 409
+    error_type = "stale_generation"
+
+
+class LeaseExpired(LeaseError):
+    """The lease lapsed (or was released): register again under a new generation."""
+
+    status_code = 404
+    error_type = "lease_expired"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What an engine declares about itself when it registers."""
+
+    instance_id: str
+    url: str
+    version: str
+    zone: str = "local-a"
+    region: str = "local"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A live endpoint: the registration, the generation the registry gave it, and when it lapses."""
+
+    instance_id: str
+    generation: int
+    url: str
+    version: str
+    zone: str = "local-a"
+    region: str = "local"
+    expires_at: float = 0.0  # Unix seconds
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Lease:
+        """Parse a stored record; ValueError (with the reason) if it is not one."""
+        try:
+            data = json.loads(raw)
+            return cls(
+                instance_id=str(data["instance_id"]), generation=int(data["generation"]), url=str(data["url"]),
+                version=str(data["version"]), zone=str(data["zone"]), region=str(data["region"]),
+                expires_at=float(data["expires_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a lease record: {exc!r}") from None
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def expires_at_datetime(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_at, UTC)
+
+    def is_live(self, wall_now: float) -> bool:
+        return wall_now < self.expires_at
+
+
+LEASE_FIELDS = tuple(Lease.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class LeaseKeys:
+    region: str
+    prefix: str = DEFAULT_PREFIX
+
+    def generation(self, instance_id: str) -> str:
+        return f"{self.prefix}:{self.region}:gen:{instance_id}"
+
+    def lease(self, instance_id: str) -> str:
+        return f"{self.prefix}:{self.region}:lease:{instance_id}"
+
+    @property
+    def index(self) -> str:
+        return f"{self.prefix}:{self.region}:instances"
+
+
+class LeaseRegistry(Protocol):
+    """One region's registry, as gateways and engines use it (Redis or the gateway's embedded one)."""
+
+    ttl: timedelta
+
+    async def register(self, registration: Registration) -> Lease:
+        """Start a lease under a new, higher generation; any older one stops being live."""
+        ...
+
+    async def renew(self, instance_id: str, generation: int) -> Lease:
+        """Extend the lease; StaleGeneration if a newer one exists, LeaseExpired if it lapsed."""
+        ...
+
+    async def release(self, instance_id: str, generation: int) -> None:
+        """End the lease now (clean shutdown); a stale generation is ignored."""
+        ...
+
+    async def live(self) -> list[Lease]: ...
+
+    async def close(self) -> None: ...
+
+
+_NOW_MS = "local t = redis.call('TIME'); local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+
+# KEYS: generation counter, lease, index. ARGV: registration JSON, ttl ms, instance id.
+REGISTER_SCRIPT = _NOW_MS + """
+local gen = redis.call('INCR', KEYS[1])
+local lease = cjson.decode(ARGV[1])
+lease['generation'] = gen
+lease['expires_at'] = (now_ms + tonumber(ARGV[2])) / 1000
+redis.call('SET', KEYS[2], cjson.encode(lease), 'PX', ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+return gen
+"""
+# KEYS: generation counter, lease, index. ARGV: generation, ttl ms, instance id.
+# Returns {code, current generation, record}: code -1 stale, -2 lapsed, else the generation.
+RENEW_SCRIPT = _NOW_MS + """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local gen = tonumber(ARGV[1])
+if gen < current then return {-1, current, ''} end
+local raw = redis.call('GET', KEYS[2])
+if not raw then return {-2, current, ''} end
+local lease = cjson.decode(raw)
+if tonumber(lease['generation']) ~= gen then return {-2, current, ''} end
+lease['expires_at'] = (now_ms + tonumber(ARGV[2])) / 1000
+local record = cjson.encode(lease)
+redis.call('SET', KEYS[2], record, 'PX', ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+return {gen, current, record}
+"""
+# KEYS: lease. ARGV: generation.
+RELEASE_SCRIPT = """
+local raw = redis.call('GET', KEYS[1])
+if raw and tonumber(cjson.decode(raw)['generation']) == tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
+class RedisLeaseRegistry:
+    """A region's registry in Redis, shared by every gateway replica and engine of the region.
+
+    The compare-and-set runs in Lua, so two writers never disagree about who
+    holds which generation, and Redis's key expiry is the lease's expiry.
+    """
+
+    def __init__(self, client: aioredis.Redis, *, region: str, prefix: str = DEFAULT_PREFIX,
+                 ttl: timedelta = timedelta(seconds=2)) -> None:
+        self.redis = client
+        self.keys = LeaseKeys(region, prefix)
+        self.ttl = ttl
+        self._register = client.register_script(REGISTER_SCRIPT)
+        self._renew = client.register_script(RENEW_SCRIPT)
+        self._release = client.register_script(RELEASE_SCRIPT)
+
+    @classmethod
+    def from_url(cls, url: str, *, region: str, prefix: str = DEFAULT_PREFIX,
+                 ttl: timedelta = timedelta(seconds=2)) -> RedisLeaseRegistry:
+        return cls(aioredis.from_url(url, decode_responses=True), region=region, prefix=prefix, ttl=ttl)
+
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl.total_seconds() * 1000))
+
+    async def register(self, registration: Registration) -> Lease:
+        if registration.region != self.keys.region:
+            raise LeaseError(f"instance {registration.instance_id!r} is in region {registration.region!r}; "
+                             f"this registry serves {self.keys.region!r}", type="wrong_region")
+        rid = registration.instance_id
+        body = json.dumps(asdict(registration))
+        keys = [self.keys.generation(rid), self.keys.lease(rid), self.keys.index]
+        generation = int(await self._register(keys=keys, args=[body, self._ttl_ms(), rid]))
+        raw = await self.redis.get(self.keys.lease(rid))
+        if raw is None:  # lapsed already (a TTL shorter than the round trip)
+            raise LeaseExpired(f"{rid} generation {generation} lapsed during registration")
+        return Lease.from_json(raw)
+
+    async def renew(self, instance_id: str, generation: int) -> Lease:
+        keys = [self.keys.generation(instance_id), self.keys.lease(instance_id), self.keys.index]
+        code, current, record = await self._renew(keys=keys, args=[generation, self._ttl_ms(), instance_id])
+        if int(code) == -1:
+            raise StaleGeneration(f"{instance_id} generation {generation} is older than {current}")
+        if int(code) == -2:
+            raise LeaseExpired(f"{instance_id} generation {generation} has no live lease; register again")
+        return Lease.from_json(record)
+
+    async def release(self, instance_id: str, generation: int) -> None:
+        await self._release(keys=[self.keys.lease(instance_id)], args=[generation])
+
+    async def live(self) -> list[Lease]:
+        instances = sorted(await self.redis.smembers(self.keys.index))
+        if not instances:
+            return []
+        raws = await self.redis.mget([self.keys.lease(i) for i in instances])
+        gone = [i for i, raw in zip(instances, raws, strict=True) if raw is None]
+        if gone:
+            # Lapsed leases leave the index lazily; the generation counters stay forever.
+            await self.redis.srem(self.keys.index, *gone)
+        return _parse_all(raws)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+class RedisLeaseReader:
+    """Read-only, synchronous view of the registries, for the control plane (never on the renewal path)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.redis = client
+        self.prefix = prefix
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX) -> RedisLeaseReader:
+        return cls(redis.Redis.from_url(url, decode_responses=True), prefix=prefix)
+
+    def list_instances(self, region: str) -> list[Lease]:
+        keys = LeaseKeys(region, self.prefix)
+        instances = sorted(self.redis.smembers(keys.index))
+        if not instances:
+            return []
+        return _parse_all(self.redis.mget([keys.lease(i) for i in instances]))
+
+
+def _parse_all(raws: list[Any]) -> list[Lease]:
+    leases = []
+    for raw in raws:
+        if raw is None:
+            continue
+        try:
+            leases.append(Lease.from_json(raw))
+        except ValueError as exc:  # not written through this module: never routed to
+            log.warning("lease record malformed", error=str(exc)[:200])
+    return sorted(leases, key=lambda lease: lease.instance_id)
+
+
+def with_expiry(lease: Lease, expires_at: float) -> Lease:
+    return replace(lease, expires_at=expires_at)
