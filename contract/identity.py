@@ -1,0 +1,44 @@
+"""Engine identity: what `/healthz/generation` says, and the digest that ties it to the catalog.
+
+Two different hashes, named so they cannot be confused:
+
+- `weights_digest`: sha256 over the sha256 of every `*.safetensors` shard —
+  *these bytes*. The engine computes it from its files; the catalog computes
+  it from the shard digests it recorded at registration. Equal digests mean
+  the engine serves exactly the registered weights.
+- the catalog's semantic `fingerprint` — *this behaviour* (tokenizer, chat
+  template, generation defaults, architecture); two versions with different
+  weights can share it, and must, to be promoted over each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+WEIGHT_SUFFIX = ".safetensors"
+
+
+def weights_digest(file_sha256: Mapping[str, str]) -> str:
+    """`sha256:` + sha256 of `"{path}:{sha256}\\n"` for each weight shard, in path order."""
+    outer = hashlib.sha256()
+    for path in sorted(p for p in file_sha256 if p.endswith(WEIGHT_SUFFIX)):
+        outer.update(f"{path}:{file_sha256[path]}\n".encode())
+    return "sha256:" + outer.hexdigest()
+
+
+class EngineIdentity(BaseModel):
+    """The body of `GET /healthz/generation` on the reference engine (and what the agent records for vLLM)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    instance_id: str
+    generation: int  # the lease registry's, once registered; the boot counter before
+    boot_generation: int
+    model: str  # the served model name: the weight version
+    weights_digest: str
+    zone: str
+    region: str
+    started_at: float  # Unix seconds

@@ -1,0 +1,114 @@
+"""The routing snapshot: desired state the control plane publishes and gateways and agents apply.
+
+One model for producer (`controlplane/snapshot/service.py`) and consumers
+(gateway, regional agent). The control plane labels each snapshot with a
+version that only grows; consumers poll `GET /api/v1/snapshot` with
+`If-None-Match: "snapshot-N"`, apply a new one atomically (a request sees
+one snapshot, never half of one) and keep the last good one, on disk, to
+serve from while the control plane is away (invariant 7). A body that fails
+`RoutingSnapshot.model_validate` is refused and the old snapshot stays.
+
+`schema_version` changes only when a consumer built for an older schema
+would misroute on the new one; fields a consumer does not know are ignored.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class KnownIssueRef(_Record):
+    id: int
+    severity: str
+    summary: str
+
+
+class VersionEntry(_Record):
+    """A weight version gateways may route to, and how to check its artifacts."""
+
+    version: str
+    fingerprint: str = Field(description="the catalog's semantic fingerprint (tokenizer, template, config)")
+    location: str = Field(description="artifact location: a directory or s3://bucket/prefix")
+    weights_digest: str | None = Field(None, description="contract.identity.weights_digest of the shards")
+    files: dict[str, str] = Field(default_factory=dict, description="sha256 of each file a gateway loads")
+    known_issues: list[KnownIssueRef] = Field(default_factory=list)
+
+
+class AliasEntry(_Record):
+    version: str
+    revision: int
+
+
+class ModelEntry(_Record):
+    aliases: dict[str, AliasEntry] = Field(default_factory=dict)
+    versions: dict[str, VersionEntry] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aliases_name_known_versions(self) -> ModelEntry:
+        for name, alias in self.aliases.items():
+            if alias.version not in self.versions:
+                raise ValueError(f"alias {name!r} points to {alias.version!r}, which the snapshot does not describe")
+        return self
+
+
+class ClusterEntry(_Record):
+    name: str
+    region: str
+    zone: str | None
+    model: str
+    endpoint: str
+    weight: int = Field(ge=0)
+    state: Literal["active", "draining", "ejected"]
+
+
+class EjectionEntry(_Record):
+    region: str
+    instance_id: str
+    generation: int | None
+    reason: str
+
+
+class RoutingSnapshot(_Record):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    version: int = Field(ge=0)
+    changed_at: datetime | None = None
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    clusters: list[ClusterEntry] = Field(default_factory=list)
+    # model → region → zone ("*" for a region-wide cluster) → summed weight of active clusters
+    tier_weights: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
+    drains: list[str] = Field(default_factory=list)
+    ejected_clusters: list[str] = Field(default_factory=list)
+    ejections: list[EjectionEntry] = Field(default_factory=list)
+
+    @property
+    def etag(self) -> str:
+        return etag_for(self.version)
+
+    def is_ejected(self, region: str, instance_id: str, generation: int | None) -> bool:
+        """An ejection with no generation covers every generation of the instance."""
+        return any(e.region == region and e.instance_id == instance_id and e.generation in (None, generation)
+                   for e in self.ejections)
+
+
+def etag_for(version: int) -> str:
+    return f'"snapshot-{version}"'
+
+
+def if_none_match_hits(header: str | None, etag: str) -> bool:
+    """RFC 9110 §13.1.2 weak comparison: `*`, or any listed tag equal to `etag` ignoring `W/`."""
+    if header is None:
+        return False
+    tags = [tag.strip() for tag in header.split(",")]
+    if "*" in tags:
+        return True
+    bare = etag.removeprefix("W/")
+    return any(tag.removeprefix("W/") == bare for tag in tags if tag)
