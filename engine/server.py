@@ -33,7 +33,7 @@ from engine.faults import FaultInjector
 from engine.lease_client import LeaseClient, transport_for
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
-from engine.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from engine.protocol import ChatCompletionRequest, CompletionRequest, EngineSampling
 from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence, TokenEvent
 from engine.settings import EngineSettings, FaultSettings
@@ -243,7 +243,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         if state.chat_template is None:
             raise BadRequest("this model has no chat template")
         rendered = ImmutableSandboxedEnvironment().from_string(state.chat_template).render(
-            messages=[m.model_dump() for m in body.messages],
+            messages=[{"role": m.role, "content": m.text()} for m in body.messages],
             add_generation_prompt=body.add_generation_prompt,
         )
         prompt_ids = state.tokenizer.encode(rendered, add_special_tokens=False).ids
@@ -285,7 +285,7 @@ def _prompt_ids(state: EngineState, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
-def _validate(state: EngineState, body: SamplingFields, prompt_ids: list[int]) -> int:
+def _validate(state: EngineState, body: EngineSampling, prompt_ids: list[int]) -> int:
     if body.model is not None and body.model != state.settings.model_name:
         raise BadRequest(f"model {body.model!r} does not exist; this engine serves {state.settings.model_name!r}", param="model")
     if not state.ready:
@@ -317,7 +317,7 @@ def _caller_request_id(request: Request) -> str | None:
     return value
 
 
-async def _serve(state: EngineState, body: SamplingFields, prompt_ids: list[int], *, chat: bool,
+async def _serve(state: EngineState, body: EngineSampling, prompt_ids: list[int], *, chat: bool,
                  caller_id: str | None) -> Response:
     max_tokens = _validate(state, body, prompt_ids)
     if state.faults.take_request_failure():
@@ -354,7 +354,7 @@ async def _serve(state: EngineState, body: SamplingFields, prompt_ids: list[int]
 class _CompletionShape:
     object_chunk = "text_completion"
 
-    def __init__(self, state: EngineState, request_id: str, body: SamplingFields) -> None:
+    def __init__(self, state: EngineState, request_id: str, body: EngineSampling) -> None:
         self.state, self.request_id, self.body = state, request_id, body
         self.created = int(time.time())
 
@@ -409,7 +409,7 @@ def _usage(prompt_ids: list[int], output_ids: list[int]) -> dict:
 
 
 async def _stream(
-    state: EngineState, seq: Sequence, body: SamplingFields, prompt_ids: list[int], shape: _CompletionShape
+    state: EngineState, seq: Sequence, body: EngineSampling, prompt_ids: list[int], shape: _CompletionShape
 ) -> AsyncIterator[str]:
     generation = _Generation(state, seq, body.stop_strings())
     first = True
@@ -447,7 +447,7 @@ async def _stream(
 
 
 async def _collect(
-    state: EngineState, seq: Sequence, body: SamplingFields, prompt_ids: list[int], shape: _CompletionShape
+    state: EngineState, seq: Sequence, body: EngineSampling, prompt_ids: list[int], shape: _CompletionShape
 ) -> JSONResponse:
     generation = _Generation(state, seq, body.stop_strings())
     events: list[TokenEvent] = []

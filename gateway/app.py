@@ -35,7 +35,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.recovery import OPENED, Deps, StreamRequest, StreamSession
 from gateway.router import LeaseView, Router
 from gateway.routing_table import ModelVersion, RoutingTable, StaticRoutingTable
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, LeaseRegistration, LeaseRenewal, SamplingFields
+from gateway.schemas import ChatCompletionRequest, CompletionRequest, GatewaySampling, LeaseRegistration, LeaseRenewal
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import Frame, MemoryTokenLog, RedisTokenLog, TokenLog
 from common.logs import get_logger
@@ -199,7 +199,7 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         prompt_ids = version.tokenizer.encode(rendered, add_special_tokens=False).ids
         return await _serve(request, body, version, prompt_ids, kind="chat")
 
-    async def _serve(request: Request, body: SamplingFields, version: ModelVersion, prompt_ids: list[int], *, kind: str) -> Response:
+    async def _serve(request: Request, body: GatewaySampling, version: ModelVersion, prompt_ids: list[int], *, kind: str) -> Response:
         st = state(request)
         received_at = clock.now()
         req = _stream_request(request, st.settings, body, version, prompt_ids, kind=kind)
@@ -295,7 +295,7 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
     return app
 
 
-def _stream_request(request: Request, settings: GatewaySettings, body: SamplingFields, version: ModelVersion,
+def _stream_request(request: Request, settings: GatewaySettings, body: GatewaySampling, version: ModelVersion,
                     prompt_ids: list[int], *, kind: str) -> StreamRequest:
     strategy_header = request.headers.get("x-lifeline-recovery")
     try:
