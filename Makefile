@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 is the CPU wheel already on this kind of machine; never pull a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0 -e '.[dev]'
+	$(BIN)/pip install -q torch==2.13.0 -e '.[engine,dev]'
 	touch $(STAMP)
 
 .PHONY: install demo test bench
@@ -22,4 +22,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/engine.py
+	$(BIN)/python -m bench.engine

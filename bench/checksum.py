@@ -13,7 +13,7 @@ Digests are checked against sha256sum's before any number is printed.
 Targets: catalog single-threaded >= 0.95x sha256sum; catalog parallel faster
 than sha256sum. The artifact is deleted afterwards.
 
-    python bench/checksum.py [--size-gib 2] [--shards 8] [--repeat 3] [--record docs/benchmarks.md]
+    .venv/bin/python -m bench.checksum [--size-gib 2] [--shards 8] [--repeat 3] [--record docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import sys
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.docs import replace_section  # noqa: E402
-from weight_catalog.hashing import DEFAULT_BLOCK_BYTES, hash_shards  # noqa: E402
-from weight_catalog.store import FilesystemStore  # noqa: E402
+from bench.docs import replace_section
+from weight_catalog.hashing import DEFAULT_BLOCK_BYTES, hash_shards
+from weight_catalog.store import FilesystemStore
 
 HEADING = "## Checksums (bench/checksum.py)"
 

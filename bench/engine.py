@@ -7,7 +7,7 @@ forward on the same weights (the baseline, measured in the same run).
 Prefill time is the number later recovery benchmarks are judged against:
 it is what token-commit-resume pays to re-prefill `prompt ‖ committed`.
 
-    .venv/bin/python bench/engine.py [--presets tiny,small] [--write docs/benchmarks.md]
+    .venv/bin/python -m bench.engine [--presets tiny,small] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 import concurrent.futures
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,9 @@ import torch
 from httpx_sse import connect_sse
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from bench.docs import replace_section  # noqa: E402
-from tests.conftest import built_model  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.engine_process import EngineProcess  # noqa: E402
+from bench.docs import replace_section
+from lifeline.processes import EngineProcess, built_model, free_port
 
 
 def stream_once(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:

@@ -31,7 +31,7 @@ exists at .lifeline/litellm-venv) runs with its defaults and a `hosted_vllm/`
 model entry whose api_base is the engine; it needs its own virtualenv:
 
     python3.11 -m venv .lifeline/litellm-venv && .lifeline/litellm-venv/bin/pip install 'litellm[proxy]'
-    .venv/bin/python bench/gateway_overhead.py [--streams 1,32] [--tokens 64] [--write docs/benchmarks.md]
+    .venv/bin/python -m bench.gateway_overhead [--streams 1,32] [--tokens 64] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import platform
 import secrets
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -56,13 +55,9 @@ import yaml
 from httpx_sse import connect_sse
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from bench.docs import replace_section  # noqa: E402
-from lifeline.processes import wait_for_http_ok  # noqa: E402
-from tests.conftest import built_model, free_port  # noqa: E402
-from tests.support.engine_process import EngineProcess  # noqa: E402
-from tests.support.gateway_process import GatewayProcess, gateway_config  # noqa: E402
+from bench.docs import replace_section
+from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config, wait_for_http_ok
 
 PROMPT = "Gateways add latency only where they must"
 LITELLM_VENV = ROOT / ".lifeline" / "litellm-venv"

@@ -8,7 +8,7 @@ kill → next token at the client), decode tokens recomputed and prompt tokens
 prefilled again (gateway counters), and completion time relative to the same
 requests unfaulted.
 
-    .venv/bin/python bench/recovery.py [--preset small] [--kills 32,128,512] [--concurrency 1,8] [--tail N] [--write docs/benchmarks.md]
+    .venv/bin/python -m bench.recovery [--preset small] [--kills 32,128,512] [--concurrency 1,8] [--tail N] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import concurrent.futures
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,13 +26,9 @@ import httpx
 from httpx_sse import connect_sse
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from bench.docs import replace_section  # noqa: E402
-from tests.conftest import built_model  # noqa: E402
-from tests.support.engine_process import EngineProcess  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.gateway_process import GatewayProcess, gateway_config  # noqa: E402
+from bench.docs import replace_section
+from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 
 STRATEGIES = ("fail_stop", "retry_from_scratch", "token_commit_resume")
 PROMPT = "Recovery benchmarks compare what each strategy costs when the engine dies"

@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.support.engine_process import EngineProcess
-from tests.support.ports import free_port
-
-# Models are deterministic, so one build per preset and seed serves the whole run.
-MODEL_CACHE = Path(os.environ.get("LIFELINE_TEST_MODEL_CACHE", Path(__file__).parent.parent / ".lifeline" / "test-models"))
-
-
-def built_model(preset: str, seed: int) -> Path:
-    from engine.model_build import build_model
-
-    target = MODEL_CACHE / f"{preset}-seed{seed}"
-    if not (target / "model.safetensors.index.json").exists():
-        partial = target.with_name(target.name + f".partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        build_model(partial, preset_name=preset, seed=seed)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    return target
+from lifeline.processes import EngineProcess, built_model, free_port
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.ports import free_port
+from lifeline.processes import free_port
 
 POSTGRES_ADMIN_URL = os.environ.get("LIFELINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 

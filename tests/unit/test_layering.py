@@ -50,3 +50,15 @@ def test_nothing_outside_tests_imports_the_tests_package() -> None:
     offenders = [str(p.relative_to(ROOT)) for pkg in LIFELINE_PACKAGES - {"tests"} if (ROOT / pkg).is_dir()
                  for p in sorted((ROOT / pkg).rglob("*.py")) if "tests" in imported_packages(p)]
     assert offenders == []
+
+
+def test_gateway_and_control_plane_start_without_torch() -> None:
+    """torch is the `engine` extra: importing the other processes (and the CLI) must not need it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gateway.app, gateway.cli, controlplane.app, lifeline.cli; "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules); "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

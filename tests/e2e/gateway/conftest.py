@@ -18,9 +18,9 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import built_model, free_port
-from tests.support.engine_process import EngineProcess
-from tests.support.gateway_process import GatewayProcess
+from lifeline.processes import built_model, free_port
+from lifeline.processes import EngineProcess
+from lifeline.processes import GatewayProcess
 
 
 @dataclass

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.gateway.conftest import direct_tokens, stream
-from tests.support.gateway_process import gateway_config
+from lifeline.processes import gateway_config
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ import redis
 from httpx_sse import connect_sse
 
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, resume
-from tests.support.gateway_process import gateway_config
+from lifeline.processes import gateway_config
 
 pytestmark = pytest.mark.e2e
 

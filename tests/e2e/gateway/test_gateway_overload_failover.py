@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from tests.e2e.gateway.conftest import direct_tokens, resume, stream
-from tests.support.gateway_process import gateway_config
+from lifeline.processes import gateway_config
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ def test_burst_of_ten_times_capacity_gets_429_without_retry_amplification(cluste
 
 
 def _engine_requests(url: str) -> float:
-    from tests.support.gateway_process import scrape_metric
+    from lifeline.processes import scrape_metric
 
     return scrape_metric(f"{url}/metrics", "lifeline_engine_requests_total")
 

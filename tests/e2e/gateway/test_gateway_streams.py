@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.e2e.gateway.conftest import direct_tokens, resume, stream
-from tests.support.gateway_process import LEASE_TOKEN, gateway_config, scrape_metric
+from lifeline.processes import LEASE_TOKEN, gateway_config, scrape_metric
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.recovery import Deps, StreamRequest, StreamSession
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import MemoryTokenLog
-from tests.conftest import built_model
+from lifeline.processes import built_model
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from gateway.admission import RetryBudget
 from gateway.recovery import decide
 from common.detokenize import TextAssembler
 from gateway.settings import GatewaySettings, RecoveryStrategy
-from tests.conftest import built_model
+from lifeline.processes import built_model
 
 pytestmark = pytest.mark.unit
 
