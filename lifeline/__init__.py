@@ -1,6 +1,8 @@
 """Lifeline: keeps LLM inference serving through failures.
 
-This package holds only what every process shares: the `lifeline` command
-line and structured logging. Each component lives in its own top-level
-package (engine, gateway, controlplane, weight_catalog, ...).
+This package is the top of the house: the one `lifeline` command
+(`lifeline.cli`, which mounts every component's sub-commands), the demo, and
+the process helpers the demo, benchmarks and tests share. Nothing below it
+imports it; the shared ground floor is `common/`, the cross-process records
+are `contract/`.
 """
