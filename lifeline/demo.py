@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,18 +30,12 @@ import yaml
 from httpx_sse import connect_sse
 from rich.console import Console
 
-from lifeline.processes import wait_for_http_ok
+from lifeline.processes import free_port, wait_for_http_ok
 
 console = Console(highlight=False)
 
 ALIAS = "tiny"
 PROMPT = "The primary region lost power, so the gateway"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -159,7 +152,7 @@ def demo(
                   f"semantic fingerprint {shown['fingerprint'][:16]}…, alias prod → {model_dir.name}")
 
     lease_token = secrets.token_urlsafe(16)
-    gateway_port = _free_port()
+    gateway_port = free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     config = {
         "replica_id": "demo-gateway",
@@ -177,7 +170,7 @@ def demo(
         gateway.wait_http(f"{gateway_url}/healthz/live")
         engines: dict[str, _Process] = {}
         for instance_id, zone in (("engine-a", "zone-a"), ("engine-b", "zone-b")):
-            port = _free_port()
+            port = free_port()
             engines[instance_id] = _Process(instance_id, [
                 "engine", "serve", "--model", str(model_dir), "--port", str(port), "--instance-id", instance_id,
                 "--zone", zone, "--state-dir", str(workdir / "state" / instance_id), "--torch-threads", "1",
