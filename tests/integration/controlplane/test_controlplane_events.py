@@ -96,6 +96,33 @@ def test_database_refuses_update_and_delete_of_events(
     assert [tuple(r) for r in rows] == [(event_id, "kept")]
 
 
+def _replace_statements(dialect: str) -> list[str]:
+    columns = "(id, kind, actor, reason, scope, outcome, started_at, ended_at)"
+    values = "(:id, 'k', 'a', 'rewritten', 's', 'succeeded', :at, :at)"
+    if dialect == "sqlite":
+        return [f"INSERT OR REPLACE INTO events {columns} VALUES {values}", f"REPLACE INTO events {columns} VALUES {values}",
+                f"INSERT INTO events {columns} VALUES {values} ON CONFLICT (id) DO UPDATE SET reason = 'rewritten'"]
+    return [f"INSERT INTO events {columns} VALUES {values} ON CONFLICT (id) DO UPDATE SET reason = 'rewritten'"]
+
+
+def test_database_refuses_replace_and_upsert_of_an_event(session_factory: Any, db_engine: Any,
+                                                         clock: ManualClock) -> None:
+    """SQLite's REPLACE deletes the old row without firing DELETE triggers; a BEFORE INSERT trigger refuses it."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    event_id = _one_event(session_factory, clock)
+    for statement in _replace_statements(db_engine.dialect.name):
+        with pytest.raises(IntegrityError, match="append-only"), db_engine.begin() as conn:
+            conn.execute(text(statement), {"id": event_id, "at": clock.utcnow()})
+    with db_engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, reason FROM events")).all()
+    assert [tuple(r) for r in rows] == [(event_id, "kept")]
+    with db_engine.begin() as conn:  # a new id still goes in, even named explicitly
+        conn.execute(text(_replace_statements("postgresql")[0].split(" ON CONFLICT")[0]),
+                     {"id": event_id + 1, "at": clock.utcnow()})
+
+
 def test_orm_cannot_change_an_event_and_inserts_still_work(session_factory: Any, db_engine: Any,
                                                           clock: ManualClock) -> None:
     from sqlalchemy.exc import IntegrityError
