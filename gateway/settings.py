@@ -67,6 +67,8 @@ class RegistryConfig(_Section):
     ttl: Seconds = Field(timedelta(seconds=2), description="lease time to live; engines renew before it lapses")
     require_lease: bool = Field(True, description="static engines need a live lease to be routed to")
     refresh_interval: Seconds = Field(timedelta(milliseconds=250), description="how often a Redis view is re-read")
+    state_dir: Path | None = Field(None, description="memory registry: generation counters persist here across restarts "
+                                                     "(unset: derived from the boot time; gateway/lease_registry.py)")
 
     @model_validator(mode="after")
     def _check(self) -> RegistryConfig:
@@ -112,6 +114,42 @@ class AdmissionConfig(_Section):
     hash_load_factor: float = Field(1.25, ge=1.0, description="bounded-load consistent hashing: c × mean load")
 
 
+class RoutingConfig(_Section):
+    """Where the routing table comes from: this file (`static`) or the control plane's snapshot.
+
+    With `snapshot`, `models` and `engines` in this file are not used for
+    routing; the gateway polls `{controlplane_url}/api/v1/snapshot`, keeps
+    the last good one at `cache_path` and starts from it when the control
+    plane is away (invariant 7).
+    """
+
+    source: Literal["static", "snapshot"] = "static"
+    controlplane_url: str | None = Field(None, description="http(s)://host:port of the control plane")
+    token: str | None = Field(None, description="bearer token for the snapshot, report and event endpoints")
+    region: str | None = Field(None, description="the region this gateway routes for; default: the gateway's region")
+    poll_interval: Seconds = Field(timedelta(milliseconds=250), description="snapshot poll period (If-None-Match)")
+    cache_path: Path | None = Field(None, description="the last good snapshot, replaced atomically on each apply")
+    artifact_dir: Path | None = Field(None, description="s3:// tokenizers are downloaded here; default beside cache_path")
+    s3_endpoint_url: str | None = Field(None, description="S3 API endpoint for s3:// artifact locations")
+    connect_timeout: Seconds = timedelta(seconds=1)
+    read_timeout: Seconds = timedelta(seconds=5)
+    report_interval: Seconds = Field(timedelta(seconds=2), description="how often the replica PUTs its GatewayReport")
+    event_buffer: int = Field(1000, ge=1, description="L7 events held for shipping; more are dropped and counted")
+    event_flush_interval: Seconds = Field(timedelta(milliseconds=500), description="how often buffered events are POSTed")
+
+    @model_validator(mode="after")
+    def _check(self) -> RoutingConfig:
+        if self.source == "snapshot":
+            if not self.controlplane_url:
+                raise ValueError("routing.controlplane_url is required when routing.source is snapshot")
+            if self.cache_path is None:
+                raise ValueError("routing.cache_path is required when routing.source is snapshot "
+                                 "(the last good snapshot the gateway starts from while the control plane is away)")
+        if self.poll_interval <= timedelta(0):
+            raise ValueError("routing.poll_interval must be positive")
+        return self
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIFELINE_GATEWAY_", env_nested_delimiter="__", extra="forbid")
 
@@ -121,12 +159,17 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: str = "info"
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(default_factory=list, description="at least one when routing.source is static")
     engines: list[EngineConfig] = Field(default_factory=list)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     token_log: TokenLogConfig = Field(default_factory=TokenLogConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @property
+    def routing_region(self) -> str:
+        return self.routing.region or self.region
 
     @field_validator("models")
     @classmethod
@@ -140,6 +183,8 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _engines_name_known_versions(self) -> GatewaySettings:
+        if self.routing.source == "static" and not self.models:
+            raise ValueError("models: at least one model is required when routing.source is static")
         versions = {m.version for m in self.models}
         for e in self.engines:
             if e.version not in versions:
