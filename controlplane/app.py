@@ -49,6 +49,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = build_session_factory(engine)
+    app.state.read_session_factory = build_session_factory(engine, read_only=True)
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     install_error_handlers(app)

@@ -46,12 +46,12 @@ def cli_actor() -> str:
 
 
 @contextmanager
-def cli_database(settings: ControlPlaneSettings) -> Iterator[Any]:
+def cli_database(settings: ControlPlaneSettings, *, read_only: bool = False) -> Iterator[Any]:
     from controlplane.db import build_engine, build_session_factory
 
     engine = build_engine(settings.resolved_database_url())
     try:
-        yield build_session_factory(engine)
+        yield build_session_factory(engine, read_only=read_only)
     finally:
         engine.dispose()
 
@@ -90,7 +90,7 @@ def read_only(settings: ControlPlaneSettings, work: Callable[[Session], T]) -> T
     from controlplane.db import session_scope
     from controlplane.errors import LifelineError
 
-    with cli_database(settings) as factory:
+    with cli_database(settings, read_only=True) as factory:
         try:
             with session_scope(factory) as session:
                 return work(session)

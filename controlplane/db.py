@@ -3,6 +3,21 @@
 One `Base` for every domain's tables, so Alembic sees them all. Services
 never commit: the API commits once at the request boundary (see
 `get_db_session`) and the CLI commits once per command.
+
+SQLite transactions are SQLAlchemy's, not pysqlite's. pysqlite emits no
+BEGIN before the first SELECT (only before DML), so a read-then-write unit
+of work was not one transaction: a SAVEPOINT opened the real transaction
+and its RELEASE committed it, and racing first promotes of an alias left a
+history whose `from` was not the previous `to`. The fix is the one
+SQLAlchemy documents for pysqlite ("Serializable isolation / Savepoints /
+Transactional DDL"): switch pysqlite's own transaction handling off on
+connect and emit BEGIN from the `begin` event. Units of work that may
+write begin with `BEGIN IMMEDIATE`, so two writers queue on SQLite's one
+write lock (busy timeout) instead of both reading and the loser failing
+with SQLITE_BUSY at its first write, which in WAL mode no wait can cure.
+Sessions opened with `read_only=True` begin DEFERRED and never block a
+writer. PostgreSQL needs none of this: its transactions begin on the first
+statement, and the services compare-and-set.
 """
 
 from __future__ import annotations
@@ -31,6 +46,10 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
+# Execution option read by the SQLite `begin` listener: "IMMEDIATE" (default) or "DEFERRED".
+SQLITE_BEGIN = "lifeline_sqlite_begin"
+
+
 def build_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -39,18 +58,27 @@ def build_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
+        def _sqlite_connect(dbapi_connection: Any, _: Any) -> None:
+            # pysqlite: no implicit BEGIN/COMMIT of its own; `_sqlite_begin` emits BEGIN.
+            dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.close()
 
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection: Any) -> None:
+            mode = connection.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
+            connection.exec_driver_sql(f"BEGIN {mode}")
+
         return engine
     return create_engine(url, pool_pre_ping=True)
 
 
-def build_session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+def build_session_factory(engine: Engine, *, read_only: bool = False) -> sessionmaker[Session]:
+    """Sessions for units of work; `read_only` ones begin DEFERRED on SQLite and never take the write lock."""
+    bind = engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"}) if read_only else engine
+    return sessionmaker(bind, expire_on_commit=False)
 
 
 @contextmanager
@@ -67,8 +95,14 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.close()
 
 
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 def get_db_session(request: Request) -> Iterator[Session]:
-    factory: sessionmaker[Session] = request.app.state.session_factory
+    state = request.app.state
+    factory: sessionmaker[Session] = (
+        state.read_session_factory if request.method in READ_METHODS else state.session_factory
+    )
     with session_scope(factory) as session:
         yield session
 

@@ -230,12 +230,18 @@ def resolve_issue(session: Session, *, issue_id: int, resolution: str, actor: st
     issue = repository.get_issue(session, issue_id=issue_id)
     if issue is None:
         raise IssueNotFound(f"no known issue {issue_id}")
-    if issue.resolved_at is not None:
-        raise IssueAlreadyResolved(f"known issue {issue_id} was resolved at {issue.resolved_at.isoformat()}")
-    issue.resolved_at = clock.utcnow()
-    issue.resolved_by = actor
-    issue.resolution = resolution
-    session.flush()
+    # Compare-and-set: of any number of concurrent resolves exactly one
+    # matches `resolved_at IS NULL`; the rest are refused and write nothing.
+    result = session.execute(
+        update(KnownIssue)
+        .where(KnownIssue.id == issue_id, KnownIssue.resolved_at.is_(None))
+        .values(resolved_at=clock.utcnow(), resolved_by=actor, resolution=resolution)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(issue)
+    if result.rowcount != 1:
+        resolved_at = issue.resolved_at.isoformat() if issue.resolved_at else "the same moment"
+        raise IssueAlreadyResolved(f"known issue {issue_id} was resolved at {resolved_at}")
     weight_version = issue.weight_version
     event_service.record(
         session,

@@ -30,7 +30,7 @@ def require(required: Role) -> Callable[..., Principal]:
     ) -> Principal:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise Unauthenticated("a bearer token is required")
-        factory = request.app.state.session_factory
+        factory = request.app.state.read_session_factory
         session: Session = factory()
         try:
             token = service.authenticate(session, secret=credentials.credentials)

@@ -67,5 +67,5 @@ def export_events(
     # Not the request's DbSession, which closes when this returns, before
     # the body is sent: the stream reads through a session of its own.
     # A sync iterator, so Starlette pulls each page in a worker thread.
-    lines = service.stream_jsonl(request.app.state.session_factory, flt)
+    lines = service.stream_jsonl(request.app.state.read_session_factory, flt)
     return StreamingResponse(lines, media_type="application/x-ndjson")

@@ -170,7 +170,7 @@ def test_concurrent_promotes_with_the_same_revision_let_exactly_one_win(
                                 expected_revision=1, clock=ManualClock())
             outcomes.append("won")
         except LifelineError as exc:
-            outcomes.append(exc.type)
+            outcomes.append(exc.error_type)
         except Exception as exc:  # a database-level serialisation failure counts as losing
             outcomes.append(type(exc).__name__)
 
