@@ -1,0 +1,231 @@
+"""Poll the control plane's routing snapshot; apply good ones atomically; keep the last good one on disk.
+
+    control plane ──GET /api/v1/snapshot, If-None-Match: "snapshot-N"──► 304: nothing to do
+                                                                      └► 200: validate → verify artifacts
+        → write body to routing.cache_path (atomic) → SnapshotRouting.apply(new table)   (one swap)
+
+Invariant 7 (data plane outlives control plane): on start the gateway loads
+`cache_path` first and serves from it; the poll that follows replaces it if
+the control plane is up. While the control plane is unreachable the poller
+backs off (tenacity: exponential with jitter, capped at `_MAX_BACKOFF`)
+and the table stays as it was; when the control plane returns, the next
+poll carries the ETag of what is applied and gets a full snapshot if
+anything changed (no deltas, so nothing to reconcile piecemeal).
+
+A body that fails `RoutingSnapshot` validation, or whose version is below
+the one applied, is refused: logged, emitted as a `snapshot.refused` L7
+event, and the old table stays. A version whose artifacts fail verification
+is left out of the new table (its names answer 503 `version_unverified`),
+also with a `snapshot.refused` event naming the version; the rest of the
+snapshot applies. Versions that failed are tried again with the next
+snapshot and on every start.
+
+Polling (not a long-poll/watch endpoint) because the control plane's
+endpoint is a plain ETag GET and a 304 costs one small round trip; the
+propagation this gives is measured in `bench/snapshot_propagation.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from common.clock import Clock
+from common.logs import get_logger
+from contract.snapshot import RoutingSnapshot, etag_for
+from gateway.artifacts import ArtifactLoader, ArtifactVerificationFailed, LoadedArtifacts
+from gateway.atomic_file import write_atomically
+from gateway.l7_events import EventSink
+from gateway.snapshot_table import SnapshotRouting, SnapshotTable
+
+log = get_logger(__name__)
+
+SNAPSHOT_PATH = "/api/v1/snapshot"
+_MAX_BACKOFF = 2.0
+
+
+class PollOutcome(StrEnum):
+    APPLIED = "applied"
+    UNCHANGED = "unchanged"
+    REFUSED = "refused"
+
+
+class ControlPlaneUnreachable(Exception):
+    """No usable answer this time (transport error, 5xx, 401…): keep the table, try again later."""
+
+
+@dataclass(frozen=True)
+class _Verified:
+    artifacts: dict[str, LoadedArtifacts]
+    unverified: dict[str, str]
+
+
+class SnapshotSource:
+    def __init__(self, *, routing: SnapshotRouting, loader: ArtifactLoader, events: EventSink,
+                 make_event: Callable[..., object], clock: Clock, controlplane_url: str, cache_path: Path,
+                 token: str | None = None, poll_interval: float = 0.25,
+                 timeout: httpx.Timeout | None = None, http: httpx.AsyncClient | None = None,
+                 on_applied: Callable[[SnapshotTable], None] | None = None) -> None:
+        self.routing = routing
+        self.loader = loader
+        self.events = events
+        self.make_event = make_event
+        self.clock = clock
+        self.cache_path = cache_path
+        self.poll_interval = poll_interval
+        self.on_applied = on_applied
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = http or httpx.AsyncClient(
+            base_url=controlplane_url, headers=headers,
+            timeout=timeout or httpx.Timeout(connect=1.0, read=5.0, write=5.0, pool=1.0))
+        self._owns_http = http is None
+        self._task: asyncio.Task | None = None
+        self.polls = 0
+        self.failures = 0
+
+    @property
+    def applied(self) -> SnapshotTable:
+        return self.routing.table
+
+    # -- start-up: the disk copy, then one poll ----------------------------------------------
+    async def load_cached(self) -> bool:
+        """Apply the snapshot at `cache_path` if there is a valid one; True if applied."""
+        try:
+            raw = await asyncio.to_thread(self.cache_path.read_bytes)
+        except FileNotFoundError:
+            log.info("no snapshot on disk yet", path=str(self.cache_path))
+            return False
+        except OSError as exc:
+            self._refuse(f"cannot read the snapshot on disk {self.cache_path}: {exc}", source="disk")
+            return False
+        try:
+            snapshot = RoutingSnapshot.model_validate_json(raw)
+        except ValidationError as exc:
+            self._refuse(f"the snapshot on disk is not valid: {_summary(exc)}", source="disk")
+            return False
+        await self._apply(snapshot, raw=None)
+        log.info("serving the snapshot on disk", version=snapshot.version, path=str(self.cache_path))
+        return True
+
+    async def start(self) -> None:
+        await self.load_cached()
+        try:
+            await self.poll_once()
+        except ControlPlaneUnreachable as exc:
+            log.warning("control plane unreachable at start; serving the last good snapshot",
+                        error=str(exc), version=self.applied.version)
+        self._task = asyncio.create_task(self._run(), name="snapshot-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._owns_http:
+            await self.http.aclose()
+
+    # -- polling ---------------------------------------------------------------------------------
+    async def poll_once(self) -> PollOutcome:
+        """One conditional GET; raises ControlPlaneUnreachable when there is no usable answer."""
+        self.polls += 1
+        headers = {}
+        if self.applied.version is not None:
+            headers["If-None-Match"] = etag_for(self.applied.version)
+        try:
+            response = await self.http.get(SNAPSHOT_PATH, headers=headers)
+        except httpx.HTTPError as exc:
+            raise ControlPlaneUnreachable(repr(exc)[:200]) from None
+        if response.status_code == 304:
+            return PollOutcome.UNCHANGED
+        if response.status_code != 200:
+            raise ControlPlaneUnreachable(f"GET {SNAPSHOT_PATH} answered {response.status_code}: {response.text[:200]}")
+        raw = response.content
+        try:
+            snapshot = RoutingSnapshot.model_validate_json(raw)
+        except ValidationError as exc:
+            self._refuse(f"snapshot failed validation: {_summary(exc)}", etag=response.headers.get("etag", ""))
+            return PollOutcome.REFUSED
+        current = self.applied.version
+        if current is not None and snapshot.version < current:
+            self._refuse(f"snapshot version {snapshot.version} is below the applied {current}",
+                         version=snapshot.version)
+            return PollOutcome.REFUSED
+        if current is not None and snapshot.version == current and not self.applied.unverified:
+            return PollOutcome.UNCHANGED
+        await self._apply(snapshot, raw=raw)
+        return PollOutcome.APPLIED
+
+    async def _run(self) -> None:
+        retrying = AsyncRetrying(
+            wait=wait_exponential_jitter(initial=self.poll_interval, max=_MAX_BACKOFF),
+            retry=retry_if_exception_type(ControlPlaneUnreachable),
+            before_sleep=self._log_unreachable,
+        )
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        await self.poll_once()
+            except Exception as exc:  # never let the poller die: the table stays, the next tick tries again
+                log.error("snapshot poll failed", error=repr(exc)[:300])
+
+    def _log_unreachable(self, state) -> None:  # tenacity's RetryCallState
+        self.failures += 1
+        if state.attempt_number in (1, 10) or state.attempt_number % 100 == 0:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("control plane unreachable; serving the last good snapshot", attempts=state.attempt_number,
+                        error=str(exc)[:200], version=self.applied.version)
+
+    # -- applying ----------------------------------------------------------------------------------
+    async def _verify(self, snapshot: RoutingSnapshot) -> _Verified:
+        artifacts: dict[str, LoadedArtifacts] = {}
+        unverified: dict[str, str] = {}
+        for model in snapshot.models.values():
+            for name, entry in model.versions.items():
+                loaded = self.loader.cached(entry)
+                if loaded is None:
+                    try:
+                        loaded = await asyncio.to_thread(self.loader.load, entry)
+                    except ArtifactVerificationFailed as exc:
+                        unverified[name] = exc.message
+                        continue
+                artifacts[name] = loaded
+        return _Verified(artifacts, unverified)
+
+    async def _apply(self, snapshot: RoutingSnapshot, *, raw: bytes | None) -> None:
+        verified = await self._verify(snapshot)
+        previous = self.applied
+        for version, why in verified.unverified.items():
+            if previous.unverified.get(version) != why or previous.version != snapshot.version:
+                self._refuse(f"version {version!r} is not routed to: {why}", version=snapshot.version,
+                             weight_version=version, scope="version")
+        table = SnapshotTable.build(snapshot, region=self.routing.table.region, artifacts=verified.artifacts,
+                                    unverified=verified.unverified, applied_at=self.clock.utcnow())
+        if raw is not None:
+            try:
+                await asyncio.to_thread(write_atomically, self.cache_path, raw)
+            except OSError as exc:  # still apply: serving the newest snapshot matters more than the disk copy
+                log.error("cannot write the snapshot to disk", path=str(self.cache_path), error=str(exc))
+        self.routing.apply(table)
+        log.info("snapshot applied", version=snapshot.version, previous=previous.version,
+                 names=sorted(table.by_name), unverified=sorted(verified.unverified))
+        if self.on_applied is not None:
+            self.on_applied(table)
+
+    def _refuse(self, reason: str, **detail: str | int | None) -> None:
+        log.error("snapshot refused", reason=reason, applied=self.applied.version, **detail)
+        self.events.emit(self.make_event("snapshot.refused", reason, applied_version=self.applied.version, **detail))
+
+
+def _summary(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{len(errors)} error(s); first at {where or '<root>'}: {first.get('msg', str(exc))}"[:500]

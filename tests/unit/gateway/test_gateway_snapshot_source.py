@@ -1,0 +1,183 @@
+"""The snapshot consumer on a fake control plane (httpx.MockTransport): apply, refuse, keep, restart from disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.clock import ManualClock
+from contract.lease import Lease
+from contract.snapshot import etag_for
+from gateway.artifacts import ArtifactLoader
+from gateway.errors import BadRequest, NoHealthyEndpoint
+from gateway.l7_events import EventShipper
+from gateway.snapshot_source import ControlPlaneUnreachable, PollOutcome, SnapshotSource
+from gateway.snapshot_table import SnapshotRouting
+from tests.support.snapshot_artifacts import snapshot_body, write_version
+
+pytestmark = pytest.mark.unit
+
+
+class FakeControlPlane:
+    """Serves whatever body it is given, honouring If-None-Match like the real endpoint."""
+
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+        self.version: int | None = None
+        self.down = False
+        self.seen_if_none_match: list[str | None] = []
+        self.seen_auth: list[str | None] = []
+
+    def serve(self, body: dict | bytes, version: int | None = None) -> None:
+        self.body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.version = version if version is not None else (body["version"] if isinstance(body, dict) else None)
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        self.seen_if_none_match.append(request.headers.get("if-none-match"))
+        self.seen_auth.append(request.headers.get("authorization"))
+        etag = etag_for(self.version or 0)
+        if request.headers.get("if-none-match") == etag:
+            return httpx.Response(304, headers={"ETag": etag})
+        return httpx.Response(200, content=self.body, headers={"ETag": etag, "Content-Type": "application/json"})
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    files = {v: write_version(tmp_path / "artifacts", v) for v in ("v1", "v2")}
+    return tmp_path, files
+
+
+def _source(tmp_path: Path, fake: FakeControlPlane, clock: ManualClock | None = None):
+    clock = clock or ManualClock()
+    shipper = EventShipper(replica_id="gw-1", region="local", clock=clock, controlplane_url="http://cp")
+    routing = SnapshotRouting("local")
+    http = httpx.AsyncClient(base_url="http://cp", transport=httpx.MockTransport(fake.handler),
+                             headers={"Authorization": "Bearer t0k"})
+    source = SnapshotSource(routing=routing, loader=ArtifactLoader(download_dir=tmp_path / "dl"), events=shipper,
+                            make_event=shipper.event, clock=clock, controlplane_url="http://cp",
+                            cache_path=tmp_path / "state" / "snapshot.json", http=http)
+    return source, routing, shipper
+
+
+async def test_a_good_snapshot_is_applied_cached_and_then_polled_with_its_etag(world):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1", "canary": "v2"}))
+    source, routing, _ = _source(tmp_path, fake)
+
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert routing.resolve("tiny").version == "v1"
+    assert routing.resolve("tiny:canary").version == "v2"
+    assert routing.resolve("v2").version == "v2"
+    assert routing.resolve("tiny").tokenizer.encode("b a", add_special_tokens=False).ids == [2, 1]
+    assert routing.resolve("tiny").chat_template is not None and routing.resolve("tiny").max_model_len == 256
+    assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["version"] == 3
+
+    assert await source.poll_once() == PollOutcome.UNCHANGED
+    assert fake.seen_if_none_match == [None, '"snapshot-3"']
+    assert fake.seen_auth[-1] == "Bearer t0k"
+
+
+async def test_an_invalid_snapshot_is_refused_evented_and_the_old_one_stays(world):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1"}))
+    source, routing, shipper = _source(tmp_path, fake)
+    await source.poll_once()
+    cached = (tmp_path / "state" / "snapshot.json").read_bytes()
+
+    bad = snapshot_body(4, tmp_path / "artifacts", files, aliases={"prod": "v2"})
+    bad["models"]["tiny"]["aliases"]["prod"]["version"] = "v9"  # an alias to a version the snapshot does not describe
+    fake.serve(bad)
+    assert await source.poll_once() == PollOutcome.REFUSED
+    assert routing.resolve("tiny").version == "v1" and routing.table.version == 3
+    assert (tmp_path / "state" / "snapshot.json").read_bytes() == cached
+    refused = [e for e in shipper.buffer if e.kind == "snapshot.refused"]
+    assert len(refused) == 1 and "validation" in refused[0].reason
+    assert refused[0].routing_tier == "l7" and refused[0].actor == "gateway:gw-1"
+
+    fake.serve(b"<html>proxy error</html>", version=5)
+    assert await source.poll_once() == PollOutcome.REFUSED
+    fake.serve(snapshot_body(2, tmp_path / "artifacts", files, aliases={"prod": "v2"}))  # older than applied
+    assert await source.poll_once() == PollOutcome.REFUSED
+    assert routing.resolve("tiny").version == "v1"
+    assert len([e for e in shipper.buffer if e.kind == "snapshot.refused"]) == 3
+
+
+async def test_restart_with_the_control_plane_down_serves_the_snapshot_on_disk(world):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(7, tmp_path / "artifacts", files, aliases={"prod": "v2"}))
+    first, _, _ = _source(tmp_path, fake)
+    await first.poll_once()
+
+    fake.down = True
+    restarted, routing, _ = _source(tmp_path, fake)
+    with pytest.raises(NoHealthyEndpoint) as before:
+        routing.resolve("tiny")
+    assert before.value.error_type == "no_routing_snapshot"
+    await restarted.start()  # loads the disk copy; its first poll fails and is only logged
+    try:
+        assert routing.resolve("tiny").version == "v2" and routing.table.version == 7
+        with pytest.raises(ControlPlaneUnreachable):
+            await restarted.poll_once()
+        assert routing.table.version == 7
+
+        fake.down = False  # the control plane returns with a newer snapshot: the next poll picks it up
+        fake.serve(snapshot_body(8, tmp_path / "artifacts", files, aliases={"prod": "v1"}))
+        assert await restarted.poll_once() == PollOutcome.APPLIED
+        assert routing.resolve("tiny").version == "v1"
+        assert fake.seen_if_none_match[-1] == '"snapshot-7"'
+    finally:
+        await restarted.stop()
+
+
+async def test_a_version_whose_artifacts_fail_verification_is_not_routed_to(world):
+    tmp_path, files = world
+    (tmp_path / "artifacts" / "v2" / "tokenizer.json").write_text("{}")  # tampered after the catalog hashed it
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1", "canary": "v2"}))
+    source, routing, shipper = _source(tmp_path, fake)
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert routing.resolve("tiny").version == "v1"
+    with pytest.raises(NoHealthyEndpoint) as refused:
+        routing.resolve("tiny:canary")
+    assert refused.value.error_type == "version_unverified" and "sha256" in refused.value.message
+    assert [v.version for v in routing.versions()] == ["v1"]
+    [event] = [e for e in shipper.buffer if e.kind == "snapshot.refused"]
+    assert event.detail["weight_version"] == "v2"
+
+
+async def test_a_version_without_listed_checksums_is_not_routed_to(world):
+    tmp_path, files = world
+    body = snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1"})
+    del body["models"]["tiny"]["versions"]["v1"]["files"]["tokenizer.json"]
+    fake = FakeControlPlane()
+    fake.serve(body)
+    source, routing, _ = _source(tmp_path, fake)
+    await source.poll_once()
+    with pytest.raises(NoHealthyEndpoint, match="no sha256 for tokenizer.json"):
+        routing.resolve("tiny")
+
+
+async def test_a_reader_holding_a_table_sees_one_snapshot_across_a_swap(world):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(1, tmp_path / "artifacts", files, aliases={"prod": "v1"},
+                             ejections=[{"region": "local", "instance_id": "e1", "generation": None, "reason": "x"}]))
+    source, routing, _ = _source(tmp_path, fake)
+    await source.poll_once()
+    held = routing.table
+    fake.serve(snapshot_body(2, tmp_path / "artifacts", files, aliases={"prod": "v2"}))
+    await source.poll_once()
+    lease = Lease("e1", 4, "http://e1", "v1")
+    # The held table is whole: old alias and old ejections together; the new one likewise.
+    assert (held.resolve("tiny").version, held.admits(lease)) == ("v1", False)
+    assert (routing.table.resolve("tiny").version, routing.table.admits(lease)) == ("v2", True)
+    with pytest.raises(BadRequest):
+        routing.resolve("nope")
