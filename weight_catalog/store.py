@@ -7,14 +7,16 @@ directory. Paths inside a store are POSIX-style and relative to its root.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from weight_catalog.errors import ArtifactStoreUnavailable, InvalidLocation
+from weight_catalog.errors import ArtifactStoreUnavailable, InvalidArtifact, InvalidLocation
 
 BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -47,39 +49,118 @@ class ArtifactStore(Protocol):
         ...
 
 
+def _describe(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a symlink loop"
+    if exc.errno == errno.ENOENT:
+        return "a dangling symlink or a file that vanished"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "a name too long for the filesystem (over 255 bytes per component)"
+    return exc.strerror or type(exc).__name__
+
+
+def resolve_directory(location: str | Path) -> Path:
+    """The absolute, symlink-free path of a location, or InvalidLocation (never OSError/RuntimeError)."""
+    try:
+        root = Path(location).resolve(strict=True)
+        is_dir = root.is_dir()
+    except RuntimeError as exc:  # Python 3.11's Path.resolve reports a loop this way
+        raise InvalidLocation(f"{location}: a symlink loop") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise InvalidLocation(f"{location} is not a directory") from exc
+        raise InvalidLocation(f"{location}: {_os_reason(exc)}") from exc
+    if not is_dir:
+        raise InvalidLocation(f"{root} is not a directory")
+    return root
+
+
 class FilesystemStore:
+    """A local directory. Only regular files (or symlinks to them) are listed, opened or hashed.
+
+    Anything else under the root is refused with a typed 422
+    (`invalid_artifact`) naming the path, never hashed and never opened: a
+    FIFO blocks `open()` forever, a dangling symlink or loop raises, a
+    symlinked directory would be skipped silently. Files are opened with
+    O_NONBLOCK and checked with fstat, so a file swapped for a FIFO after
+    listing is refused too rather than hanging the hash.
+    """
+
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).resolve()
+        self.root = resolve_directory(root)
         self.location = str(self.root)
-        if not self.root.is_dir():
-            raise InvalidLocation(f"{self.root} is not a directory")
+
+    def _walk_error(self, exc: OSError) -> None:
+        raise InvalidArtifact(f"{exc.filename}: {_os_reason(exc)}") from exc
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=self._walk_error):
+            for name in dirnames:
+                if not name.startswith(".") and os.path.islink(os.path.join(dirpath, name)):
+                    rel = (Path(dirpath) / name).relative_to(self.root).as_posix()
+                    raise InvalidArtifact(f"{rel} is a symlink to a directory; only regular files are hashed")
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in filenames:
                 if name.startswith("."):
                     continue
                 full = Path(dirpath) / name
-                files[full.relative_to(self.root).as_posix()] = full.stat().st_size
+                rel = full.relative_to(self.root).as_posix()
+                try:
+                    info = full.stat()
+                except OSError as exc:
+                    raise InvalidArtifact(f"{rel}: {_os_reason(exc)}") from exc
+                if not stat.S_ISREG(info.st_mode):
+                    raise InvalidArtifact(f"{rel} is a {_describe(info.st_mode)}; only regular files are hashed")
+                files[rel] = info.st_size
         return dict(sorted(files.items()))
 
     def _resolve(self, path: str) -> Path:
-        full = (self.root / path).resolve()
+        try:
+            full = (self.root / path).resolve()
+        except RuntimeError as exc:
+            raise InvalidArtifact(f"{path}: a symlink loop") from exc
+        except OSError as exc:
+            raise InvalidArtifact(f"{path}: {_os_reason(exc)}") from exc
         if not full.is_relative_to(self.root):
             raise InvalidLocation(f"{path!r} escapes the artifact root")
         return full
 
     def open(self, path: str) -> BinaryIO:
+        full = self._resolve(path)
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise InvalidArtifact(f"{path}: {_os_reason(exc)}") from exc
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise InvalidArtifact(f"{path} is a {_describe(mode)}; only regular files are hashed")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
         # Unbuffered: readinto fills our 8 MiB buffer straight from the kernel.
-        return open(self._resolve(path), "rb", buffering=0)  # noqa: SIM115
+        return os.fdopen(fd, "rb", buffering=0)
 
     def read_text(self, path: str) -> str | None:
         full = self._resolve(path)
-        if not full.is_file():
+        if not os.path.lexists(full):
             return None
-        return full.read_text(encoding="utf-8")
+        with self.open(path) as stream:
+            data = stream.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArtifact(f"{path} is not UTF-8 text") from exc
 
 
 class S3Store:
@@ -141,7 +222,10 @@ def check_readable_by_api(location: str, roots: Sequence[Path]) -> None:
     """Refuse filesystem locations outside the configured artifact roots."""
     if location.startswith("s3://"):
         return
-    resolved = Path(location).resolve()
+    try:
+        resolved = Path(location).resolve()  # not strict: say "outside" before "missing", so nothing is probed
+    except (OSError, RuntimeError) as exc:
+        raise InvalidLocation(f"{location!r} cannot be resolved (a symlink loop or a name too long)") from exc
     if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
         raise InvalidLocation(
             f"{location!r} is outside LIFELINE_ARTIFACT_ROOTS; register it with `lifeline catalog register`"
