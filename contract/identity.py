@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict
 
 WEIGHT_SUFFIX = ".safetensors"
 
+# The error `type` an engine ends a request with when a planned shutdown cuts it
+# short (an SSE error event mid-stream, a 503 body before it): the gateway
+# migrates on it as on a crash, but the engine is healthy and chose to stop.
+DRAINING_ERROR_TYPE = "engine_draining"
+
 
 def weights_digest(file_sha256: Mapping[str, str]) -> str:
     """`sha256:` + sha256 of `"{path}:{sha256}\\n"` for each weight shard, in path order."""

@@ -1,11 +1,21 @@
-"""`lifeline engine …` and `lifeline model …` sub-commands."""
+"""`lifeline engine …` and `lifeline model …` sub-commands.
+
+`engine serve` passes to `EngineSettings` only the flags the user gave: typer
+would otherwise hand over every default explicitly, and pydantic-settings
+ranks init arguments above the environment, so `LIFELINE_ENGINE_PORT=9123`
+used to give 8000. Defaults live once, in `engine/settings.py`; the help text
+reads them from there.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import BaseModel
+
+from engine.settings import EngineSettings, FaultSettings
 
 engine_app = typer.Typer(no_args_is_help=True, add_completion=False)
 model_app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -29,56 +39,63 @@ def build(
     typer.echo(f"built {preset} model (seed {seed}) in {out_dir}")
 
 
+def _opt(settings: type[BaseModel], field: str, prefix: str = "") -> Any:
+    """A typer option whose help names the settings default and environment variable."""
+    info = settings.model_fields[field]
+    env = f"{settings.model_config.get('env_prefix', '')}{field}".upper()
+    default = "required" if info.is_required() else f"default: {info.default}"
+    return typer.Option(f"--{prefix}{field.replace('_', '-')}", help=f"{info.description or ''} [{default}; env {env}]",
+                        show_default=False)
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+E, F = EngineSettings, FaultSettings
+
+
 @engine_app.command("serve")
 def serve(
-    model: Annotated[Path, typer.Option(help="Model directory (from `lifeline model build`)")],
-    port: Annotated[int, typer.Option()] = 8000,
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    instance_id: Annotated[str, typer.Option()] = "engine-0",
-    zone: Annotated[str, typer.Option()] = "local-a",
-    region: Annotated[str, typer.Option()] = "local",
-    served_model_name: Annotated[Optional[str], typer.Option(help="Name clients use; defaults to the directory name")] = None,
-    state_dir: Annotated[Optional[Path], typer.Option(help="Where the boot generation counter lives")] = None,
-    dtype: Annotated[str, typer.Option(help="float64 (exact resume) or float32 (faster)")] = "float64",
-    max_num_seqs: Annotated[int, typer.Option(help="Sequences decoded together")] = 64,
-    max_prefill_tokens: Annotated[int, typer.Option(help="Prompt tokens prefilled per step before decoding")] = 2048,
-    torch_threads: Annotated[Optional[int], typer.Option()] = None,
-    enable_fault_admin: Annotated[bool, typer.Option(help="Expose POST /admin/faults")] = False,
-    fault_exit_after_tokens: Annotated[Optional[int], typer.Option(help="Exit abruptly after N tokens sent")] = None,
-    fault_hang_after_tokens: Annotated[Optional[int], typer.Option(help="Stop sending after N tokens")] = None,
-    fault_token_delay_ms: Annotated[float, typer.Option(help="Delay every token")] = 0.0,
-    fault_first_token_delay_ms: Annotated[float, typer.Option(help="Delay the first token")] = 0.0,
-    fault_fail_next_requests: Annotated[int, typer.Option(help="Answer the next K requests with 500")] = 0,
-    fault_corrupt_weights: Annotated[bool, typer.Option(help="Corrupt weights in memory after load")] = False,
-    log_level: Annotated[str, typer.Option()] = "info",
-    registry: Annotated[Optional[str], typer.Option(help="Lease registry: the gateway's URL or redis://…?key_prefix=…")] = None,
-    registry_token: Annotated[Optional[str], typer.Option(help="Bearer token for the gateway's lease endpoint")] = None,
-    advertise_url: Annotated[Optional[str], typer.Option(help="URL gateways use to reach this engine")] = None,
+    model: Annotated[Optional[Path], _opt(E, "model")] = None,
+    port: Annotated[Optional[int], _opt(E, "port")] = None,
+    host: Annotated[Optional[str], _opt(E, "host")] = None,
+    instance_id: Annotated[Optional[str], _opt(E, "instance_id")] = None,
+    zone: Annotated[Optional[str], _opt(E, "zone")] = None,
+    region: Annotated[Optional[str], _opt(E, "region")] = None,
+    served_model_name: Annotated[Optional[str], _opt(E, "served_model_name")] = None,
+    state_dir: Annotated[Optional[Path], _opt(E, "state_dir")] = None,
+    dtype: Annotated[Optional[str], _opt(E, "dtype")] = None,
+    max_num_seqs: Annotated[Optional[int], _opt(E, "max_num_seqs")] = None,
+    max_prefill_tokens: Annotated[Optional[int], _opt(E, "max_prefill_tokens")] = None,
+    torch_threads: Annotated[Optional[int], _opt(E, "torch_threads")] = None,
+    enable_fault_admin: Annotated[Optional[bool], _opt(E, "enable_fault_admin")] = None,
+    log_level: Annotated[Optional[str], _opt(E, "log_level")] = None,
+    registry: Annotated[Optional[str], _opt(E, "registry")] = None,
+    registry_token: Annotated[Optional[str], _opt(E, "registry_token")] = None,
+    advertise_url: Annotated[Optional[str], _opt(E, "advertise_url")] = None,
+    exit_after_tokens: Annotated[Optional[int], _opt(F, "exit_after_tokens", "fault-")] = None,
+    hang_after_tokens: Annotated[Optional[int], _opt(F, "hang_after_tokens", "fault-")] = None,
+    token_delay_ms: Annotated[Optional[float], _opt(F, "token_delay_ms", "fault-")] = None,
+    first_token_delay_ms: Annotated[Optional[float], _opt(F, "first_token_delay_ms", "fault-")] = None,
+    fail_next_requests: Annotated[Optional[int], _opt(F, "fail_next_requests", "fault-")] = None,
+    corrupt_weights: Annotated[Optional[bool], _opt(F, "corrupt_weights", "fault-")] = None,
 ) -> None:
     """Serve vLLM's OpenAI-compatible API subset from a real torch model."""
-    import uvicorn
+    given = _given(locals())  # first: only the parameters are local yet
     from pydantic import ValidationError
 
-    from engine.server import create_app
-    from engine.settings import EngineSettings, FaultSettings
-    from common.logs import configure_logging
-
-    configure_logging(log_level, component="engine")
+    fault_fields = set(FaultSettings.model_fields)
     try:
-        settings = EngineSettings(
-            model=model, port=port, host=host, instance_id=instance_id, zone=zone, region=region,
-            served_model_name=served_model_name, state_dir=state_dir, dtype=dtype,  # type: ignore[arg-type]
-            max_num_seqs=max_num_seqs, max_prefill_tokens=max_prefill_tokens, torch_threads=torch_threads,
-            enable_fault_admin=enable_fault_admin, log_level=log_level,
-            registry=registry, registry_token=registry_token, advertise_url=advertise_url,
-        )
-        faults = FaultSettings(
-            exit_after_tokens=fault_exit_after_tokens, hang_after_tokens=fault_hang_after_tokens,
-            token_delay_ms=fault_token_delay_ms, first_token_delay_ms=fault_first_token_delay_ms,
-            fail_next_requests=fault_fail_next_requests, corrupt_weights=fault_corrupt_weights,
-        )
+        settings = EngineSettings(**{k: v for k, v in given.items() if k not in fault_fields})
+        faults = FaultSettings(**{k: v for k, v in given.items() if k in fault_fields})
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if not (model / "config.json").exists():
-        raise typer.BadParameter(f"{model} holds no config.json; build one with `lifeline model build`", param_hint="--model")
-    uvicorn.run(create_app(settings, faults), host=host, port=port, log_level="warning", access_log=False)
+    if not (settings.model / "config.json").exists():
+        raise typer.BadParameter(f"{settings.model} holds no config.json; build one with `lifeline model build`",
+                                 param_hint="--model")
+    from common.logs import configure_logging
+    from engine import server
+
+    configure_logging(settings.log_level, component="engine")
+    server.run_server(settings, faults)

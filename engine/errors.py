@@ -1,9 +1,23 @@
 """Errors the engine returns, in the OpenAI shape clients already parse:
-`{"error": {"message", "type", "param", "code"}}`."""
+`{"error": {"message", "type", "param", "code"}}`.
+
+Types keep vLLM's names (`BadRequestError`, …) so clients written for vLLM
+branch the same way; `engine_draining` is Lifeline's own, shared with the
+gateway through `contract.identity.DRAINING_ERROR_TYPE`.
+
+    EngineError (500 InternalServerError)
+    ├── BadRequest (400 BadRequestError)
+    ├── NotFound (404 NotFoundError)
+    ├── MethodNotAllowed (405 MethodNotAllowedError)
+    ├── NotReady (503 ServiceUnavailableError): starting, partitioned, superseded, draining
+    ├── EngineDraining (503 engine_draining): a request cut short by a planned shutdown
+    └── InjectedFailure (500 InternalServerError): a fault drill
+"""
 
 from __future__ import annotations
 
 from common.errors import LifelineError
+from contract.identity import DRAINING_ERROR_TYPE
 
 
 class EngineError(LifelineError):
@@ -24,3 +38,18 @@ class NotReady(EngineError):
 class InjectedFailure(EngineError):
     status_code = 500
     error_type = "InternalServerError"
+
+
+class NotFound(EngineError):
+    status_code = 404
+    error_type = "NotFoundError"
+
+
+class MethodNotAllowed(EngineError):
+    status_code = 405
+    error_type = "MethodNotAllowedError"
+
+
+class EngineDraining(EngineError):
+    status_code = 503
+    error_type = DRAINING_ERROR_TYPE

@@ -1,5 +1,7 @@
-"""Injected faults, shared by every request of the process.
+"""Injected faults, shared by every request of the process: the `EngineHooks` for drills and tests.
 
+The scheduler and the serving layer reach faults only through the hook
+methods (`engine.hooks`); nothing here writes another component's fields.
 Every fault that fires logs one `fault injected` line and counts in
 `lifeline_engine_faults_injected_total{fault=...}`, so a test or an operator
 can tell an injected failure from a real one.
@@ -12,36 +14,39 @@ import os
 
 import torch
 
+from common.logs import get_logger
+from engine.errors import InjectedFailure
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
-from engine.scheduler import Scheduler
 from engine.settings import FaultSettings
-from common.logs import get_logger
 
 log = get_logger(__name__)
 
 
 class FaultInjector:
-    def __init__(self, settings: FaultSettings, metrics: EngineMetrics) -> None:
-        self.settings = settings
+    def __init__(self, settings: FaultSettings, metrics: EngineMetrics, model: LlamaModel) -> None:
+        self.settings = FaultSettings()
         self.metrics = metrics
+        self.model = model
         self.tokens_sent = 0
         self._hang_forever = asyncio.Event()  # never set
+        self.apply(settings)
 
-    def apply(self, settings: FaultSettings, *, model: LlamaModel, scheduler: Scheduler) -> None:
+    def apply(self, settings: FaultSettings) -> None:
         """Install a new fault set (from flags at start, or the admin endpoint)."""
         if settings.corrupt_weights and not self.settings.corrupt_weights:
-            self._corrupt(model)
+            self._corrupt(self.model)
         elif self.settings.corrupt_weights:
             settings = settings.model_copy(update={"corrupt_weights": True})  # cannot be undone in place
         self.settings = settings
-        scheduler.token_delay_s = settings.token_delay_ms / 1000.0
-        scheduler.first_token_delay_s = settings.first_token_delay_ms / 1000.0
         if settings.token_delay_ms:
             self._fired("token_delay", delay_ms=settings.token_delay_ms)
         if settings.first_token_delay_ms:
             self._fired("first_token_delay", delay_ms=settings.first_token_delay_ms)
         log.info("faults configured", **settings.model_dump())
+
+    def snapshot(self) -> dict:
+        return {**self.settings.model_dump(), "tokens_sent": self.tokens_sent}
 
     def _fired(self, fault: str, **fields: object) -> None:
         self.metrics.faults.labels(fault=fault).inc()
@@ -52,13 +57,20 @@ class FaultInjector:
         model.w["lm_head.weight"] = torch.roll(model.w["lm_head.weight"], shifts=1, dims=0)
         self._fired("corrupt_weights")
 
-    def take_request_failure(self) -> bool:
+    # -- EngineHooks ---------------------------------------------------------
+    def first_token_delay_s(self) -> float:
+        return self.settings.first_token_delay_ms / 1000.0
+
+    def token_delay_s(self) -> float:
+        return self.settings.token_delay_ms / 1000.0
+
+    def admit_request(self) -> None:
         if self.settings.fail_next_requests <= 0:
-            return False
+            return
         remaining = self.settings.fail_next_requests - 1
         self.settings = self.settings.model_copy(update={"fail_next_requests": remaining})
         self._fired("fail_request", remaining=remaining)
-        return True
+        raise InjectedFailure("injected failure")
 
     async def before_send(self) -> None:
         """Called before each token is sent: may exit the process or hang this stream."""
@@ -74,5 +86,5 @@ class FaultInjector:
             self._fired("hang", tokens_sent=self.tokens_sent)
             await self._hang_forever.wait()
 
-    def sent(self, count: int) -> None:
+    def after_send(self, count: int) -> None:
         self.tokens_sent += count

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from common.clock import Clock, SystemClock
+from engine.hooks import EngineHooks, NoFaults
 from engine.metrics import EngineMetrics
 from engine.model import KVCache, LlamaModel
 from engine.sampling import SamplingParams, sample_token
@@ -37,7 +38,11 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
+    """The sequence ends without finishing: rendered as an error body or SSE error event."""
+
     message: str
+    error_type: str = "InternalServerError"
+    code: int = 500
 
 
 @dataclass(eq=False)  # identity: two requests are never 'equal'
@@ -56,7 +61,7 @@ class Sequence:
     cancelled: bool = False
     finished: bool = False
     not_before: float = 0.0
-    arrived_at: float = field(default_factory=time.monotonic)
+    arrived_at: float = 0.0  # clock.now() when submitted
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -64,13 +69,14 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
-                 max_prefill_tokens: int = 2048) -> None:
+                 max_prefill_tokens: int = 2048, hooks: EngineHooks | None = None,
+                 clock: Clock | None = None) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
-        self.token_delay_s = 0.0
-        self.first_token_delay_s = 0.0
+        self.hooks: EngineHooks = hooks or NoFaults()
+        self.clock: Clock = clock or SystemClock()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._wake = threading.Condition()
@@ -87,7 +93,8 @@ class Scheduler:
         self._thread.join(timeout=5)
 
     def submit(self, seq: Sequence) -> None:
-        seq.not_before = time.monotonic() + self.first_token_delay_s
+        seq.arrived_at = self.clock.now()
+        seq.not_before = seq.arrived_at + self.hooks.first_token_delay_s()
         with self._wake:
             self._waiting.append(seq)
             self.metrics.waiting.set(len(self._waiting))
@@ -122,7 +129,7 @@ class Scheduler:
                 self.metrics.running.set(len(self._running))
 
     def _has_work(self) -> bool:
-        now = time.monotonic()
+        now = self.clock.now()
         if self._waiting and len(self._running) < self.max_num_seqs:
             return True
         return any(s.cancelled or s.not_before <= now for s in self._running)
@@ -131,7 +138,7 @@ class Scheduler:
         pending = [s.not_before for s in (*self._running, *self._waiting)]
         if not pending:
             return None
-        return max(0.0, min(pending) - time.monotonic()) + 0.0005
+        return max(0.0, min(pending) - self.clock.now()) + 0.0005
 
     def _drop_cancelled(self) -> None:
         for seq in [*self._running, *self._waiting]:
@@ -144,7 +151,7 @@ class Scheduler:
         self._running = [s for s in self._running if not s.finished]
 
     def _step(self, running: list[Sequence]) -> None:
-        now = time.monotonic()
+        now = self.clock.now()
         due = [s for s in running if not s.cancelled and not s.finished and s.not_before <= now]
         fresh = [s for s in due if s.cache is None]
         # Prefill first, up to a token budget per step (vLLM's max_num_batched_tokens idea):
@@ -158,7 +165,7 @@ class Scheduler:
             seq.cache = self.model.new_cache(len(seq.prompt_ids) + seq.max_tokens)
             logits = self.model.prefill(seq.prompt_ids, seq.cache)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
-            self.metrics.ttft.observe(time.monotonic() - seq.arrived_at)
+            self.metrics.ttft.observe(self.clock.now() - seq.arrived_at)
             self._emit(seq, logits)
             prefilled.append(seq)
             budget -= len(seq.prompt_ids)
@@ -185,7 +192,7 @@ class Scheduler:
             finish_reason = "stop"
         elif len(seq.output_ids) >= seq.max_tokens:
             finish_reason = "length"
-        seq.not_before = time.monotonic() + self.token_delay_s
+        seq.not_before = self.clock.now() + self.hooks.token_delay_s()
         event = TokenEvent(token_id, logprob, top, finish_reason)
         if finish_reason is not None:
             self._finish(seq, event)

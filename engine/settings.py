@@ -1,4 +1,9 @@
-"""Engine configuration: flags override `LIFELINE_ENGINE_*` environment variables."""
+"""Engine configuration: flags override `LIFELINE_ENGINE_*` environment variables.
+
+Every default is written here and only here: the CLI (`engine/cli.py`) passes
+the flags a user actually gave, so pydantic-settings' order (init arguments,
+then the environment, then these defaults) is the documented one.
+"""
 
 from __future__ import annotations
 
@@ -16,31 +21,31 @@ class FaultSettings(BaseSettings):
 
     exit_after_tokens: int | None = Field(None, ge=0, description="os._exit after this many tokens sent")
     hang_after_tokens: int | None = Field(None, ge=0, description="stop sending after this many tokens")
-    token_delay_ms: float = Field(0.0, ge=0)
-    first_token_delay_ms: float = Field(0.0, ge=0)
+    token_delay_ms: float = Field(0.0, ge=0, description="delay every token")
+    first_token_delay_ms: float = Field(0.0, ge=0, description="delay the first token")
     fail_next_requests: int = Field(0, ge=0, description="answer the next K requests with HTTP 500")
-    corrupt_weights: bool = False
+    corrupt_weights: bool = Field(False, description="corrupt weights in memory after load")
 
 
 class EngineSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LIFELINE_ENGINE_")
+    model_config = SettingsConfigDict(env_prefix="LIFELINE_ENGINE_", extra="forbid")
 
-    model: Path
-    served_model_name: str | None = None
+    model: Path = Field(description="model directory (from `lifeline model build`)")
+    served_model_name: str | None = Field(None, description="name clients use; defaults to the directory name")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     instance_id: str = "engine-0"
     zone: str = "local-a"
     region: str = "local"
-    state_dir: Path | None = None
-    dtype: Literal["float64", "float32"] = "float64"
+    state_dir: Path | None = Field(None, description="where the boot generation counter lives")
+    dtype: Literal["float64", "float32"] = Field("float64", description="float64 (exact resume) or float32 (faster)")
     max_num_seqs: int = Field(64, ge=1, description="sequences decoded together; more wait")
     max_prefill_tokens: int = Field(2048, ge=1, description="prompt tokens prefilled per scheduler step (at least one prompt)")
     torch_threads: int | None = Field(None, ge=1)
-    enable_fault_admin: bool = False
+    enable_fault_admin: bool = Field(False, description="expose GET/POST /admin/faults")
     log_level: str = "info"
-    registry: str | None = Field(None, description="lease registry URL (gateway or redis://)")
-    registry_token: str | None = None
+    registry: str | None = Field(None, description="lease registry: the gateway's URL or redis://…?key_prefix=…")
+    registry_token: str | None = Field(None, description="bearer token for the gateway's lease endpoint")
     advertise_url: str | None = Field(None, description="URL the gateway should use to reach us")
 
     @property

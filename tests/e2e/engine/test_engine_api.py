@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import time
 
@@ -166,11 +167,25 @@ def test_logprobs_are_reported_for_each_sampled_token(engine) -> None:
         assert chosen >= max(top.values()) - 1e-9  # greedy picks the most likely token
 
 
-def test_caller_request_id_names_the_request_and_bad_ones_are_refused(engine) -> None:
-    response = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
-                          headers={"X-Request-Id": "cmpl-gw42.1"}, timeout=30)
-    assert response.json()["id"] == "cmpl-cmpl-gw42.1"
-    assert '"request_id": "cmpl-cmpl-gw42.1"' in engine.logs()
+@pytest.mark.parametrize(("path", "caller_id", "expected"), [
+    ("/v1/completions", "cmpl-gw42.1", "cmpl-gw42.1"),
+    ("/v1/completions", "gw42.2", "cmpl-gw42.2"),
+    ("/v1/chat/completions", "chatcmpl-gw42.3", "chatcmpl-gw42.3"),
+    ("/v1/chat/completions", "gw42.4", "chatcmpl-gw42.4"),
+])
+def test_caller_request_id_gets_the_prefix_once(engine, path: str, caller_id: str, expected: str) -> None:
+    body = _body(max_tokens=2)
+    if "chat" in path:
+        body = {**{k: v for k, v in body.items() if k != "prompt"}, "messages": [{"role": "user", "content": "hi"}]}
+    for stream in (False, True):
+        response = httpx.post(f"{engine.url}{path}", json={**body, "stream": stream},
+                              headers={"X-Request-Id": caller_id}, timeout=30)
+        first = response.json() if not stream else json.loads(response.text.split("data: ", 2)[1])
+        assert first["id"] == expected
+    assert f'"request_id": "{expected}"' in engine.logs()
+
+
+def test_bad_caller_request_id_is_refused(engine) -> None:
     bad = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
                      headers={"X-Request-Id": "two words"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Request-Id"

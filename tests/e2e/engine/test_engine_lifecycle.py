@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import threading
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from contract.identity import EngineIdentity, weights_digest
 from tests.support.sse import complete, stream_completion
 
 pytestmark = pytest.mark.e2e
@@ -26,11 +28,18 @@ def _status(url: str, path: str) -> int | None:
         return None
 
 
+def _catalog_digest(model_dir) -> str:
+    """What the catalog computes from the shard digests it records at registration."""
+    shards = sorted(model_dir.glob("*.safetensors"))
+    assert len(shards) > 1
+    return weights_digest({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in shards})
+
+
 def test_sigkill_and_restart_bumps_boot_generation(engine_factory) -> None:
     engine = engine_factory("gen-engine")
     first = httpx.get(f"{engine.url}/healthz/generation").json()
     assert first["instance_id"] == "gen-engine" and first["generation"] == 1
-    assert first["weights_fingerprint"].startswith("sha256:")
+    assert EngineIdentity.model_validate(first).weights_digest == _catalog_digest(engine.model)
     response = complete(engine.url, BODY)
     assert response.headers["X-Lifeline-Generation"] == "1"
     engine.kill(signal.SIGKILL)
@@ -39,7 +48,7 @@ def test_sigkill_and_restart_bumps_boot_generation(engine_factory) -> None:
     engine.wait_ready()
     second = httpx.get(f"{engine.url}/healthz/generation").json()
     assert second["generation"] == 2
-    assert second["weights_fingerprint"] == first["weights_fingerprint"]
+    assert second["weights_digest"] == first["weights_digest"]
     assert complete(engine.url, BODY).json()["choices"][0]["token_ids"] == response.json()["choices"][0]["token_ids"]
 
 

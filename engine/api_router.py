@@ -1,0 +1,118 @@
+"""HTTP endpoints of the engine: thin handlers that parse and delegate.
+
+    openai_router   POST /v1/completions, POST /v1/chat/completions, GET /v1/models
+    health_router   GET /health, /healthz/live, /healthz/ready, /healthz/generation, /metrics
+    admin_router    GET/POST /admin/faults (only with `--enable-fault-admin`)
+
+The work happens in `engine.serving.OpenAIServing`; the process state is
+`engine.runtime.EngineRuntime`. Both hang off `app.state`, built by the lifespan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.request_body import Body, parse_json_body
+from contract.identity import EngineIdentity
+from contract.openai import model_card, model_list
+from engine.errors import BadRequest
+from engine.protocol import ChatCompletionRequest, CompletionRequest
+from engine.runtime import EngineRuntime
+from engine.serving import OpenAIServing
+from engine.settings import FaultSettings
+
+
+def _runtime(request: Request) -> EngineRuntime:
+    return request.app.state.runtime
+
+
+def _serving(request: Request) -> OpenAIServing:
+    return request.app.state.serving
+
+
+Runtime = Annotated[EngineRuntime, Depends(_runtime)]
+Serving = Annotated[OpenAIServing, Depends(_serving)]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def caller_request_id(request: Request) -> str | None:
+    """`X-Request-Id`, as vLLM takes it: the gateway's request id, so one grep finds every hop."""
+    value = request.headers.get("x-request-id")
+    if value is None:
+        return None
+    if not _REQUEST_ID.fullmatch(value):
+        raise BadRequest("X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", param="X-Request-Id")
+    return value
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    return parse_json_body(await request.body(), model, BadRequest)
+
+
+openai_router = APIRouter()
+health_router = APIRouter()
+admin_router = APIRouter()
+
+
+@openai_router.post("/v1/completions")
+async def completions(request: Request, serving: Serving) -> Response:
+    body = await parse_body(request, CompletionRequest)
+    return await serving.create_completion(body, caller_request_id(request))
+
+
+@openai_router.post("/v1/chat/completions")
+async def chat_completions(request: Request, serving: Serving) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
+    return await serving.create_chat_completion(body, caller_request_id(request))
+
+
+@openai_router.get("/v1/models")
+async def models(runtime: Runtime) -> dict:
+    card = model_card(runtime.settings.model_name, root=str(runtime.settings.model),
+                      max_model_len=runtime.model.shape.max_positions, owned_by="lifeline")
+    return model_list([card])
+
+
+@health_router.get("/health")
+async def health(runtime: Runtime) -> Response:
+    return Response(status_code=200 if runtime.ready else 503)
+
+
+@health_router.get("/healthz/live")
+async def live() -> dict:
+    return {"status": "live"}
+
+
+@health_router.get("/healthz/ready")
+async def ready(runtime: Runtime) -> JSONResponse:
+    if not runtime.ready:
+        return JSONResponse({"status": "not_ready", "engine_status": runtime.status}, status_code=503)
+    return JSONResponse({"status": "ready", "engine_status": runtime.status})
+
+
+@health_router.get("/healthz/generation", response_model=EngineIdentity)
+async def generation(runtime: Runtime) -> EngineIdentity:
+    return runtime.identity()
+
+
+@health_router.get("/metrics")
+async def metrics(runtime: Runtime) -> Response:
+    return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@admin_router.get("/admin/faults")
+async def get_faults(runtime: Runtime) -> dict:
+    return runtime.faults.snapshot()
+
+
+@admin_router.post("/admin/faults")
+async def set_faults(request: Request, runtime: Runtime) -> dict:
+    runtime.faults.apply(await parse_body(request, FaultSettings))
+    runtime.scheduler.wake()
+    return runtime.faults.snapshot()

@@ -1,0 +1,158 @@
+"""What one running engine process is: its model, scheduler, identity and lifecycle status.
+
+Built once in the lifespan (`load_runtime`), shared by every handler through
+`app.state.runtime`. Two generations live here and must not be confused with
+a decode stream (`engine.response_shapes.DecodeStream`): the boot generation
+(a counter in the state directory) and the lease registry's generation, which
+supersedes it once the engine registers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+from tokenizers import Tokenizer
+
+from common.clock import Clock
+from common.logs import get_logger
+from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
+from engine.boot_generation import next_boot_generation
+from engine.faults import FaultInjector
+from engine.lifecycle import EngineStatus, InvalidTransition, LifecycleEvent, transition
+from engine.metrics import EngineMetrics
+from engine.model import LlamaModel
+from engine.sampling import SamplingParams
+from engine.scheduler import ErrorEvent, Scheduler, Sequence
+from engine.settings import EngineSettings, FaultSettings
+
+log = get_logger(__name__)
+
+SELF_TEST_PROMPT = "Healthy engine serves the request."
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as shard:
+        while block := shard.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compute_weights_digest(model_dir: Path) -> str:
+    """`contract.identity.weights_digest` of every `*.safetensors` shard, keyed by its path in the directory.
+
+    The catalog computes the same value from the shard digests it recorded, so
+    an engine's `/healthz/generation` can be compared with the registered version.
+    """
+    shards = sorted(p for p in model_dir.rglob(f"*{WEIGHT_SUFFIX}") if p.is_file())
+    return weights_digest({p.relative_to(model_dir).as_posix(): _sha256_file(p) for p in shards})
+
+
+def _load_chat_template(model_dir: Path) -> str | None:
+    path = model_dir / "tokenizer_config.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("chat_template")
+
+
+@dataclass
+class EngineRuntime:
+    settings: EngineSettings
+    clock: Clock
+    tokenizer: Tokenizer
+    model: LlamaModel
+    scheduler: Scheduler
+    metrics: EngineMetrics
+    faults: FaultInjector
+    chat_template: str | None
+    boot_generation: int
+    weights_digest: str
+    started_at: float  # Unix seconds
+    status: EngineStatus = EngineStatus.STARTING
+    # The lease registry's generation supersedes the boot counter once registered.
+    lease_generation: int | None = None
+
+    @property
+    def generation(self) -> int:
+        return self.lease_generation if self.lease_generation is not None else self.boot_generation
+
+    @property
+    def ready(self) -> bool:
+        return self.status is EngineStatus.READY
+
+    def apply(self, event: LifecycleEvent) -> bool:
+        """Move the lifecycle; an event that does not apply now is logged and ignored."""
+        try:
+            new = transition(self.status, event)
+        except InvalidTransition as exc:
+            log.info("lifecycle event ignored", status=self.status, lifecycle_event=event, detail=str(exc))
+            return False
+        if new is not self.status:
+            log.info("engine status changed", old=self.status, new=new, lifecycle_event=event)
+        self.status = new
+        self.metrics.ready.set(1 if self.ready else 0)
+        return True
+
+    def adopt_lease_generation(self, generation: int) -> None:
+        self.lease_generation = generation
+        structlog.contextvars.bind_contextvars(generation=generation)
+        self.apply(LifecycleEvent.LEASE_REGISTERED)
+
+    def identity(self) -> EngineIdentity:
+        return EngineIdentity(
+            instance_id=self.settings.instance_id, generation=self.generation, boot_generation=self.boot_generation,
+            model=self.settings.model_name, weights_digest=self.weights_digest, zone=self.settings.zone,
+            region=self.settings.region, started_at=self.started_at,
+        )
+
+
+async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, clock: Clock) -> EngineRuntime:
+    """Load weights, start the decode loop; the runtime is STARTING until `self_test` passes."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    boot_generation = next_boot_generation(settings.resolved_state_dir())
+    structlog.contextvars.bind_contextvars(instance=settings.instance_id, generation=boot_generation)
+    log.info("engine starting", model=str(settings.model), dtype=settings.dtype, port=settings.port)
+    metrics = EngineMetrics()
+    metrics.boot_generation.set(boot_generation)
+    dtype = torch.float64 if settings.dtype == "float64" else torch.float32
+    model = await asyncio.to_thread(LlamaModel.load, settings.model, dtype)
+    digest = await asyncio.to_thread(compute_weights_digest, settings.model)
+    faults = FaultInjector(fault_settings, metrics, model)
+    scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
+                          max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock)
+    runtime = EngineRuntime(
+        settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
+        model=model, scheduler=scheduler, metrics=metrics, faults=faults,
+        chat_template=_load_chat_template(settings.model), boot_generation=boot_generation,
+        weights_digest=digest, started_at=clock.wall(),
+    )
+    scheduler.start()
+    return runtime
+
+
+async def self_test(runtime: EngineRuntime) -> None:
+    """Generate a few greedy tokens end to end; readiness waits on this."""
+    seq = Sequence(
+        request_id="self-test",
+        prompt_ids=runtime.tokenizer.encode(SELF_TEST_PROMPT, add_special_tokens=False).ids,
+        max_tokens=4,
+        sampling=SamplingParams(temperature=0.0),
+        seed=0,
+        stop_token_ids=frozenset(),
+        logprobs=None,
+        loop=asyncio.get_running_loop(),
+    )
+    runtime.scheduler.submit(seq)
+    for _ in range(seq.max_tokens):
+        event = await asyncio.wait_for(seq.events.get(), timeout=120)
+        if isinstance(event, ErrorEvent):
+            raise RuntimeError(f"self-test generation failed: {event.message}")
+    log.info("self-test passed", tokens=seq.output_ids)
+    runtime.apply(LifecycleEvent.SELF_TEST_PASSED)

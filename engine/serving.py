@@ -1,0 +1,193 @@
+"""The work behind `/v1/completions` and `/v1/chat/completions`: validate, schedule, shape.
+
+Handlers in `engine.api_router` only parse and delegate here. The serving
+layer keeps the set of in-flight sequences, so a planned shutdown can wait for
+them and end the rest with a typed event the gateway migrates on
+(`contract.identity.DRAINING_ERROR_TYPE`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from common.logs import get_logger
+from engine.errors import BadRequest, EngineDraining, EngineError, NotReady
+from engine.protocol import ChatCompletionRequest, CompletionRequest, EngineSampling
+from engine.response_shapes import ChatShape, CompletionShape, DecodeStream
+from engine.runtime import EngineRuntime
+from engine.sampling import SamplingParams
+from engine.scheduler import ErrorEvent, Sequence, TokenEvent
+from engine.sse import DONE, sse_data, sse_error
+
+log = get_logger(__name__)
+
+REQUEST_ID_PREFIXES = {"completion": "cmpl-", "chat": "chatcmpl-"}
+
+
+def request_id_for(kind: str, caller_id: str | None) -> str:
+    """vLLM's `cmpl-…`/`chatcmpl-…` id; a caller's id that already carries a prefix is kept as it is."""
+    if caller_id is None:
+        return REQUEST_ID_PREFIXES[kind] + uuid.uuid4().hex
+    if caller_id.startswith(tuple(REQUEST_ID_PREFIXES.values())):
+        return caller_id
+    return REQUEST_ID_PREFIXES[kind] + caller_id
+
+
+def _error_from(event: ErrorEvent) -> EngineError:
+    if event.error_type == EngineDraining.error_type:
+        return EngineDraining(event.message)
+    return EngineError(event.message, type=event.error_type)
+
+
+class OpenAIServing:
+    def __init__(self, runtime: EngineRuntime) -> None:
+        self.runtime = runtime
+        self.in_flight: set[Sequence] = set()
+        self._templates = ImmutableSandboxedEnvironment()
+
+    # -- prompts ---------------------------------------------------------------
+    def _encode(self, text: str, param: str) -> list[int]:
+        try:
+            return self.runtime.tokenizer.encode(text, add_special_tokens=False).ids
+        except TypeError as exc:  # e.g. a lone surrogate, which has no UTF-8 form
+            raise BadRequest(f"{param} cannot be tokenized: {exc}", param=param) from None
+
+    def completion_prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if not prompt:
+            raise BadRequest("prompt must not be empty", param="prompt")
+        if isinstance(prompt, str):
+            return self._encode(prompt, "prompt")
+        vocab = self.runtime.model.shape.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+        return list(prompt)
+
+    def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
+        if self.runtime.chat_template is None:
+            raise BadRequest("this model has no chat template")
+        rendered = self._templates.from_string(self.runtime.chat_template).render(
+            messages=[{"role": m.role, "content": m.text()} for m in body.messages],
+            add_generation_prompt=body.add_generation_prompt,
+        )
+        return self._encode(rendered, "messages")
+
+    def _max_tokens(self, body: EngineSampling, prompt_ids: list[int]) -> int:
+        runtime = self.runtime
+        if body.model is not None and body.model != runtime.settings.model_name:
+            raise BadRequest(f"model {body.model!r} does not exist; this engine serves {runtime.settings.model_name!r}",
+                             param="model")
+        if not runtime.ready:
+            raise NotReady(f"engine is {runtime.status}; not taking new requests", retry_after_s=1)
+        limit = runtime.model.shape.max_positions
+        max_tokens = body.max_tokens if body.max_tokens is not None else limit - len(prompt_ids)
+        if max_tokens <= 0:
+            raise BadRequest("max_tokens must be positive", param="max_tokens")
+        if len(prompt_ids) + max_tokens > limit:
+            raise BadRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}",
+                param="max_tokens",
+            )
+        if body.stop_token_ids and any(not 0 <= t < runtime.model.shape.vocab_size for t in body.stop_token_ids):
+            raise BadRequest("stop_token_ids holds an id outside the vocabulary", param="stop_token_ids")
+        return max_tokens
+
+    # -- requests --------------------------------------------------------------
+    async def create_completion(self, body: CompletionRequest, caller_id: str | None) -> Response:
+        return await self._serve(body, self.completion_prompt_ids(body.prompt), kind="completion", caller_id=caller_id)
+
+    async def create_chat_completion(self, body: ChatCompletionRequest, caller_id: str | None) -> Response:
+        return await self._serve(body, self.chat_prompt_ids(body), kind="chat", caller_id=caller_id)
+
+    async def _serve(self, body: EngineSampling, prompt_ids: list[int], *, kind: str, caller_id: str | None) -> Response:
+        runtime = self.runtime
+        max_tokens = self._max_tokens(body, prompt_ids)
+        runtime.faults.admit_request()
+        request_id = request_id_for(kind, caller_id)
+        stop_ids = set(body.stop_token_ids or [])
+        if not body.ignore_eos:
+            stop_ids.add(runtime.model.shape.eos_token_id)
+        logprobs = None
+        if isinstance(body, CompletionRequest):
+            logprobs = body.logprobs
+        elif isinstance(body, ChatCompletionRequest) and body.logprobs:
+            logprobs = body.top_logprobs or 0
+        seq = Sequence(
+            request_id=request_id, prompt_ids=prompt_ids, max_tokens=max_tokens,
+            sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed),
+            seed=body.seed if body.seed is not None else random.getrandbits(63),
+            stop_token_ids=frozenset(stop_ids), logprobs=logprobs, loop=asyncio.get_running_loop(),
+        )
+        log.info("request accepted", request_id=request_id, prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
+                 stream=body.stream)
+        shape_type = ChatShape if kind == "chat" else CompletionShape
+        shape = shape_type(runtime.tokenizer, runtime.settings.model_name, request_id, body, int(runtime.clock.wall()))
+        self.in_flight.add(seq)
+        runtime.scheduler.submit(seq)
+        if body.stream:
+            return StreamingResponse(self._stream(seq, body, prompt_ids, shape), media_type="text/event-stream")
+        return await self._collect(seq, body, prompt_ids, shape)
+
+    async def _stream(self, seq: Sequence, body: EngineSampling, prompt_ids: list[int],
+                      shape: CompletionShape) -> AsyncIterator[str]:
+        hooks = self.runtime.faults
+        decode = DecodeStream(self.runtime.tokenizer, seq, body.stop_strings())
+        first = True
+        try:
+            if (opening := shape.opening_chunk()) is not None:
+                if body.return_token_ids:
+                    opening["prompt_token_ids"] = prompt_ids
+                yield sse_data(opening)
+                first = False
+            while True:
+                event = await seq.events.get()
+                if isinstance(event, ErrorEvent):
+                    yield sse_error(event.error_type, event.message, code=event.code)
+                    log.info("request ended with an error event", request_id=seq.request_id, error_type=event.error_type,
+                             tokens=len(seq.output_ids))
+                    return
+                await hooks.before_send()
+                text = decode.accept(event)
+                chunk = shape.chunk(shape.chunk_choice(text, event, decode.finish_reason))
+                if first and body.return_token_ids:
+                    chunk["prompt_token_ids"] = prompt_ids
+                    chunk["choices"][0]["prompt_token_ids"] = prompt_ids
+                first = False
+                yield sse_data(chunk)
+                hooks.after_send(1)
+                if decode.finish_reason is not None:
+                    break
+            if body.include_usage():
+                yield sse_data(shape.usage_chunk(prompt_ids, seq.output_ids))
+            yield DONE
+            log.info("request finished", request_id=seq.request_id, tokens=len(seq.output_ids),
+                     finish_reason=decode.finish_reason)
+        finally:
+            seq.cancel()  # no-op if finished; stops decoding if the client went away
+            self.in_flight.discard(seq)
+
+    async def _collect(self, seq: Sequence, body: EngineSampling, prompt_ids: list[int],
+                       shape: CompletionShape) -> JSONResponse:
+        hooks = self.runtime.faults
+        decode = DecodeStream(self.runtime.tokenizer, seq, body.stop_strings())
+        events: list[TokenEvent] = []
+        try:
+            while decode.finish_reason is None:
+                event = await seq.events.get()
+                if isinstance(event, ErrorEvent):
+                    raise _error_from(event)
+                await hooks.before_send()
+                decode.accept(event)
+                events.append(event)
+                hooks.after_send(1)
+        finally:
+            seq.cancel()
+            self.in_flight.discard(seq)
+        log.info("request finished", request_id=seq.request_id, tokens=len(events), finish_reason=decode.finish_reason)
+        return JSONResponse(shape.full_body(decode.text, events, decode.finish_reason, prompt_ids))
