@@ -40,6 +40,14 @@ _RETRYABLE = {408, 429}
 
 
 class EventSink(Protocol):
+    def endpoint_ejected(self, instance_id: str, generation: int | None, reason: str, **detail: str | int | float | None) -> None:
+        """The router's hook: this replica took an endpoint out of routing on its own (outlier ejection).
+
+        A foreign generation answering is a fenced generation; any other failure a suppression.
+        """
+        kind = "generation.fenced" if reason == "stale_generation" else "instance.suppressed"
+        self.emit(self.event(kind, reason, instance_id=instance_id, generation=generation, **detail))
+
     def emit(self, event: DataPlaneEvent) -> None: ...
 
 
@@ -75,6 +83,14 @@ class EventShipper:
         return DataPlaneEvent(kind=kind, routing_tier="l7", actor=self.actor, region=self.region,  # type: ignore[arg-type]
                               instance_id=instance_id, generation=generation, reason=reason[:2000],
                               at=self.clock.utcnow(), detail=detail)
+
+    def endpoint_ejected(self, instance_id: str, generation: int | None, reason: str, **detail: str | int | float | None) -> None:
+        """The router's hook: this replica took an endpoint out of routing on its own (outlier ejection).
+
+        A foreign generation answering is a fenced generation; any other failure a suppression.
+        """
+        kind = "generation.fenced" if reason == "stale_generation" else "instance.suppressed"
+        self.emit(self.event(kind, reason, instance_id=instance_id, generation=generation, **detail))
 
     def emit(self, event: DataPlaneEvent) -> None:
         log.info("l7 event", kind=event.kind, instance=event.instance_id, generation=event.generation,
