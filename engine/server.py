@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from http import HTTPStatus
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from engine.api_router import admin_router, health_router, openai_router
-from engine.errors import EngineError
+from common.errors import error_body
+from engine.errors import EngineError, MethodNotAllowed, NotFound
 from engine.lease_client import LeaseClient, transport_for
 from engine.lifecycle import LifecycleEvent
 from engine.runtime import EngineRuntime, load_runtime, self_test
@@ -74,6 +78,17 @@ async def engine_error(_: Request, exc: EngineError) -> JSONResponse:  # type: i
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers())
 
 
+_FRAMEWORK_ERRORS: dict[int, type[EngineError]] = {404: NotFound, 405: MethodNotAllowed}
+
+
+async def framework_error(_: Request, exc: HTTPException) -> JSONResponse:  # type: ignore[override]
+    """Starlette's own 404/405 (no route, wrong method) in the OpenAI shape; `Allow` is kept."""
+    known = _FRAMEWORK_ERRORS.get(exc.status_code)
+    error_type = known.error_type if known else HTTPStatus(exc.status_code).phrase.replace(" ", "") + "Error"
+    return JSONResponse(error_body(error_type, str(exc.detail), code=exc.status_code), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
 def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = None, *,
                clock: Clock | None = None) -> FastAPI:
     @asynccontextmanager
@@ -96,6 +111,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
     app = FastAPI(title="Lifeline reference engine", lifespan=lifespan)
     app.add_middleware(GenerationHeaders)
     app.add_exception_handler(EngineError, engine_error)
+    app.add_exception_handler(HTTPException, framework_error)
     app.include_router(openai_router)
     app.include_router(health_router)
     if settings.enable_fault_admin:
