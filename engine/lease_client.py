@@ -9,9 +9,18 @@ the lease lapsed (a partition, a long pause) means register again under a new
 generation rather than keep the old one alive; one refused as stale means a
 newer process holds this instance id, and this one steps down (not ready).
 
+A registry the engine cannot reach is a partition: every call is bounded
+(TTL/3), a failed renewal is retried before the lease would lapse, and once a
+whole TTL has passed since the last renewal that reached the registry, the
+lease is taken as lapsed (`on_lapsed`: the engine stops taking new requests,
+because gateways stopped routing here) and the engine registers again, for a
+new generation, as soon as the registry answers. The TTL is counted from when
+the last good renewal was *sent*, so the engine steps down no later than the
+registry expires the lease.
+
 Transports: `http(s)://gateway` (the gateway's authenticated lease endpoint,
 embedded default) or `redis://…` (the region's Redis registry, shared with
-every gateway replica).
+every gateway replica). Each turns its own I/O errors into `RegistryUnreachable`.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from datetime import timedelta
 from typing import Protocol
 
 import httpx
+import redis.exceptions
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
+from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.lease import DEFAULT_PREFIX, LeaseExpired, RedisLeaseRegistry, Registration, StaleGeneration
 
@@ -37,6 +48,10 @@ class LeaseLost(Exception):
 
 class LeaseSuperseded(Exception):
     """A newer generation of this instance id exists: another process took over; step down."""
+
+
+class RegistryUnreachable(Exception):
+    """The registry could not be reached or did not answer: the lease may lapse meanwhile."""
 
 
 class LeaseTransport(Protocol):
@@ -58,21 +73,33 @@ class HttpLeaseTransport:
         self.registration = registration
 
     async def register(self) -> tuple[int, float]:
-        response = await self.http.post("/lifeline/v1/leases", json=self.registration)
-        response.raise_for_status()
+        try:
+            response = await self.http.post("/lifeline/v1/leases", json=self.registration)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
         body = response.json()
         return int(body["generation"]), float(body["ttl_s"])
 
     async def renew(self, generation: int) -> None:
-        response = await self.http.put(f"/lifeline/v1/leases/{self.registration['instance_id']}", json={"generation": generation})
+        try:
+            response = await self.http.put(f"/lifeline/v1/leases/{self.registration['instance_id']}",
+                                           json={"generation": generation})
+        except httpx.HTTPError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
         if response.status_code == 409:
             raise LeaseSuperseded(response.text)
         if response.status_code == 404:
             raise LeaseLost(response.text)
-        response.raise_for_status()
+        if response.status_code >= 400:
+            raise RegistryUnreachable(f"lease renewal answered {response.status_code}")
 
     async def release(self, generation: int) -> None:
-        await self.http.delete(f"/lifeline/v1/leases/{self.registration['instance_id']}", params={"generation": generation})
+        try:
+            await self.http.delete(f"/lifeline/v1/leases/{self.registration['instance_id']}",
+                                   params={"generation": generation})
+        except httpx.HTTPError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -85,7 +112,12 @@ class RedisLeaseTransport:
                                                     ttl=timedelta(seconds=ttl_s))
 
     async def register(self) -> tuple[int, float]:
-        lease = await self.registry.register(self.registration)
+        try:
+            lease = await self.registry.register(self.registration)
+        except LeaseExpired as exc:  # lapsed during the round trip: just try again
+            raise RegistryUnreachable(str(exc)) from None
+        except redis.exceptions.RedisError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
         return lease.generation, self.registry.ttl.total_seconds()
 
     async def renew(self, generation: int) -> None:
@@ -95,9 +127,14 @@ class RedisLeaseTransport:
             raise LeaseSuperseded(str(exc)) from None
         except LeaseExpired as exc:
             raise LeaseLost(str(exc)) from None
+        except redis.exceptions.RedisError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
 
     async def release(self, generation: int) -> None:
-        await self.registry.release(self.registration.instance_id, generation)
+        try:
+            await self.registry.release(self.registration.instance_id, generation)
+        except redis.exceptions.RedisError as exc:
+            raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
 
     async def close(self) -> None:
         await self.registry.close()
@@ -119,51 +156,90 @@ def transport_for(url: str, token: str | None, registration: dict[str, str]) -> 
     raise ValueError(f"registry URL must be http(s):// or redis://, got {url!r}")
 
 
+# What a bounded registry call can fail with besides the lease answers themselves.
+_UNREACHABLE = (RegistryUnreachable, OSError, TimeoutError, ConnectionError)
+
+
 class LeaseClient:
     def __init__(self, transport: LeaseTransport, *, on_generation: Callable[[int], None],
-                 on_superseded: Callable[[], None] = lambda: None) -> None:
+                 on_lapsed: Callable[[], None] = lambda: None, on_superseded: Callable[[], None] = lambda: None,
+                 clock: Clock | None = None) -> None:
         self.transport = transport
         self.on_generation = on_generation
+        self.on_lapsed = on_lapsed
         self.on_superseded = on_superseded
+        self.clock: Clock = clock or SystemClock()
         self.generation: int | None = None
         self.ttl_s = 2.0
+        self.renewed_at = 0.0  # clock.now() when the last renewal (or registration) that succeeded was sent
         self._task: asyncio.Task | None = None
 
+    def _call_timeout(self) -> float:
+        return self.ttl_s / 3
+
     async def _register(self) -> None:
-        # The registry may not be up yet (or is restarting): keep trying, gently.
+        # The registry may not be up yet, restarting or cut off: keep trying, gently, each try bounded.
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((httpx.HTTPError, OSError, ConnectionError)),
+            retry=retry_if_exception_type(_UNREACHABLE),
             wait=wait_exponential_jitter(initial=0.1, max=2.0),
             stop=stop_never,
             reraise=True,
         ):
             with attempt:
-                self.generation, self.ttl_s = await self.transport.register()
-        assert self.generation is not None
+                sent_at = self.clock.now()
+                self.generation, self.ttl_s = await asyncio.wait_for(self.transport.register(), self._call_timeout())
+                self.renewed_at = sent_at
+        if self.generation is None:
+            raise RuntimeError("registration returned no generation")
         self.on_generation(self.generation)
         log.info("lease registered", generation=self.generation, ttl_s=self.ttl_s)
 
     def _renew_interval(self) -> float:
         return self.ttl_s / 2 - random.uniform(0, self.ttl_s / 10)
 
+    def _lapses_in(self) -> float:
+        return self.renewed_at + self.ttl_s - self.clock.now()
+
+    async def _lapse_and_register(self, reason: str, detail: str) -> None:
+        log.warning("lease lapsed; not taking new requests until registered again under a new generation",
+                    generation=self.generation, reason=reason, detail=detail[:200])
+        self.on_lapsed()
+        await self._register()
+
     async def run(self) -> None:
         await self._register()
+        delay = self._renew_interval()
         while True:
-            await asyncio.sleep(self._renew_interval())
+            await asyncio.sleep(delay)
+            delay = self._renew_interval()
+            if self.generation is None:
+                raise RuntimeError("renewing without a generation")
+            if self._lapses_in() <= 0:
+                await self._lapse_and_register("registry_unreachable_for_a_ttl", "no renewal reached it for a TTL")
+                continue
+            sent_at = self.clock.now()
             try:
-                assert self.generation is not None
-                await self.transport.renew(self.generation)
+                # Never wait past the lapse: a renewal still hanging then could not save the lease anyway.
+                timeout = min(self._call_timeout(), self._lapses_in())
+                await asyncio.wait_for(self.transport.renew(self.generation), timeout)
+                self.renewed_at = sent_at
             except LeaseLost as exc:
-                log.warning("lease lost; registering again for a new generation", generation=self.generation, detail=str(exc)[:200])
-                await self._register()
+                await self._lapse_and_register("registry_says_lapsed", str(exc))
             except LeaseSuperseded as exc:
                 # Fighting back would make two processes flap one endpoint; the newer one wins.
-                log.error("lease superseded by a newer generation; stepping down", generation=self.generation, detail=str(exc)[:200])
+                log.error("lease superseded by a newer generation; stepping down", generation=self.generation,
+                          detail=str(exc)[:200])
                 self.generation = None
                 self.on_superseded()
                 return
-            except (httpx.HTTPError, OSError, ConnectionError) as exc:
-                log.warning("lease renewal failed; retrying", error=str(exc)[:200])
+            except _UNREACHABLE as exc:
+                detail = str(exc) or type(exc).__name__
+                if self._lapses_in() <= 0:
+                    await self._lapse_and_register("registry_unreachable_for_a_ttl", detail)
+                else:
+                    log.warning("lease renewal failed; retrying before the lease lapses", error=detail[:200],
+                                lapses_in_s=round(self._lapses_in(), 3))
+                    delay = min(delay, max(0.05, self._lapses_in()))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="lease-client")
@@ -178,7 +254,7 @@ class LeaseClient:
                 pass
         if self.generation is not None:
             try:
-                await self.transport.release(self.generation)
+                await asyncio.wait_for(self.transport.release(self.generation), self._call_timeout())
                 log.info("lease released", generation=self.generation)
             except Exception as exc:  # the lease lapses within its TTL anyway
                 log.warning("lease release failed", error=str(exc)[:200])

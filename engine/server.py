@@ -68,7 +68,9 @@ def start_lease_client(runtime: EngineRuntime, registry_url: str) -> LeaseClient
     client = LeaseClient(
         transport_for(registry_url, settings.registry_token, registration),
         on_generation=runtime.adopt_lease_generation,
+        on_lapsed=lambda: runtime.apply(LifecycleEvent.LEASE_LAPSED),
         on_superseded=lambda: runtime.apply(LifecycleEvent.SUPERSEDED),
+        clock=runtime.clock,
     )
     client.start()
     return client
