@@ -173,6 +173,7 @@ class LeaseClient:
         self.ttl_s = 2.0
         self.renewed_at = 0.0  # clock.now() when the last renewal (or registration) that succeeded was sent
         self._task: asyncio.Task | None = None
+        self._stopped = False
 
     def _call_timeout(self) -> float:
         return self.ttl_s / 3
@@ -245,7 +246,10 @@ class LeaseClient:
         self._task = asyncio.create_task(self.run(), name="lease-client")
 
     async def stop(self) -> None:
-        """Release the lease so gateways stop routing here at once, not a TTL later."""
+        """Release the lease so gateways stop routing here at once, not a TTL later. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             try:

@@ -8,11 +8,15 @@ Endpoints (see `engine.api_router`): POST /v1/completions, POST
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import FrameType
 
 from http import HTTPStatus
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -22,6 +26,7 @@ from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from engine.api_router import admin_router, health_router, openai_router
 from common.errors import error_body
+from engine.drain import Drainer
 from engine.errors import EngineError, MethodNotAllowed, NotFound
 from engine.lease_client import LeaseClient, transport_for
 from engine.lifecycle import LifecycleEvent
@@ -101,12 +106,11 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         await self_test(runtime)
         log.info("engine ready", weights_digest=runtime.weights_digest)
         lease = start_lease_client(runtime, settings.registry) if settings.registry else None
+        app.state.drainer = Drainer(runtime, app.state.serving, lease)
         try:
             yield
         finally:
-            runtime.apply(LifecycleEvent.DRAIN_STARTED)
-            if lease is not None:
-                await lease.stop()
+            await app.state.drainer.step_down()
             runtime.scheduler.stop()
             log.info("engine stopped")
 
@@ -121,8 +125,40 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
     return app
 
 
-def run_server(settings: EngineSettings, fault_settings: FaultSettings) -> None:
-    import uvicorn
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM drains (engine.drain) before uvicorn stops listening."""
 
-    uvicorn.run(create_app(settings, fault_settings), host=settings.host, port=settings.port, log_level="warning",
-                access_log=False)
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        drainer: Drainer | None = getattr(self.app.state, "drainer", None)
+        if sig == signal.SIGTERM and drainer is not None and self._loop is not None and self._drain_task is None \
+                and not self.should_exit:
+            self._loop.call_soon_threadsafe(self._start_drain, drainer)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self, drainer: Drainer) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain_then_exit(drainer))
+
+    async def _drain_then_exit(self, drainer: Drainer) -> None:
+        try:
+            await drainer.drain()
+        finally:
+            self.should_exit = True
+
+
+def run_server(settings: EngineSettings, fault_settings: FaultSettings) -> None:
+    app = create_app(settings, fault_settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=10)
+    DrainingServer(config, app).run()

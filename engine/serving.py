@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.logs import get_logger
 from engine.errors import BadRequest, EngineDraining, EngineError, NotReady
+from engine.lifecycle import EngineStatus
 from engine.protocol import ChatCompletionRequest, CompletionRequest, EngineSampling
 from engine.response_shapes import ChatShape, CompletionShape, DecodeStream
 from engine.runtime import EngineRuntime
@@ -49,7 +50,30 @@ class OpenAIServing:
     def __init__(self, runtime: EngineRuntime) -> None:
         self.runtime = runtime
         self.in_flight: set[Sequence] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._templates = ImmutableSandboxedEnvironment()
+
+    # -- in-flight accounting (for drains) ---------------------------------------
+    def _begin(self, seq: Sequence) -> None:
+        self.in_flight.add(seq)
+        self._idle.clear()
+
+    def _end(self, seq: Sequence) -> None:
+        self.in_flight.discard(seq)
+        if not self.in_flight:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def end_in_flight(self, event: ErrorEvent) -> int:
+        """End every in-flight request with `event` (the scheduler drops them at its next step)."""
+        ended = list(self.in_flight)
+        for seq in ended:
+            seq.cancel()
+            seq.events.put_nowait(event)
+        return len(ended)
 
     # -- prompts ---------------------------------------------------------------
     def _encode(self, text: str, param: str) -> list[int]:
@@ -83,6 +107,8 @@ class OpenAIServing:
         if body.model is not None and body.model != runtime.settings.model_name:
             raise BadRequest(f"model {body.model!r} does not exist; this engine serves {runtime.settings.model_name!r}",
                              param="model")
+        if runtime.status is EngineStatus.DRAINING:
+            raise EngineDraining("engine is draining for a planned shutdown; not taking new requests", retry_after_s=1)
         if not runtime.ready:
             raise NotReady(f"engine is {runtime.status}; not taking new requests", retry_after_s=1)
         limit = runtime.model.shape.max_positions
@@ -128,7 +154,7 @@ class OpenAIServing:
                  stream=body.stream)
         shape_type = ChatShape if kind == "chat" else CompletionShape
         shape = shape_type(runtime.tokenizer, runtime.settings.model_name, request_id, body, int(runtime.clock.wall()))
-        self.in_flight.add(seq)
+        self._begin(seq)
         runtime.scheduler.submit(seq)
         if body.stream:
             return StreamingResponse(self._stream(seq, body, prompt_ids, shape), media_type="text/event-stream")
@@ -170,7 +196,7 @@ class OpenAIServing:
                      finish_reason=decode.finish_reason)
         finally:
             seq.cancel()  # no-op if finished; stops decoding if the client went away
-            self.in_flight.discard(seq)
+            self._end(seq)
 
     async def _collect(self, seq: Sequence, body: EngineSampling, prompt_ids: list[int],
                        shape: CompletionShape) -> JSONResponse:
@@ -188,6 +214,6 @@ class OpenAIServing:
                 hooks.after_send(1)
         finally:
             seq.cancel()
-            self.in_flight.discard(seq)
+            self._end(seq)
         log.info("request finished", request_id=seq.request_id, tokens=len(events), finish_reason=decode.finish_reason)
         return JSONResponse(shape.full_body(decode.text, events, decode.finish_reason, prompt_ids))

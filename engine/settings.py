@@ -7,11 +7,25 @@ then the environment, then these defaults) is the documented one.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _seconds(value: Any) -> Any:
+    """Environment variables arrive as strings: read "1.5" as seconds, as flags and YAML numbers are."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
 
 
 class FaultSettings(BaseSettings):
@@ -47,6 +61,12 @@ class EngineSettings(BaseSettings):
     registry: str | None = Field(None, description="lease registry: the gateway's URL or redis://…?key_prefix=…")
     registry_token: str | None = Field(None, description="bearer token for the gateway's lease endpoint")
     advertise_url: str | None = Field(None, description="URL the gateway should use to reach us")
+    drain_unroute_wait: Seconds = Field(
+        timedelta(seconds=1), ge=timedelta(0),
+        description="on SIGTERM, after releasing the lease: seconds to keep refusing (503) so gateways stop routing here")
+    drain_timeout: Seconds = Field(
+        timedelta(seconds=30), ge=timedelta(0),
+        description="then seconds in-flight requests may finish before they end with an engine_draining error")
 
     @property
     def model_name(self) -> str:
