@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission
+from gateway.controlplane_link import build_controlplane_link
 from common.clock import Clock, SystemClock
 from gateway.engine_client import EngineClient
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized
@@ -61,7 +62,7 @@ def _build_registry(settings: GatewaySettings, clock: Clock) -> LeaseRegistry:
     if cfg.kind == "redis":
         assert cfg.url is not None  # validated in settings
         return RedisLeaseRegistry.from_url(cfg.url, region=settings.region, prefix=cfg.key_prefix, ttl=cfg.ttl)
-    return InMemoryLeaseRegistry(cfg.ttl, clock)
+    return InMemoryLeaseRegistry(cfg.ttl, clock, state_path=cfg.state_dir / "generations.json" if cfg.state_dir else None)
 
 
 def _build_token_log(settings: GatewaySettings, clock: Clock) -> TokenLog:
@@ -113,14 +114,21 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         structlog.contextvars.bind_contextvars(replica=settings.replica_id)
         metrics = GatewayMetrics()
-        table = StaticRoutingTable(settings.models, settings.engines)
-        for version in table.versions():
-            version.tokenizer  # noqa: B018 - load now so a bad model_dir stops start-up
+        link = build_controlplane_link(settings, clock, metrics.registry)
+        table: RoutingTable
+        if link.routing is not None:
+            table = link.routing
+        else:
+            table = StaticRoutingTable(settings.models, settings.engines)
+            for version in table.versions():
+                version.tokenizer  # noqa: B018 - load now so a bad model_dir stops start-up
         registry = _build_registry(settings, clock)
-        view = LeaseView(registry, refresh_interval=settings.registry.refresh_interval.total_seconds(), cached=settings.registry.kind == "redis")
+        view = link.wrap_view(LeaseView(registry, refresh_interval=settings.registry.refresh_interval.total_seconds(), cached=settings.registry.kind == "redis"))
         await view.start()
         token_log = _build_token_log(settings, clock)
         router = Router(settings, table, view, Admission(settings.admission), clock)
+        link.attach(router)
+        await link.start(router, view)
         engines = EngineClient(connect_timeout=settings.recovery.connect_timeout.total_seconds())
         deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id)
         app.state.gateway = GatewayState(settings, table, registry, view, token_log, deps, metrics)
@@ -128,6 +136,7 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         try:
             yield
         finally:
+            await link.stop()
             await view.stop()
             await engines.close()
             await token_log.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from uhashring import HashRing
@@ -87,6 +88,7 @@ class Router:
         self.admission = admission
         self.clock = clock
         self._suppressed: dict[tuple[str, int | None], float] = {}
+        self.on_ejected: Callable[[Endpoint, str], None] | None = None  # L7 event hook (gateway/l7_events.py)
         self._rings: dict[frozenset[str], HashRing] = {}
 
     async def endpoints(self, version: str) -> list[Endpoint]:
@@ -101,8 +103,11 @@ class Router:
         return [e for e in found.values() if self._suppressed.get(e.key, 0.0) <= now]
 
     def suppress(self, endpoint: Endpoint) -> None:
+        was_suppressed = self._suppressed.get(endpoint.key, 0.0) > self.clock.now()
         self._suppressed[endpoint.key] = self.clock.now() + self.settings.recovery.suppress_for.total_seconds()
         log.warning("endpoint suppressed", instance=endpoint.instance_id, generation=endpoint.generation)
+        if not was_suppressed and self.on_ejected is not None:
+            self.on_ejected(endpoint, "engine_failure")
 
     async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float) -> Endpoint:
         """Take a slot on an endpoint, waiting in the bounded queue if all are busy."""

@@ -25,8 +25,12 @@ def list_versions(session: Session, *, model: str | None = None) -> Sequence[Wei
     return session.scalars(query.options(selectinload(WeightVersion.issues))).all()
 
 
-def get_alias(session: Session, *, model: str, name: str) -> Alias | None:
-    return session.scalar(select(Alias).where(Alias.model == model, Alias.name == name))
+def get_alias(session: Session, *, model: str, name: str, for_update: bool = False) -> Alias | None:
+    """`for_update`: lock the row (PostgreSQL) and re-read it even if the session holds it already."""
+    query = select(Alias).where(Alias.model == model, Alias.name == name)
+    if for_update:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.scalar(query)
 
 
 def list_aliases(session: Session, *, model: str) -> Sequence[Alias]:

@@ -313,15 +313,19 @@ def _move(
     name: str,
     target: WeightVersion,
     action: AliasAction,
+    current: Alias | None,
     expected_revision: int | None,
     forced: bool,
     actor: str,
     reason: str,
     clock: Clock,
 ) -> AliasMove:
-    """Compare-and-set the alias to `target`, then write its event and history row."""
+    """Compare-and-set the alias from `current` (as the caller read it) to `target`; write event and history.
+
+    The caller reads `current` before anything it derives `target` from, so
+    the revision compared is never newer than what the decision saw.
+    """
     started_at = clock.utcnow()
-    current = repository.get_alias(session, model=model, name=name)
     if expected_revision is not None and (current.revision if current else 0) != expected_revision:
         raise AliasConflict(
             f"alias {name!r} of {model!r} is at revision {current.revision if current else 0}, "
@@ -397,6 +401,7 @@ def promote(
 ) -> AliasMove:
     if force and not reason.strip():
         raise InvalidInput("a forced promote needs a reason", type="force_needs_reason")
+    current = repository.get_alias(session, model=model, name=alias, for_update=True)
     target = get_version_or_raise(session, model=model, version=version)
     _refuse_critical(session, target, force=force)
     _refuse_fingerprint(session, target, force=force)
@@ -406,6 +411,7 @@ def promote(
         name=alias,
         target=target,
         action=AliasAction.PROMOTE,
+        current=current,
         expected_revision=expected_revision,
         forced=force,
         actor=actor,
@@ -448,7 +454,12 @@ def rollback(
     force: bool = False,
     expected_revision: int | None = None,
 ) -> AliasMove:
-    get_alias_or_raise(session, model=model, name=alias)
+    # Read (and on PostgreSQL lock) the alias before its history: a history
+    # read before a concurrent rollback committed, paired with an alias read
+    # after it, picked a target that was no longer one step back.
+    current = repository.get_alias(session, model=model, name=alias, for_update=True)
+    if current is None:
+        raise AliasNotFound(f"model {model!r} has no alias {alias!r}")
     target = rollback_target(session, model=model, alias=alias)
     # The target held this alias before, so its fingerprint was accepted
     # then; a critical issue found since is still refused.
@@ -459,6 +470,7 @@ def rollback(
         name=alias,
         target=target,
         action=AliasAction.ROLLBACK,
+        current=current,
         expected_revision=expected_revision,
         forced=force,
         actor=actor,
