@@ -15,7 +15,7 @@ The control plane here is `bench/controlplane_standin.py` (the contract's
 snapshot endpoint, in its own process) until `lifeline controlplane serve`
 serves contract snapshots; a promote is the moment the new snapshot is served.
 
-    .venv/bin/python -m bench.snapshot_propagation [--moves 20] [--poll-interval 0.25] [--write docs/benchmarks.md]
+    .venv/bin/python -m bench.snapshot_propagation [--moves 20] [--poll-intervals 0.25,1.0] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
 
 
-def run(moves: int, poll_interval: float) -> str:
+def run(moves: int, poll_interval: float) -> tuple[dict[str, list[float]], list[float]]:
     versions = {p.name: p for p in (built_model("tiny", 0), built_model("tiny", 1))}
     v0, v1 = sorted(versions)
     with tempfile.TemporaryDirectory(prefix="snapbench-") as tmp:
@@ -212,34 +212,47 @@ def run(moves: int, poll_interval: float) -> str:
                     every.append(max(took.values()))
         finally:
             fleet.close()
+    return per_gateway, every
 
-    def row(name: str, values: list[float]) -> str:
-        return (f"| {name} | {len(values)} | {statistics.median(values) * 1000:.0f} | {_pct(values, 0.99) * 1000:.0f} "
-                f"| {max(values) * 1000:.0f} |")
+
+def report(moves: int, results: dict[float, tuple[dict[str, list[float]], list[float]]]) -> str:
+    def row(interval: float, name: str, values: list[float]) -> str:
+        return (f"| {interval * 1000:.0f} | {name} | {len(values)} | {statistics.median(values) * 1000:.0f} "
+                f"| {_pct(values, 0.99) * 1000:.0f} | {max(values) * 1000:.0f} |")
 
     lines = [
-        f"{moves} alias moves (promote/rollback alternating), 2 gateways, poll_interval {poll_interval * 1000:.0f} ms, "
-        f"{platform.processor() or platform.machine()}, {platform.python_version()}. "
-        "Time from the control plane serving the new snapshot to the first answer from the new version "
-        "(greedy 4-token completions sent back to back; includes that request's own latency).",
+        f"{moves} alias moves per row (promote/rollback alternating), 2 gateway processes, 2 engines, "
+        f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, on a shared 2-core "
+        "machine. Time from the control plane serving the new snapshot to the first answer from the new version "
+        "(greedy 4-token completions sent back to back at each gateway, so it includes that request's own latency). "
+        "\"every gateway\" is the slowest gateway of each move — what a cutover waits for. The control plane is "
+        "bench/controlplane_standin.py (the contract's snapshot endpoint in its own process); the real one adds "
+        "the time its endpoint takes to build and serve the snapshot.",
         "",
-        "| gateway | moves | p50 ms | p99 ms | max ms |",
-        "|---|---:|---:|---:|---:|",
-        *[row(rid, values) for rid, values in per_gateway.items()],
-        row("every gateway (slowest per move)", every),
-        "",
-        f"Target (issue 8): p99 ≤ 1000 ms for every gateway — {'met' if _pct(every, 0.99) <= 1.0 else 'NOT met'}.",
+        "| poll_interval ms | gateway | moves | p50 ms | p99 ms | max ms |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
+    for interval, (per_gateway, every) in results.items():
+        lines += [row(interval, rid, values) for rid, values in per_gateway.items()]
+        lines.append(row(interval, "**every gateway**", every))
+    default = results.get(0.25)
+    if default is not None:
+        met = _pct(default[1], 0.99) <= 1.0
+        lines += ["", f"Target (issue 8): p99 ≤ 1000 ms at every gateway with the default poll_interval (250 ms): "
+                      f"{'met' if met else 'NOT met'}. A poll that finds nothing new is a 304 of a few hundred bytes; "
+                      "a move costs the wait for the next poll (up to one poll_interval), one apply (validate, verify the "
+                      "checksums of a version not seen before, write the disk copy, swap) and one request."]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--moves", type=int, default=20)
-    parser.add_argument("--poll-interval", type=float, default=0.25)
+    parser.add_argument("--poll-intervals", default="0.25,1.0", help="seconds, comma-separated; one run each")
     parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md")
     args = parser.parse_args()
-    table = run(args.moves, args.poll_interval)
+    intervals = [float(x) for x in args.poll_intervals.split(",")]
+    table = report(args.moves, {interval: run(args.moves, interval) for interval in intervals})
     print(table)
     if args.write:
         replace_section(args.write, "## Snapshot propagation (bench/snapshot_propagation.py)", table)
