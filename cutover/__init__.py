@@ -1,0 +1,1 @@
+"""Tiered cutover workflows: l7, mesh, anycast, dns (issue 11)."""

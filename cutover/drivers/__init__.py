@@ -1,0 +1,1 @@
+"""Cutover drivers, one module per routing system; the interface is `cutover.driver`."""
