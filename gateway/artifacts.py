@@ -11,6 +11,11 @@ and the snapshot table leaves that version out (a miss, never a misuse).
     needed: tokenizer.json (tokenize), config.json (context length)
     optional: tokenizer_config.json (chat template), loaded only if listed
 
+For `s3://` locations the verified bytes are also written under
+`routing.artifact_dir`; when S3 cannot be read, that copy is read instead and
+verified against the snapshot's checksums all the same (a restart during an
+S3 outage still loads the tokenizer).
+
 Loading happens off the event loop (the poller calls it in a thread) and
 once per (version, checksums): a later snapshot with the same version reuses
 the loaded tokenizer.
@@ -136,11 +141,16 @@ class ArtifactLoader:
             import boto3  # only when a location is on S3
 
             self._s3 = boto3.client("s3", endpoint_url=self.s3_endpoint_url)
+        local = self.download_dir / entry.version
         blobs = {}
         for name in names:
             key = f"{prefix.rstrip('/')}/{name}" if prefix else name
             try:
                 blobs[name] = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             except Exception as exc:  # botocore's ClientError and transport errors alike
+                if all((local / n).is_file() for n in names):
+                    # S3 away (a region-wide outage, say): the copy verified last time is checked again below.
+                    log.warning("S3 unreadable; verifying the local copy", version=entry.version, error=str(exc)[:200])
+                    return {n: (local / n).read_bytes() for n in names}, local
                 raise ArtifactVerificationFailed(f"version {entry.version!r}: cannot read s3://{bucket}/{key}: {exc}"[:500]) from None
-        return blobs, self.download_dir / entry.version
+        return blobs, local

@@ -181,3 +181,32 @@ async def test_a_reader_holding_a_table_sees_one_snapshot_across_a_swap(world):
     assert (routing.table.resolve("tiny").version, routing.table.admits(lease)) == ("v2", True)
     with pytest.raises(BadRequest):
         routing.resolve("nope")
+
+
+@pytest.mark.parametrize(
+    ("routing", "message"),
+    [
+        ({"source": "snapshot", "cache_path": "/tmp/s.json"}, "routing.controlplane_url is required"),
+        ({"source": "snapshot", "controlplane_url": "http://cp"}, "routing.cache_path is required"),
+        ({"source": "snapshot", "controlplane_url": "http://cp", "cache_path": "/tmp/s.json", "poll_interval": 0},
+         "routing.poll_interval must be positive"),
+        ({"source": "static"}, "at least one model is required when routing.source is static"),
+        ({"source": "snapshot", "controlplane_url": "http://cp", "cache_path": "/tmp/s.json", "pol_interval": 1},
+         "pol_interval"),
+    ],
+)
+def test_bad_routing_config_stops_start_up_naming_the_key(routing: dict, message: str):
+    from pydantic import ValidationError
+
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(ValidationError, match=message):
+        GatewaySettings(routing=routing)
+
+
+def test_snapshot_routing_needs_no_static_models():
+    from gateway.settings import GatewaySettings
+
+    settings = GatewaySettings(region="eu", routing={"source": "snapshot", "controlplane_url": "http://cp",
+                                                     "cache_path": "/tmp/s.json"})
+    assert settings.models == [] and settings.routing_region == "eu"
