@@ -90,6 +90,11 @@ class ArtifactLoader:
             return None
         return self._cache.get(key)
 
+    def retain(self, versions: set[str]) -> None:
+        """Forget loaded tokenizers of versions no longer in the snapshot (they load again if they return)."""
+        with self._lock:
+            self._cache = {key: loaded for key, loaded in self._cache.items() if key[0] in versions}
+
     def load(self, entry: VersionEntry) -> LoadedArtifacts:
         """The version's verified tokenizer, template and context length; ArtifactVerificationFailed if not."""
         expected = _expected(entry)

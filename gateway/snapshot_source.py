@@ -214,6 +214,7 @@ class SnapshotSource:
             except OSError as exc:  # still apply: serving the newest snapshot matters more than the disk copy
                 log.error("cannot write the snapshot to disk", path=str(self.cache_path), error=str(exc))
         self.routing.apply(table)
+        self.loader.retain({v for model in snapshot.models.values() for v in model.versions})
         log.info("snapshot applied", version=snapshot.version, previous=previous.version,
                  names=sorted(table.by_name), unverified=sorted(verified.unverified))
         if self.on_applied is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from common.clock import ManualClock
 from contract.lease import Lease
-from contract.snapshot import etag_for
+from contract.snapshot import RoutingSnapshot, etag_for
 from gateway.artifacts import ArtifactLoader
 from gateway.errors import BadRequest, NoHealthyEndpoint
 from gateway.l7_events import EventShipper
@@ -177,7 +177,9 @@ async def test_a_reader_holding_a_table_sees_one_snapshot_across_a_swap(world):
     await source.poll_once()
     lease = Lease("e1", 4, "http://e1", "v1")
     # The held table is whole: old alias and old ejections together; the new one likewise.
-    assert (held.resolve("tiny").version, held.admits(lease)) == ("v1", False)
+    assert source.loader.cached(RoutingSnapshot.model_validate(
+        snapshot_body(1, tmp_path / "artifacts", files, aliases={"prod": "v1"})).models["tiny"].versions["v1"]) is None
+    assert (held.resolve("tiny").version, held.admits(lease)) == ("v1", False)  # still whole: it holds its own
     assert (routing.table.resolve("tiny").version, routing.table.admits(lease)) == ("v2", True)
     with pytest.raises(BadRequest):
         routing.resolve("nope")
