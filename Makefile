@@ -12,13 +12,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0 -e '.[engine,dev]'
 	touch $(STAMP)
 
-.PHONY: install demo test bench
+# The cutover driver tests run real BIND9, BIRD 2 and HAProxy (Debian packages;
+# ExaBGP and dnspython come from PyPI through pyproject). Skipped when present;
+# `apt-get update` runs once, only when something is missing.
+SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy
+
+.PHONY: install system-deps demo test bench
 install: $(STAMP)
+
+system-deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	  bin=$${dep%%:*}; pkg=$${dep#*:}; \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  echo "installing$$missing"; \
+	  $$sudo apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$(echo $$missing | tr ' ' '\n' | sort -u); \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/lifeline demo
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -268,8 +268,9 @@ class PollingDriver(Generic[S]):
         return self.observe(target)[0]
 
     def apply(self, desired: S) -> None:
+        started = self.clock.now()  # time to effect counts the write itself
         self._write(desired)
-        self._applied_at[desired.target] = self.clock.now()
+        self._applied_at[desired.target] = started
 
     def verify(self, expected: S, timeout: timedelta) -> Verification:
         started = self.clock.now()

@@ -1,0 +1,151 @@
+"""The dns tier's drivers on a real BIND9 (RFC 2136 + TSIG) and on moto's Route 53 emulator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from cutover.driver import DnsState, DnsTarget, DriverRejected, DriverUnavailable, VerificationFailed
+from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S, Rfc2136Driver, Route53Driver
+from lifeline.processes import free_port
+from tests.integration.cutover.conftest import REGION_A, REGION_B
+from tests.support.controlplane_testing import MotoServer
+from tests.support.daemons import BindServer
+
+pytestmark = pytest.mark.integration
+
+ZONE = "lifeline.test."
+EXTERNAL = DnsTarget(zone=ZONE, name="api.lifeline.test.")
+INTERNAL = DnsTarget(zone=ZONE, name="api.internal.lifeline.test.")
+TIMEOUT = timedelta(seconds=5)
+
+
+def rfc2136(server: BindServer, **overrides: object) -> Rfc2136Driver:
+    settings: dict[str, object] = dict(server=server.host, port=server.port, key_name=server.key_name,
+                                       key_secret=server.key_secret, key_algorithm=server.key_algorithm)
+    settings.update(overrides)
+    return Rfc2136Driver(**settings)  # type: ignore[arg-type]
+
+
+def test_bind_reads_the_seeded_dual_ttl_records(bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server)
+    assert driver.read_state(EXTERNAL) == DnsState(target=EXTERNAL, values=(REGION_A,), ttl_s=EXTERNAL_TTL_S)
+    assert driver.read_state(INTERNAL) == DnsState(target=INTERNAL, values=(REGION_A,), ttl_s=INTERNAL_TTL_S)
+
+
+def test_bind_region_cutover_flips_the_external_answer_and_restore_flips_it_back(bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server)
+    before = driver.read_state(EXTERNAL)
+    after = before.model_copy(update={"values": (REGION_B,)})
+
+    driver.apply(after)
+    proof = driver.verify(after, TIMEOUT)
+
+    assert proof.verified and proof.observed == after
+    assert proof.measured_from == "apply" and proof.polls >= 1
+    assert REGION_B in proof.evidence and "(aa)" in proof.evidence
+    # Resolvers may hold the replaced answer for its TTL: the short external one.
+    assert proof.client_cache_ttl_s == EXTERNAL_TTL_S
+    # The long-TTL internal record is not what a cutover moves.
+    assert driver.read_state(INTERNAL).values == (REGION_A,)
+    # A second driver (a restarted control plane) reads the same real state.
+    assert rfc2136(bind_server).read_state(EXTERNAL) == after
+
+    back = driver.restore(before, TIMEOUT)
+    assert back.verified and back.observed == before
+    assert rfc2136(bind_server).read_state(EXTERNAL) == before
+
+
+def test_bind_apply_is_idempotent(bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server)
+    after = DnsState(target=EXTERNAL, values=(REGION_B,), ttl_s=EXTERNAL_TTL_S)
+    driver.apply(after)
+    driver.apply(after)
+    assert driver.verify(after, TIMEOUT).observed == after
+
+
+def test_bind_refuses_an_update_signed_with_the_wrong_tsig_secret(bind_server: BindServer) -> None:
+    wrong = rfc2136(bind_server, key_secret="d3JvbmctYnV0LXdlbGwtZm9ybWVkLXNlY3JldC0zMmJ5dGVz")
+    with pytest.raises(DriverRejected, match="TSIG"):
+        wrong.apply(DnsState(target=EXTERNAL, values=(REGION_B,), ttl_s=EXTERNAL_TTL_S))
+    assert rfc2136(bind_server).read_state(EXTERNAL).values == (REGION_A,)
+
+
+def test_bind_refuses_an_update_outside_its_zone(bind_server: BindServer) -> None:
+    foreign = DnsTarget(zone="other.test.", name="api.other.test.")
+    with pytest.raises(DriverRejected, match="NOTAUTH|REFUSED"):
+        rfc2136(bind_server).apply(DnsState(target=foreign, values=(REGION_B,), ttl_s=60))
+
+
+def test_verify_fails_with_the_last_answer_as_evidence_when_the_record_does_not_move(
+        bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server)
+    never = DnsState(target=EXTERNAL, values=(REGION_B,), ttl_s=EXTERNAL_TTL_S)  # never applied
+    with pytest.raises(VerificationFailed) as failed:
+        driver.verify(never, timedelta(milliseconds=200))
+    verification = failed.value.verification
+    assert not verification.verified and verification.measured_from == "verify"
+    assert verification.observed.values == (REGION_A,) and REGION_A in verification.evidence
+    assert verification.polls >= 2
+
+
+def test_bind_that_is_down_is_unavailable_not_rejected(bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server, io_timeout_s=0.2)
+    bind_server.stop()
+    with pytest.raises(DriverUnavailable):
+        driver.read_state(EXTERNAL)
+    with pytest.raises(DriverUnavailable):
+        driver.apply(DnsState(target=EXTERNAL, values=(REGION_B,), ttl_s=EXTERNAL_TTL_S))
+
+
+@pytest.fixture
+def route53_emulator() -> Iterator[object]:
+    server = MotoServer()
+    server.start()
+    try:
+        import boto3
+
+        client = boto3.client("route53", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        zone_id = client.create_hosted_zone(Name=ZONE, CallerReference="lifeline-test")["HostedZone"]["Id"]
+        client.change_resource_record_sets(HostedZoneId=zone_id, ChangeBatch={"Changes": [
+            {"Action": "CREATE", "ResourceRecordSet": {"Name": t.name, "Type": "A", "TTL": ttl,
+                                                       "ResourceRecords": [{"Value": REGION_A}]}}
+            for t, ttl in ((EXTERNAL, EXTERNAL_TTL_S), (INTERNAL, INTERNAL_TTL_S))]})
+        yield client
+    finally:
+        server.stop()
+
+
+def test_route53_emulator_region_cutover_and_restore(route53_emulator: object) -> None:
+    driver = Route53Driver(route53_emulator)
+    before = driver.read_state(EXTERNAL)
+    assert before == DnsState(target=EXTERNAL, values=(REGION_A,), ttl_s=EXTERNAL_TTL_S)
+    after = before.model_copy(update={"values": (REGION_B,)})
+
+    driver.apply(after)
+    proof = driver.verify(after, TIMEOUT)
+    assert proof.verified and proof.client_cache_ttl_s == EXTERNAL_TTL_S
+    assert "INSYNC" in proof.evidence
+    assert Route53Driver(route53_emulator).read_state(INTERNAL).values == (REGION_A,)
+
+    assert driver.restore(before, TIMEOUT).observed == before
+    assert Route53Driver(route53_emulator).read_state(EXTERNAL) == before
+
+
+def test_route53_emulator_unknown_zone_is_rejected(route53_emulator: object) -> None:
+    with pytest.raises(DriverRejected, match="no hosted zone"):
+        Route53Driver(route53_emulator).read_state(DnsTarget(zone="missing.test.", name="api.missing.test."))
+
+
+def test_route53_unreachable_endpoint_is_unavailable() -> None:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("route53", endpoint_url=f"http://127.0.0.1:{free_port()}", region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing",
+                          config=Config(retries={"max_attempts": 1}, connect_timeout=0.5))
+    with pytest.raises(DriverUnavailable):
+        Route53Driver(client).read_state(EXTERNAL)

@@ -1,0 +1,329 @@
+"""Real routing daemons on loopback for the cutover driver tests.
+
+BIND9 (authoritative, RFC 2136 with TSIG), BIRD 2 (the observing BGP
+router), ExaBGP (one announcing speaker per zone) and HAProxy (runtime API
+over TCP), each started in the foreground in its own temp dir on spare
+loopback ports and stopped by pid. The settings are the ones
+../shared/ENVIRONMENT-NOTES.md found necessary on this kind of machine.
+
+A daemon that is not installed fails the test with the package to install
+(`make test` and `.ci/run` install them); it never skips. Every wait is
+bounded and raises with the daemon's log tail.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lifeline.processes import free_port
+
+
+def require_binary(name: str, package: str) -> str:
+    """The path of `name`, or fail the test naming the package that provides it."""
+    found = shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/usr/bin") / name) if p.exists()), None)
+    if found is None:
+        pytest.fail(f"{name} is not installed: `apt-get install -y {package}` "
+                    f"(make test and .ci/run install it)", pytrace=False)
+    return found
+
+
+class DaemonProcess:
+    """One foreground daemon: started with its log captured, stopped by its own pid."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.log_path = workdir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def fail(self, why: str) -> None:
+        self.stop()
+        raise RuntimeError(f"{self.name}: {why}\n--- log tail ---\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_until(self, ready, what: str, timeout: float = 20.0) -> None:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                self.fail(f"exited with {self.process.returncode if self.process else '?'} before {what}")
+            if ready():
+                return
+            time.sleep(0.05)
+        self.fail(f"not {what} within {timeout:g}s")
+
+    def kill(self) -> None:
+        """SIGKILL, no goodbye (no BGP NOTIFICATION, no clean close)."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _tcp_listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ BIND9
+
+
+@dataclass
+class DnsRecord:
+    name: str  # relative to the zone: "api"
+    ttl: int
+    rdtype: str
+    value: str
+
+
+@dataclass
+class BindServer(DaemonProcess):
+    """named, authoritative for one zone, updatable with one TSIG key (`zonesub ANY`)."""
+
+    workdir: Path
+    zone: str = "lifeline.test."
+    records: list[DnsRecord] = field(default_factory=list)
+    key_name: str = "lifeline-cutover."
+    key_algorithm: str = "hmac-sha256"
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        DaemonProcess.__init__(self, "named", self.workdir)
+        self.port = free_port()
+        self.key_secret = base64.b64encode(secrets.token_bytes(32)).decode()
+
+    def start(self) -> BindServer:
+        named = require_binary("named", "bind9")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        zone_lines = [
+            f"$ORIGIN {self.zone}",
+            "$TTL 600",
+            f"@ 600 IN SOA ns1.{self.zone} hostmaster.{self.zone} 1 3600 600 86400 60",
+            f"@ 600 IN NS ns1.{self.zone}",
+            f"ns1 600 IN A {self.host}",
+            *(f"{r.name} {r.ttl} IN {r.rdtype} {r.value}" for r in self.records),
+        ]
+        (self.workdir / "zone.db").write_text("\n".join(zone_lines) + "\n")
+        (self.workdir / "named.conf").write_text(textwrap.dedent(f"""\
+            key "{self.key_name}" {{ algorithm {self.key_algorithm}; secret "{self.key_secret}"; }};
+            options {{
+                directory "{self.workdir}";
+                listen-on port {self.port} {{ {self.host}; }};
+                listen-on-v6 {{ none; }};
+                pid-file "{self.workdir}/named.pid";
+                recursion no;
+                notify no;
+            }};
+            controls {{ }};
+            zone "{self.zone}" {{
+                type primary;
+                file "{self.workdir}/zone.db";
+                update-policy {{ grant {self.key_name} zonesub ANY; }};
+            }};
+            """))
+        self.spawn([named, "-c", str(self.workdir / "named.conf"), "-u", "root", "-g", "-4"])
+        self.wait_until(self._answers_soa, f"answering SOA for {self.zone} on {self.host}:{self.port}")
+        return self
+
+    def _answers_soa(self) -> bool:
+        import dns.message
+        import dns.query
+        import dns.rcode
+
+        try:
+            answer = dns.query.udp(dns.message.make_query(self.zone, "SOA"), self.host, port=self.port, timeout=0.3)
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        return answer.rcode() == dns.rcode.NOERROR and bool(answer.answer)
+
+
+# ------------------------------------------------------------------ HAProxy
+
+
+@dataclass
+class HaproxyServer(DaemonProcess):
+    """haproxy in the foreground (-db) with a TCP admin socket and one backend of loopback servers."""
+
+    workdir: Path
+    backend: str = "engines"
+    servers: dict[str, int] = field(default_factory=dict)  # server name -> upstream port on 127.0.0.1
+    mode: str = "http"
+
+    def __post_init__(self) -> None:
+        DaemonProcess.__init__(self, "haproxy", self.workdir)
+        self.frontend_port = free_port()
+        self.admin_port = free_port()
+
+    def start(self) -> HaproxyServer:
+        haproxy = require_binary("haproxy", "haproxy")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        server_lines = "\n".join(f"    server {name} 127.0.0.1:{port} weight 100"
+                                 for name, port in self.servers.items())
+        (self.workdir / "haproxy.cfg").write_text(
+            "global\n"
+            f"    stats socket ipv4@127.0.0.1:{self.admin_port} level admin\n"
+            f"    pidfile {self.workdir}/haproxy.pid\n"
+            "defaults\n"
+            f"    mode {self.mode}\n"
+            "    timeout connect 2s\n    timeout client 30s\n    timeout server 30s\n"
+            f"frontend inference\n    bind 127.0.0.1:{self.frontend_port}\n    default_backend {self.backend}\n"
+            f"backend {self.backend}\n    balance roundrobin\n{server_lines}\n")
+        self.spawn([haproxy, "-db", "-f", str(self.workdir / "haproxy.cfg")])
+        self.wait_until(lambda: _tcp_listening("127.0.0.1", self.admin_port)
+                        and _tcp_listening("127.0.0.1", self.frontend_port),
+                        f"listening on {self.frontend_port} (admin {self.admin_port})")
+        return self
+
+
+# ------------------------------------------------------------------ BIRD 2 + ExaBGP
+
+
+@dataclass
+class BirdRouter(DaemonProcess):
+    """BIRD 2 as the observing router: one passive-capable BGP session per announcer, import all."""
+
+    workdir: Path
+    address: str = "127.0.0.1"
+    asn: int = 65001
+    peers: list[BgpPeer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        DaemonProcess.__init__(self, "bird", self.workdir)
+        self.port = free_port()
+        self.socket_path = self.workdir / "bird.ctl"
+
+    def start(self) -> BirdRouter:
+        bird = require_binary("bird", "bird2")
+        require_binary("birdc", "bird2")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        protocols = "\n".join(textwrap.dedent(f"""\
+            protocol bgp {peer.name} {{
+                local {self.address} port {self.port} as {self.asn};
+                neighbor {peer.address} port {peer.port} as {peer.asn};
+                strict bind yes;
+                multihop 2;
+                connect retry time 1;
+                error wait time 1, 5;
+                ipv4 {{ import all; export none; igp table igp4; }};
+            }}
+            """) for peer in self.peers)
+        (self.workdir / "bird.conf").write_text(textwrap.dedent(f"""\
+            router id {self.address};
+            ipv4 table igp4;
+            protocol device {{ }}
+            protocol static {{ ipv4 {{ table igp4; }}; route 0.0.0.0/1 via "lo"; }}
+            """) + protocols)
+        self.spawn([bird, "-f", "-c", str(self.workdir / "bird.conf"), "-s", str(self.socket_path),
+                    "-P", str(self.workdir / "bird.pid")])
+        self.wait_until(lambda: self.socket_path.exists() and self.birdc("show status").returncode == 0,
+                        "answering on its control socket")
+        return self
+
+    def birdc(self, command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["birdc", "-s", str(self.socket_path), *command.split()],
+                              capture_output=True, text=True, timeout=10)
+
+    def established(self, peer: BgpPeer) -> bool:
+        return "Established" in self.birdc(f"show protocols {peer.name}").stdout
+
+
+@dataclass
+class BgpPeer:
+    """Where an announcer lives, as the observing router sees it."""
+
+    name: str
+    address: str
+    asn: int
+    port: int = field(default_factory=free_port)
+
+
+@dataclass
+class ExaBgpSpeaker(DaemonProcess):
+    """ExaBGP announcing for one zone, driven through its process API (a FIFO pair we own).
+
+    ExaBGP runs `api-bridge` as its API process; the bridge copies lines
+    from `commands.fifo` to ExaBGP and ExaBGP's answers (`exabgp_api_ack`)
+    to `acks.fifo`, so the driver in the test process talks to a live
+    ExaBGP without the ~160 ms `exabgp cli` start-up per call.
+    """
+
+    workdir: Path
+    peer: BgpPeer
+    router: BirdRouter
+
+    def __post_init__(self) -> None:
+        DaemonProcess.__init__(self, f"exabgp-{self.peer.name}", self.workdir)
+        self.command_fifo = self.workdir / "commands.fifo"
+        self.ack_fifo = self.workdir / "acks.fifo"
+
+    def start(self) -> ExaBgpSpeaker:
+        exabgp = shutil.which("exabgp") or str(Path(sys.executable).with_name("exabgp"))
+        if not Path(exabgp).exists():
+            pytest.fail("exabgp is not installed: `pip install exabgp` (a dependency in pyproject.toml)",
+                        pytrace=False)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for fifo in (self.command_fifo, self.ack_fifo):
+            if not fifo.exists():
+                os.mkfifo(fifo)
+        bridge = Path(__file__).with_name("exabgp_api_bridge.py")
+        (self.workdir / "exabgp.conf").write_text(textwrap.dedent(f"""\
+            process api-bridge {{
+                run {sys.executable} {bridge} {self.command_fifo} {self.ack_fifo};
+                encoder text;
+            }}
+            neighbor {self.router.address} {{
+                router-id {self.peer.address};
+                local-address {self.peer.address};
+                local-as {self.peer.asn};
+                peer-as {self.router.asn};
+                connect {self.router.port};
+                listen {self.peer.port};
+                api {{ processes [ api-bridge ]; }}
+            }}
+            """))
+        env = {**os.environ, "exabgp_daemon_drop": "false", "exabgp_api_ack": "true",
+               "exabgp_log_destination": "stdout", "exabgp_daemon_daemonize": "false"}
+        self.spawn([exabgp, str(self.workdir / "exabgp.conf")], env=env)
+        self.wait_until(lambda: self.router.established(self.peer), "Established with BIRD", timeout=30)
+        return self
