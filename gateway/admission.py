@@ -6,14 +6,18 @@ replica; beyond that a request waits in a bounded queue for at most
 `Retry-After` and `{"error": {"type": "overloaded"}}`. Migrations draw from a
 retry budget, as Envoy's: retries in flight may not exceed `ratio` × active
 requests (but at least `min`), so a failing fleet is not hammered by its own
-recovery traffic.
+recovery traffic. A retry is in flight from the failure until the
+continuation's first token. Unlike Envoy, a migration over the budget waits
+(up to `queue_timeout`, within its deadline) for a retry to end instead of
+failing at once: one engine's death fails several streams in the same
+instant, and pacing their recovery keeps the bound without losing them.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.settings import AdmissionConfig
 
@@ -24,6 +28,7 @@ class RetryBudget:
     minimum: int
     active_requests: int = 0
     active_retries: int = 0
+    freed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) whenever a retry ends
 
     def allowed(self) -> int:
         return max(self.minimum, int(self.ratio * self.active_requests))
@@ -36,6 +41,22 @@ class RetryBudget:
 
     def release(self) -> None:
         self.active_retries = max(0, self.active_retries - 1)
+        self.freed.set()
+        self.freed = asyncio.Event()
+
+    async def acquire(self, timeout: float) -> bool:
+        """A retry token, waiting up to `timeout` seconds for one to be released; False if none came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.try_acquire():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.freed.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
 
 class Admission:

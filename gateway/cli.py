@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -34,5 +33,4 @@ def serve(
     except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(f"{config}: {exc}", param_hint="--config") from None
     configure_logging(settings.log_level, component="gateway")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request drowns the stream logs
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", access_log=False)

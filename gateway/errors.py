@@ -6,6 +6,9 @@
     ├── NotFound (404, not_found_error)
     ├── Overloaded (429, overloaded)                admission refused; carries Retry-After
     ├── NoHealthyEndpoint (503, no_healthy_endpoint)
+    ├── PayloadTooLarge (413, request_too_large)    body over `max_body_bytes`
+    ├── StreamCancelled (409, cancelled)            the last event of a cancelled stream
+    ├── EnginePassthrough (<engine's 4xx>, <type>)  an engine's refusal of a first attempt, relayed
     └── RecoveryImpossible (502, <reason>)          a stream that cannot continue
 
 Rendered OpenAI-style, `{"error": {"message", "type", "param", "code"}}`, as a
@@ -14,6 +17,8 @@ JSON body before the first byte of a response and as an SSE `error` event after.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from common.errors import LifelineError
 
@@ -55,3 +60,23 @@ class RecoveryImpossible(GatewayError):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message, type=reason)
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = 413
+    error_type = "request_too_large"
+
+
+class StreamCancelled(GatewayError):
+    status_code = 409
+    error_type = "cancelled"
+
+
+class EnginePassthrough(GatewayError):
+    """An engine's 4xx for the first attempt, relayed as is."""
+
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(str(error.get("message", "engine rejected the request")), param=error.get("param"))
+        self.status_code = status_code  # type: ignore[misc]
+        self.error_type = str(error.get("type", "invalid_request_error"))

@@ -1,10 +1,15 @@
 """Pick an endpoint: alias → version → live, ready, unsuppressed endpoints.
 
 Candidates are the live leases for the version (plus the declared engines when
-`registry.require_lease` is off), minus endpoints this replica saw fail in the
-last `suppress_for` — the local suppression covers the window before the
-lapsed lease removes them everywhere. Suppression is per `(instance_id,
-generation)`, so a restarted instance (new generation) is routable at once.
+`registry.require_lease` is off), minus endpoints this replica ejected after
+consecutive failures (`outlier.OutlierDetector`, Envoy's outlier detection) —
+the local ejection covers the window before the lapsed lease removes them
+everywhere. Ejection is per `(instance_id, generation)`, so a restarted
+instance (new generation) is routable at once.
+
+The router also does the request accounting the retry budget needs:
+`begin()`/`end()` around every request, `try_retry()`/`end_retry()` around
+every migration in flight.
 
 Among candidates with a free slot: least outstanding requests; with a client
 key (`user` or `X-Client-Id`), consistent hashing (uhashring's ketama ring)
@@ -23,13 +28,14 @@ from dataclasses import dataclass
 
 from uhashring import HashRing
 
-from gateway.admission import Admission
 from common.clock import Clock
-from gateway.errors import NoHealthyEndpoint, Overloaded
+from common.logs import get_logger
 from contract.lease import Lease, LeaseRegistry
+from gateway.admission import Admission
+from gateway.errors import NoHealthyEndpoint, Overloaded
+from gateway.outlier import OutlierDetector
 from gateway.routing_table import RoutingTable
 from gateway.settings import GatewaySettings
-from common.logs import get_logger
 
 log = get_logger(__name__)
 
@@ -87,12 +93,11 @@ class Router:
         self.view = view
         self.admission = admission
         self.clock = clock
-        self._suppressed: dict[tuple[str, int | None], float] = {}
+        self.outliers = OutlierDetector(settings.outlier, clock)
         self.on_ejected: Callable[[Endpoint, str], None] | None = None  # L7 event hook (gateway/l7_events.py)
         self._rings: dict[frozenset[str], HashRing] = {}
 
-    async def endpoints(self, version: str) -> list[Endpoint]:
-        now = self.clock.now()
+    async def _routable(self, version: str) -> list[Endpoint]:
         found: dict[str, Endpoint] = {}
         for lease in await self.view.current():
             if lease.version == version:
@@ -100,20 +105,66 @@ class Router:
         if not self.settings.registry.require_lease:
             for engine in self.table.declared_engines(version):
                 found.setdefault(engine.instance_id, Endpoint(engine.instance_id, None, engine.url, engine.version, engine.zone))
-        return [e for e in found.values() if self._suppressed.get(e.key, 0.0) <= now]
+        return list(found.values())
 
-    def suppress(self, endpoint: Endpoint) -> None:
-        was_suppressed = self._suppressed.get(endpoint.key, 0.0) > self.clock.now()
-        self._suppressed[endpoint.key] = self.clock.now() + self.settings.recovery.suppress_for.total_seconds()
-        log.warning("endpoint suppressed", instance=endpoint.instance_id, generation=endpoint.generation)
-        if not was_suppressed and self.on_ejected is not None:
-            self.on_ejected(endpoint, "engine_failure")
+    async def endpoints(self, version: str) -> list[Endpoint]:
+        """Live, ready endpoints of `version` that this replica has not ejected."""
+        return [e for e in await self._routable(version) if not self.outliers.ejected(e.key)]
 
-    async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float) -> Endpoint:
-        """Take a slot on an endpoint, waiting in the bounded queue if all are busy."""
+    async def is_live(self, endpoint: Endpoint) -> bool:
+        """Whether the endpoint's lease (this generation) is still live; a declared engine without one always is."""
+        if endpoint.generation is None:
+            return True
+        return any(lease.instance_id == endpoint.instance_id and lease.generation == endpoint.generation
+                   for lease in await self.view.current())
+
+    async def failed(self, endpoint: Endpoint, reason: str) -> bool:
+        """Count a failure of `endpoint` (an `EngineFailure.reason`); True if it is now ejected."""
+        peers = [e.key for e in await self._routable(endpoint.version)]
+        if endpoint.key not in peers:
+            peers.append(endpoint.key)
+        was_ejected = self.outliers.ejected(endpoint.key)
+        ejected = self.outliers.failure(endpoint.key, reason, peers=peers)
+        if ejected and not was_ejected and self.on_ejected is not None:
+            self.on_ejected(endpoint, reason)
+        return ejected
+
+    def succeeded(self, endpoint: Endpoint) -> None:
+        self.outliers.success(endpoint.key)
+
+    # -- request accounting for the retry budget ---------------------------------------
+    def begin(self) -> None:
+        self.admission.retry_budget.active_requests += 1
+
+    def end(self) -> None:
+        self.admission.retry_budget.active_requests -= 1
+
+    def try_retry(self) -> bool:
+        """A migration starts: take a token of the retry budget (concurrent retries, as Envoy's) if one is free."""
+        return self.admission.retry_budget.try_acquire()
+
+    async def begin_retry(self, timeout: float) -> bool:
+        """A migration starts: take a retry token, waiting up to `timeout` for another migration to end."""
+        return await self.admission.retry_budget.acquire(timeout)
+
+    def end_retry(self) -> None:
+        """The migration is over: its continuation's first token arrived, or the stream ended."""
+        self.admission.retry_budget.release()
+
+    async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float,
+                      prefer: str | None = None) -> Endpoint:
+        """Take a slot on an endpoint, waiting in the bounded queue if all are busy.
+
+        `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
+        """
         deadline = self.clock.now() + queue_timeout
         while True:
             candidates = await self.endpoints(version)
+            if prefer is not None:
+                for endpoint in candidates:
+                    if endpoint.instance_id == prefer and self.admission.has_room(prefer):
+                        self.admission.take(prefer)
+                        return endpoint
             if not candidates:
                 raise NoHealthyEndpoint(f"no live, ready engine serves {version!r}", retry_after_s=self.settings.admission.retry_after.total_seconds())
             chosen = self._pick(candidates, client_key)

@@ -6,6 +6,8 @@ resumable), `max_completion_tokens` and `user` (the consistent-hashing key).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.openai import ChatMessage, SamplingFields
@@ -21,11 +23,27 @@ class GatewaySampling(SamplingFields):
     def token_budget(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
+    def engine_fields(self) -> dict[str, Any]:
+        """The sampling fields forwarded to the engine as they are (the gateway sets `seed`, prompt and budget)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos, "n": self.n}
+
+    def stateful(self) -> bool:
+        """Whether the engine keeps state for this request that the committed tokens cannot rebuild."""
+        return False
+
 
 class CompletionRequest(GatewaySampling):
     prompt: str | list[int]
-    logprobs: int | None = Field(None, ge=0, le=0, description="not supported through the gateway yet")
-    echo: bool = Field(False, description="not supported")
+    logprobs: int | None = Field(None, description="refused: not supported through the gateway")
+    echo: bool = Field(False, description="refused: not supported through the gateway")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: int | None) -> int | None:
+        if logprobs is not None:
+            raise ValueError("logprobs are not supported by the gateway")
+        return logprobs
 
     @field_validator("echo")
     @classmethod
@@ -37,7 +55,22 @@ class CompletionRequest(GatewaySampling):
 
 class ChatCompletionRequest(GatewaySampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = Field(False, description="not supported through the gateway yet")
+    logprobs: bool = Field(False, description="refused when true: not supported through the gateway")
+    top_logprobs: int | None = Field(None, description="refused: not supported through the gateway")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: bool) -> bool:
+        if logprobs:
+            raise ValueError("logprobs are not supported by the gateway")
+        return logprobs
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, top_logprobs: int | None) -> int | None:
+        if top_logprobs is not None:
+            raise ValueError("top_logprobs are not supported by the gateway")
+        return top_logprobs
 
 
 class LeaseRegistration(BaseModel):

@@ -97,11 +97,21 @@ class RecoveryConfig(_Section):
     strategy: RecoveryStrategy = RecoveryStrategy.TOKEN_COMMIT_RESUME
     max_migrations: int = Field(3, ge=0)
     connect_timeout: Seconds = timedelta(seconds=1)
-    first_token_timeout: Seconds = Field(timedelta(seconds=30), description="prefill budget before a stall is declared")
+    first_token_timeout: Seconds = Field(timedelta(seconds=10), description="wait for the first token: this, plus the prompt's expected prefill time")
+    prefill_tokens_per_s: float = Field(2000.0, gt=0, description="expected prefill rate: the first-token wait grows by prompt tokens / this")
     stall_timeout: Seconds = Field(timedelta(seconds=2), description="no token for this long mid-stream: migrate")
     request_timeout: Seconds = Field(timedelta(minutes=5), description="default deadline; X-Lifeline-Timeout-Ms overrides")
     min_deadline_remaining: Seconds = Field(timedelta(milliseconds=500), description="do not migrate with less left")
-    suppress_for: Seconds = Field(timedelta(seconds=10), description="a failed endpoint is skipped locally this long")
+
+
+class OutlierConfig(_Section):
+    """Local ejection of failing endpoints, as Envoy's outlier detection (gateway/outlier.py)."""
+
+    consecutive_5xx: int = Field(3, ge=1, description="engine-answered failures in a row before an ejection")
+    consecutive_local_failures: int = Field(1, ge=1, description="connection failures (refused, reset, stall, lapsed lease) in a row before an ejection")
+    base_ejection_time: Seconds = Field(timedelta(seconds=5), description="the n-th ejection lasts n × this")
+    max_ejection_time: Seconds = Field(timedelta(seconds=60))
+    max_ejection_percent: float = Field(50.0, ge=0.0, le=100.0, description="of a version's endpoints; never the last one")
 
 
 class AdmissionConfig(_Section):
@@ -109,7 +119,7 @@ class AdmissionConfig(_Section):
     max_queue: int = Field(16, ge=0, description="requests waiting for an engine slot; more get 429")
     queue_timeout: Seconds = timedelta(seconds=5)
     retry_after: Seconds = timedelta(seconds=1)
-    retry_budget_ratio: float = Field(0.2, ge=0.0, le=1.0, description="migrations in flight ≤ this × active requests")
+    retry_budget_ratio: float = Field(0.2, ge=0.0, le=1.0, description="migrations in flight (failure → first token of the continuation) ≤ this × active requests")
     retry_budget_min: int = Field(3, ge=0, description="migrations always allowed in flight, as Envoy's min_retry_concurrency")
     hash_load_factor: float = Field(1.25, ge=1.0, description="bounded-load consistent hashing: c × mean load")
 
@@ -159,11 +169,14 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: str = "info"
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    tokenize_in_thread_chars: int = Field(16 * 1024, ge=0, description="prompts longer than this are tokenized off the event loop")
     models: list[ModelConfig] = Field(default_factory=list, description="at least one when routing.source is static")
     engines: list[EngineConfig] = Field(default_factory=list)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     token_log: TokenLogConfig = Field(default_factory=TokenLogConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
 

@@ -12,9 +12,9 @@ Request epochs change only by compare-and-set (`advance_epoch`, `cancel`);
 of an engine we migrated away from, a replica that lost ownership — are
 rejected. Terminal states (finished, failed, cancelled) are idempotent.
 
-Two implementations behind `TokenLog`: `MemoryTokenLog` (embedded default) and
-`RedisTokenLog` (Redis streams; explicit stream ids `<seq+1>-0`, so "after
-seq N" is a plain XRANGE / XREAD from `<N+1>-0`).
+Two implementations behind `TokenLog`: `MemoryTokenLog` here (embedded
+default) and `token_log_redis.RedisTokenLog` (Redis streams). Both follow the
+status table in `stream_status`.
 """
 
 from __future__ import annotations
@@ -23,24 +23,10 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
-
 from common.clock import Clock, SystemClock
-
-
-class StreamStatus(StrEnum):
-    ACTIVE = "active"  # a replica is (or was, until its ownership lapsed) driving it
-    DETACHED = "detached"  # the client left; engine work was cancelled; resumable
-    FINISHED = "finished"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (StreamStatus.FINISHED, StreamStatus.FAILED, StreamStatus.CANCELLED)
+from gateway.stream_status import InvalidTransition, StreamEvent, StreamStatus, advances_epoch, transition
 
 
 @dataclass(frozen=True)
@@ -109,7 +95,9 @@ class TokenLog(Protocol):
         """
         ...
 
-    async def set_status(self, request_id: str, epoch: int, status: StreamStatus) -> bool: ...
+    async def apply(self, request_id: str, epoch: int, event: StreamEvent) -> bool:
+        """DETACH, FINISH or FAIL under `epoch`, as `stream_status.TRANSITIONS` allows; False if not."""
+        ...
 
     async def cancel(self, request_id: str) -> bool:
         """Advance the epoch and end the stream; wins over any later migration."""
@@ -189,37 +177,31 @@ class MemoryTokenLog:
                 pass
         return s.frames[after_seq + 1 :]
 
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
-        s = self._streams.get(request_id)
-        if s is None or s.epoch != expected or s.status.terminal:
+    def _step(self, s: _MemoryStream, event: StreamEvent) -> bool:
+        try:
+            after = transition(s.status, event)
+        except InvalidTransition:
             return False
-        s.epoch += 1
-        s.migrations += migration
-        s.status = StreamStatus.ACTIVE
-        s.owner, s.owner_expires_at = owner, self.clock.now() + self.owner_ttl
+        s.epoch += advances_epoch(s.status, event)
+        s.status = after
         self._notify(s)
         return True
 
-    async def set_status(self, request_id: str, epoch: int, status: StreamStatus) -> bool:
+    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
         s = self._streams.get(request_id)
-        if s is None or s.epoch != epoch:
+        if s is None or s.epoch != expected or not self._step(s, StreamEvent.ADVANCE):
             return False
-        if s.status.terminal:
-            return s.status == status  # idempotent: the same terminal state again is fine
-        s.status = status
-        self._notify(s)
+        s.migrations += migration
+        s.owner, s.owner_expires_at = owner, self.clock.now() + self.owner_ttl
         return True
+
+    async def apply(self, request_id: str, epoch: int, event: StreamEvent) -> bool:
+        s = self._streams.get(request_id)
+        return s is not None and s.epoch == epoch and self._step(s, event)
 
     async def cancel(self, request_id: str) -> bool:
         s = self._streams.get(request_id)
-        if s is None:
-            return False
-        if s.status.terminal:
-            return s.status == StreamStatus.CANCELLED
-        s.epoch += 1
-        s.status = StreamStatus.CANCELLED
-        self._notify(s)
-        return True
+        return s is not None and self._step(s, StreamEvent.CANCEL)
 
     async def refresh_owner(self, request_id: str, owner: str, epoch: int) -> bool:
         s = self._streams.get(request_id)
@@ -241,126 +223,3 @@ class MemoryTokenLog:
 
     async def close(self) -> None:
         return None
-
-
-# Every script: KEYS[1] meta hash, KEYS[2] frame stream, KEYS[3] owner key.
-_APPEND = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'finished' or status == 'failed' or status == 'cancelled' then return 0 end
-redis.call('XADD', KEYS[2], ARGV[2], 'f', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-_ADVANCE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'finished' or status == 'failed' or status == 'cancelled' then return 0 end
-redis.call('HSET', KEYS[1], 'epoch', tonumber(ARGV[1]) + 1, 'status', 'active')
-if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[1], 'migrations', 1) end
-redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-_SET_STATUS = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'finished' or status == 'failed' or status == 'cancelled' then
-  if status == ARGV[2] then return 1 else return 0 end
-end
-redis.call('HSET', KEYS[1], 'status', ARGV[2])
-return 1
-"""
-_CANCEL = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return 0 end
-if status == 'finished' or status == 'failed' then return 0 end
-if status == 'cancelled' then return 1 end
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'status', 'cancelled')
-return 1
-"""
-_REFRESH_OWNER = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-_RELEASE_OWNER = """
-if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
-return 1
-"""
-
-
-class RedisTokenLog:
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "lifeline:stream",
-                 retention: timedelta = timedelta(minutes=10), owner_ttl: timedelta = timedelta(seconds=2)) -> None:
-        self.redis = client
-        self.prefix = prefix
-        self.retention_ms = int(retention.total_seconds() * 1000)
-        self.owner_ttl_ms = int(owner_ttl.total_seconds() * 1000)
-        self._append = client.register_script(_APPEND)
-        self._advance = client.register_script(_ADVANCE)
-        self._set_status = client.register_script(_SET_STATUS)
-        self._cancel = client.register_script(_CANCEL)
-        self._refresh = client.register_script(_REFRESH_OWNER)
-        self._release = client.register_script(_RELEASE_OWNER)
-
-    @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> RedisTokenLog:
-        return cls(aioredis.from_url(url, decode_responses=True), **kwargs)
-
-    def _keys(self, request_id: str) -> list[str]:
-        base = f"{self.prefix}:{{{request_id}}}"
-        return [f"{base}:meta", f"{base}:frames", f"{base}:owner"]
-
-    async def create(self, request_id: str, request: dict[str, Any], *, owner: str) -> None:
-        meta, _, owner_key = self._keys(request_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(meta, mapping={"request": json.dumps(request), "epoch": 0, "status": StreamStatus.ACTIVE.value, "migrations": 0})
-            pipe.pexpire(meta, self.retention_ms)
-            pipe.set(owner_key, owner, px=self.owner_ttl_ms)
-            await pipe.execute()
-
-    async def get(self, request_id: str) -> StreamRecord | None:
-        raw = await self.redis.hgetall(self._keys(request_id)[0])
-        if not raw:
-            return None
-        return StreamRecord(request_id, json.loads(raw["request"]), int(raw["epoch"]), StreamStatus(raw["status"]),
-                            int(raw.get("migrations", 0)))  # absent in records written before the count was kept
-
-    async def append(self, request_id: str, epoch: int, frame: Frame) -> bool:
-        ok = await self._append(keys=self._keys(request_id), args=[epoch, f"{frame.seq + 1}-0", frame.to_json(), self.retention_ms])
-        return bool(ok)
-
-    async def frames_after(self, request_id: str, after_seq: int) -> list[Frame]:
-        entries = await self.redis.xrange(self._keys(request_id)[1], min=f"{after_seq + 2}-0", max="+")
-        return [Frame.from_json(fields["f"]) for _, fields in entries]
-
-    async def wait_frames(self, request_id: str, after_seq: int, timeout: float) -> list[Frame]:
-        frames = await self.frames_after(request_id, after_seq)
-        if frames:
-            return frames
-        stream = self._keys(request_id)[1]
-        result = await self.redis.xread({stream: f"{after_seq + 1}-0"}, block=max(1, int(timeout * 1000)))
-        return [Frame.from_json(fields["f"]) for _, entries in result for _, fields in entries]
-
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
-        return bool(await self._advance(keys=self._keys(request_id), args=[expected, owner, self.owner_ttl_ms, int(migration)]))
-
-    async def set_status(self, request_id: str, epoch: int, status: StreamStatus) -> bool:
-        return bool(await self._set_status(keys=self._keys(request_id), args=[epoch, status.value]))
-
-    async def cancel(self, request_id: str) -> bool:
-        return bool(await self._cancel(keys=self._keys(request_id), args=[]))
-
-    async def refresh_owner(self, request_id: str, owner: str, epoch: int) -> bool:
-        return bool(await self._refresh(keys=self._keys(request_id), args=[epoch, owner, self.owner_ttl_ms]))
-
-    async def release_owner(self, request_id: str, owner: str) -> None:
-        await self._release(keys=self._keys(request_id), args=[owner])
-
-    async def owner(self, request_id: str) -> str | None:
-        return await self.redis.get(self._keys(request_id)[2])
-
-    async def close(self) -> None:
-        await self.redis.aclose()

@@ -10,7 +10,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from contract.lease import LeaseExpired, Registration, RedisLeaseRegistry, StaleGeneration
-from gateway.token_log import Frame, RedisTokenLog, StreamStatus
+from gateway.stream_status import StreamEvent, StreamStatus
+from gateway.token_log import Frame
+from gateway.token_log_redis import RedisTokenLog
 
 pytestmark = pytest.mark.integration
 
@@ -96,8 +98,8 @@ async def test_redis_cancel_wins_and_terminal_states_are_idempotent(client):
     redis, prefix = client
     log = RedisTokenLog(redis, prefix=prefix)
     await log.create("r3", {}, owner="gw-1")
-    assert await log.set_status("r3", 0, StreamStatus.FINISHED)
-    assert await log.set_status("r3", 0, StreamStatus.FINISHED)
+    assert await log.apply("r3", 0, StreamEvent.FINISH)
+    assert await log.apply("r3", 0, StreamEvent.FINISH)
     assert not await log.cancel("r3")  # finished stays finished
     await log.create("r4", {}, owner="gw-1")
     assert await log.cancel("r4") and await log.cancel("r4")

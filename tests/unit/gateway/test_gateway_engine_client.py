@@ -219,3 +219,14 @@ async def test_connections_idle_past_the_expiry_are_not_reused():
     client.idle_expiry = -1.0  # every idle connection counts as expired
     await _two_requests(engine, client)
     assert engine.connects == 2 and engine.transports[0].closed
+
+
+async def test_an_engine_draining_error_event_is_a_planned_shutdown_not_an_engine_error():
+    from contract.identity import DRAINING_ERROR_TYPE
+    from gateway.engine_client import DRAINING
+
+    error = {"error": {"message": "planned shutdown", "type": DRAINING_ERROR_TYPE, "param": None, "code": 503}}
+    body = _sse(7, finish_last=False) + b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
+    with pytest.raises(EngineFailure) as failed:
+        await _collect(_client(FakeEngine(_http(200, body, SSE))))
+    assert failed.value.reason == DRAINING

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
 from tokenizers import Tokenizer
 
@@ -12,7 +9,9 @@ from common.clock import ManualClock
 from gateway.engine_client import EngineFailure
 from gateway.errors import RecoveryImpossible
 from gateway.metrics import GatewayMetrics
-from gateway.recovery import Deps, StreamRequest, StreamSession
+from gateway.deps import Deps
+from gateway.recovery import StreamSession
+from gateway.stream_request import StreamRequest
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import MemoryTokenLog
 from lifeline.processes import built_model
@@ -20,21 +19,13 @@ from lifeline.processes import built_model
 pytestmark = pytest.mark.unit
 
 
-@dataclass
-class _Admission:
-    retry_budget: Any
-
-
-@dataclass
 class _Router:
-    admission: _Admission
+    """Only the retry budget: this test never routes."""
 
-
-class _Budget:
-    def try_acquire(self) -> bool:
+    async def begin_retry(self, timeout: float) -> bool:
         return True
 
-    def release(self) -> None:
+    def end_retry(self) -> None:
         pass
 
 
@@ -44,7 +35,7 @@ def _session_parts(max_migrations: int):
     settings = GatewaySettings.load(None, models=[{"alias": "tiny", "version": model.name, "model_dir": str(model)}],
                                     recovery={"max_migrations": max_migrations})
     log = MemoryTokenLog(clock=clock)
-    deps = Deps(settings, _Router(_Admission(_Budget())), None, log, GatewayMetrics(), clock, "gw-1")  # type: ignore[arg-type]
+    deps = Deps(settings, _Router(), None, log, GatewayMetrics(), clock, "gw-1")  # type: ignore[arg-type]
     request = StreamRequest(
         request_id="cmpl-1", kind="completion", model="tiny", version=model.name, prompt_ids=[1, 2], max_tokens=16,
         sampling={}, stop=[], strategy=RecoveryStrategy.TOKEN_COMMIT_RESUME, deadline_wall=clock.wall() + 60, created=0,

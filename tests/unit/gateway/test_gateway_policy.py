@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.admission import RetryBudget
-from gateway.recovery import decide
+from gateway.policy import decide
 from common.detokenize import TextAssembler
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from lifeline.processes import built_model

@@ -1,4 +1,4 @@
-"""Endpoint choice: suppression per generation, bounded-load hashing, admission limits."""
+"""Endpoint choice: ejection per generation, bounded-load hashing, admission limits."""
 
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ async def _router(n: int, **admission) -> tuple[Router, InMemoryLeaseRegistry, M
 async def test_suppression_is_per_generation_and_expires():
     router, registry, clock = await _router(2)
     e0 = next(e for e in await router.endpoints("v") if e.instance_id == "e0")
-    router.suppress(e0)
+    await router.failed(e0, "connect")
     assert [e.instance_id for e in await router.endpoints("v")] == ["e1"]
     await registry.register(Registration("e0", "http://e0", "v"))  # restart: new generation
     assert {e.instance_id for e in await router.endpoints("v")} == {"e0", "e1"}
-    router.suppress(next(e for e in await router.endpoints("v") if e.instance_id == "e0"))
+    await router.failed(next(e for e in await router.endpoints("v") if e.instance_id == "e0"), "connect")
     for _ in range(6):  # the engines keep renewing while the suppression runs out
         clock.advance(1.7)
         for lease in await registry.live():
@@ -61,7 +61,7 @@ async def test_least_outstanding_and_refusal_when_full():
 
 async def test_no_endpoint_is_a_503_not_a_hang():
     router, _, clock = await _router(1)
-    router.suppress((await router.endpoints("v"))[0])
+    await router.failed((await router.endpoints("v"))[0], "connect")
     with pytest.raises(NoHealthyEndpoint):
         await router.acquire("v", client_key=None, queue_timeout=5)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway.app import FrameRenderer, render_frame
-from gateway.recovery import StreamRequest
+from gateway.sse import FrameRenderer, render_frame
+from gateway.stream_request import StreamRequest
 from gateway.settings import RecoveryStrategy
 from gateway.token_log import Frame
 

@@ -9,7 +9,8 @@ import pytest
 from common.clock import ManualClock
 from contract.lease import LeaseExpired, Registration, StaleGeneration
 from gateway.lease_registry import InMemoryLeaseRegistry
-from gateway.token_log import Frame, MemoryTokenLog, StreamStatus
+from gateway.stream_status import StreamEvent, StreamStatus
+from gateway.token_log import Frame, MemoryTokenLog
 
 pytestmark = pytest.mark.unit
 
@@ -70,8 +71,8 @@ async def test_cancel_wins_over_a_late_migration_and_terminal_states_are_idempot
     assert record.status is StreamStatus.CANCELLED and record.epoch == 1
     assert not await log.advance_epoch("r1", 1, owner="gw")
     assert not await log.append("r1", 1, _frame(0, 1))
-    assert not await log.set_status("r1", 1, StreamStatus.FINISHED)
-    assert await log.set_status("r1", 1, StreamStatus.CANCELLED)
+    assert not await log.apply("r1", 1, StreamEvent.FINISH)
+    assert await log.cancel("r1")
 
 
 async def test_owner_lapses_so_another_replica_can_take_over():

@@ -1,0 +1,103 @@
+"""Local outlier detection: eject an endpoint after consecutive failures, as Envoy does.
+
+The lease registry removes a dead engine from routing within its TTL; this
+covers the window before, on this replica only. Modelled on Envoy's outlier
+detection (`consecutive_5xx`, `consecutive_local_origin_failure`,
+`base_ejection_time`, `max_ejection_time`, `max_ejection_percent`):
+
+- An endpoint is ejected after `consecutive_5xx` failures in a row answered by
+  the engine (5xx, an SSE error event, a malformed stream), or after
+  `consecutive_local_failures` failures of the connection itself (refused,
+  reset, a stall, a lapsed lease, a foreign generation). Any success resets
+  the count. One transient 500 ejects nothing at the defaults.
+- The n-th ejection lasts `base_ejection_time × n`, capped at
+  `max_ejection_time`; an endpoint that stays healthy for one base time after
+  its ejection ended forgets one step (Envoy's decay).
+- Engine-answered failures eject at most `max_ejection_percent` of a
+  version's endpoints at once, and never the last one: a 5xx over the cap is
+  counted but not ejected, so transient errors cannot empty the fleet.
+  Connection failures eject regardless of the cap (invariant 2: an endpoint
+  whose connection failed is suppressed at once): nothing there can answer,
+  and its lease will lapse anyway.
+
+Keys are `(instance_id, generation)`, so a restarted engine (new generation)
+starts clean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.clock import Clock
+from common.logs import get_logger
+from gateway.settings import OutlierConfig
+
+log = get_logger(__name__)
+
+EndpointKey = tuple[str, int | None]
+
+# Failures of the connection itself (Envoy's "local origin"); everything else the engine answered.
+LOCAL_FAILURES = frozenset({"connect", "timeout", "connection_lost", "stall", "lease_lapsed", "stale_generation"})
+
+
+@dataclass
+class _Record:
+    consecutive_5xx: int = 0
+    consecutive_local: int = 0
+    ejections: int = 0  # the multiplier of the next ejection time
+    ejected_until: float = 0.0
+
+
+class OutlierDetector:
+    def __init__(self, config: OutlierConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self._records: dict[EndpointKey, _Record] = {}
+
+    def ejected(self, key: EndpointKey) -> bool:
+        record = self._records.get(key)
+        return record is not None and record.ejected_until > self.clock.now()
+
+    def success(self, key: EndpointKey) -> None:
+        record = self._records.get(key)
+        if record is None:
+            return
+        record.consecutive_5xx = record.consecutive_local = 0
+        base = self.config.base_ejection_time.total_seconds()
+        if record.ejections and self.clock.now() > record.ejected_until + base:
+            record.ejections -= 1
+        if not record.ejections and not record.ejected_until > self.clock.now():
+            del self._records[key]
+
+    def failure(self, key: EndpointKey, reason: str, *, peers: list[EndpointKey]) -> bool:
+        """Count a failure of `key`; True if it is ejected now. `peers`: the version's endpoints, `key` among them."""
+        record = self._records.setdefault(key, _Record())
+        local = reason in LOCAL_FAILURES
+        if local:
+            record.consecutive_local += 1
+            reached = record.consecutive_local >= self.config.consecutive_local_failures
+        else:
+            record.consecutive_5xx += 1
+            reached = record.consecutive_5xx >= self.config.consecutive_5xx
+        now = self.clock.now()
+        if not reached or record.ejected_until > now:
+            return record.ejected_until > now
+        if not local and not self._room_to_eject(key, peers):
+            log.warning("endpoint not ejected: the ejection cap is reached", instance=key[0], generation=key[1], reason=reason)
+            return False
+        record.ejections += 1
+        duration = min(self.config.base_ejection_time.total_seconds() * record.ejections,
+                       self.config.max_ejection_time.total_seconds())
+        record.ejected_until = now + duration
+        record.consecutive_5xx = record.consecutive_local = 0
+        log.warning("endpoint ejected", instance=key[0], generation=key[1], reason=reason, seconds=duration,
+                    ejections=record.ejections)
+        return True
+
+    def _room_to_eject(self, key: EndpointKey, peers: list[EndpointKey]) -> bool:
+        others = [p for p in peers if p != key]
+        total = len(others) + 1
+        already = sum(1 for p in others if self.ejected(p))
+        cap = min(math.floor(total * self.config.max_ejection_percent / 100), total - 1)  # never the last one
+        return already + 1 <= cap

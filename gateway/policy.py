@@ -1,0 +1,37 @@
+"""Pure recovery policy: may a failed stream move to another engine?
+
+`decide()` reads only its arguments (a parametrized table test holds it); the
+retry budget is checked after it, by the session, because it is shared state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.settings import RecoveryStrategy
+
+
+@dataclass(frozen=True)
+class Decision:
+    migrate: bool
+    reason: str = ""
+    message: str = ""
+
+
+def decide(
+    *, strategy: RecoveryStrategy, resumable: bool, migrations: int, max_migrations: int,
+    deadline_remaining: float, min_deadline_remaining: float, committed: int = 0, stateful: bool = False,
+) -> Decision:
+    """The first rule that refuses names the typed error; otherwise migrate."""
+    if strategy is RecoveryStrategy.FAIL_STOP:
+        return Decision(False, "engine_failed", "the engine failed and the recovery strategy is fail_stop")
+    if not resumable:
+        return Decision(False, "not_resumable", "requests with n > 1 cannot be continued from one committed prefix")
+    if stateful and committed and strategy is RecoveryStrategy.TOKEN_COMMIT_RESUME:
+        return Decision(False, "not_resumable", "the engine's grammar state for this request (response_format, guided "
+                        "decoding) cannot be rebuilt from the committed tokens")
+    if migrations >= max_migrations:
+        return Decision(False, "migration_limit", f"the stream already migrated {migrations} times (limit {max_migrations})")
+    if deadline_remaining < min_deadline_remaining:
+        return Decision(False, "deadline_exceeded", f"{max(deadline_remaining, 0):.2f}s left before the deadline is too little to migrate")
+    return Decision(True)

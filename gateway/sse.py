@@ -1,0 +1,159 @@
+"""SSE rendering and the HTTP responses of a stream: the gateway's hot path.
+
+`FrameRenderer` turns a committed `Frame` into one SSE event with the
+request's constant envelope encoded once; `render_frame` is the plain
+reference it must match byte for byte (a unit test holds them equal).
+`FrameStreamResponse` streams them and closes the engine stream the moment a
+client leaves; `collect` builds the non-streamed body from the same frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from contract.openai import completion_body
+from gateway.stream_request import StreamRequest
+from gateway.token_log import Frame
+
+class FrameStreamResponse(StreamingResponse):
+    """A StreamingResponse that notices a client leaving even between tokens and always closes its iterator.
+
+    Closing the iterator closes the engine stream, and the engine then drops the
+    sequence from its batch: a client that leaves costs at most one more decode step.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        streaming = asyncio.create_task(self.stream_response(send))
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    streaming.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await streaming
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being cancelled ourselves (shutdown), not the client leaving
+        except OSError:
+            pass  # the client left while we wrote
+        finally:
+            watcher.cancel()
+            streaming.cancel()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _envelope(req: StreamRequest, frame: Frame, choices: list[dict]) -> dict:
+    return {
+        "id": req.request_id,
+        "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+        "created": req.created,
+        "model": req.model,
+        "choices": choices,
+        "lifeline": {"request_id": req.request_id, "seq": frame.seq, "epoch": frame.epoch},
+    }
+
+
+def render_frame(req: StreamRequest, frame: Frame) -> str:
+    if frame.kind == "done":
+        return f"id: {frame.seq}\ndata: [DONE]\n\n"
+    if frame.kind == "error":
+        payload = {"error": frame.error, "lifeline": {"request_id": req.request_id, "seq": frame.seq, "epoch": frame.epoch}}
+        return f"id: {frame.seq}\nevent: error\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    if frame.kind == "usage":
+        chunk = _envelope(req, frame, [])
+        chunk["usage"] = frame.usage
+    elif frame.kind == "role":
+        chunk = _envelope(req, frame, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    else:
+        if req.kind == "chat":
+            delta = {"content": frame.text} if frame.token_ids else {}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": frame.finish_reason}
+        else:
+            choice = {"index": 0, "text": frame.text, "logprobs": None, "finish_reason": frame.finish_reason}
+        if req.return_token_ids:
+            choice["token_ids"] = list(frame.token_ids)
+        chunk = _envelope(req, frame, [choice])
+    return f"id: {frame.seq}\ndata: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+
+
+_json_str = json.encoder.encode_basestring_ascii  # what json.dumps does to a str (ensure_ascii)
+
+
+class FrameRenderer:
+    """`render_frame` for one request, with the envelope encoded once instead of per token.
+
+    A token frame is the request's constant envelope around three variable
+    parts (text, finish_reason, token ids) and the lifeline seq/epoch; building
+    and encoding the nested dicts per token was the largest cost of SSE
+    encoding. The output is byte-identical to `render_frame` (a unit test
+    holds them equal); every other kind of frame takes `render_frame`.
+    """
+
+    def __init__(self, req: StreamRequest) -> None:
+        self.req = req
+        rid = _json_str(req.request_id)
+        obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+        self.chat = req.kind == "chat"
+        self.token_ids = req.return_token_ids
+        self.head = f'data: {{"id":{rid},"object":"{obj}","created":{req.created},"model":{_json_str(req.model)},"choices":[{{"index":0,'
+        self.lifeline = f'}}],"lifeline":{{"request_id":{rid},"seq":'
+
+    def render(self, frame: Frame) -> str:
+        if frame.kind != "token":
+            return render_frame(self.req, frame)
+        if self.chat:
+            variable = f'"delta":{{"content":{_json_str(frame.text)}}}' if frame.token_ids else '"delta":{}'
+        else:
+            variable = f'"text":{_json_str(frame.text)}'
+        finish = "null" if frame.finish_reason is None else _json_str(frame.finish_reason)
+        ids = f',"token_ids":[{",".join(map(str, frame.token_ids))}]' if self.token_ids else ""
+        return (f"id: {frame.seq}\n{self.head}{variable},\"logprobs\":null,\"finish_reason\":{finish}{ids}"
+                f'{self.lifeline}{frame.seq},"epoch":{frame.epoch}}}}}\n\n')
+
+
+async def sse_body(req: StreamRequest, frames: AsyncIterator[Any]) -> AsyncIterator[str]:
+    render = FrameRenderer(req).render
+    async with aclosing(frames) as items:
+        async for item in items:
+            if isinstance(item, Frame):
+                yield render(item)
+
+
+async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[str, str]) -> JSONResponse:
+    text: list[str] = []
+    token_ids: list[int] = []
+    finish: str | None = None
+    usage: dict[str, int] | None = None
+    epoch = 0
+    async with aclosing(frames) as items:
+        async for item in items:
+            if not isinstance(item, Frame):
+                continue
+            epoch = item.epoch
+            if item.kind == "error":
+                error = item.error or {}
+                return JSONResponse({"error": error}, status_code=int(error.get("code") or 502), headers=headers)
+            if item.kind == "token":
+                text.append(item.text)
+                token_ids.extend(item.token_ids)
+                finish = item.finish_reason or finish
+            elif item.kind == "usage":
+                usage = item.usage
+    body = completion_body(kind="chat" if req.kind == "chat" else "completion", request_id=req.request_id,
+                           created=req.created, model=req.model, text="".join(text), finish_reason=finish,
+                           token_ids=token_ids if req.return_token_ids else None, usage_=usage)
+    body["lifeline"] = {"request_id": req.request_id, "epoch": epoch}
+    return JSONResponse(body, headers=headers)

@@ -1,0 +1,43 @@
+"""`StreamRequest`: everything needed to (re)issue one request to any engine, from any replica.
+
+It is stored with the stream in the token log (`to_dict`), so a replica that
+takes over a stream rebuilds it exactly (`from_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gateway.settings import RecoveryStrategy
+
+
+@dataclass
+class StreamRequest:
+    request_id: str
+    kind: str  # "chat" | "completion"
+    model: str  # the name the client used
+    version: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: dict[str, Any]  # forwarded to the engine as is: temperature, top_p, seed, logit_bias, response_format, …
+    stop: list[str]
+    strategy: RecoveryStrategy
+    deadline_wall: float  # Unix seconds (clock.wall()): another replica may read it
+    created: int
+    stream: bool = True
+    include_usage: bool = False
+    return_token_ids: bool = False
+    client_key: str | None = None
+    prefer_instance: str | None = None
+    resumable: bool = True  # False: n > 1, several candidates cannot continue from one prefix
+    stateful: bool = False  # grammar / structured output: the engine's state cannot be rebuilt from the prefix
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["strategy"] = self.strategy.value
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> StreamRequest:
+        return cls(**{**body, "strategy": RecoveryStrategy(body["strategy"])})
