@@ -280,12 +280,11 @@ class BgpPeer:
 
 @dataclass
 class ExaBgpSpeaker(DaemonProcess):
-    """ExaBGP announcing for one zone, driven through its process API (a FIFO pair we own).
+    """ExaBGP announcing for one zone, driven through its process API.
 
-    ExaBGP runs `api-bridge` as its API process; the bridge copies lines
-    from `commands.fifo` to ExaBGP and ExaBGP's answers (`exabgp_api_ack`)
-    to `acks.fifo`, so the driver in the test process talks to a live
-    ExaBGP without the ~160 ms `exabgp cli` start-up per call.
+    ExaBGP runs `cutover/drivers/exabgp_bridge.py` as its API process, which
+    copies lines from `commands.fifo` to ExaBGP and ExaBGP's acks
+    (`exabgp_api_ack`) to `acks.fifo`: the production wiring, in a temp dir.
     """
 
     workdir: Path
@@ -306,7 +305,7 @@ class ExaBgpSpeaker(DaemonProcess):
         for fifo in (self.command_fifo, self.ack_fifo):
             if not fifo.exists():
                 os.mkfifo(fifo)
-        bridge = Path(__file__).with_name("exabgp_api_bridge.py")
+        bridge = Path(__file__).resolve().parents[2] / "cutover" / "drivers" / "exabgp_bridge.py"
         (self.workdir / "exabgp.conf").write_text(textwrap.dedent(f"""\
             process api-bridge {{
                 run {sys.executable} {bridge} {self.command_fifo} {self.ack_fifo};
@@ -323,7 +322,8 @@ class ExaBgpSpeaker(DaemonProcess):
             }}
             """))
         env = {**os.environ, "exabgp_daemon_drop": "false", "exabgp_api_ack": "true",
-               "exabgp_log_destination": "stdout", "exabgp_daemon_daemonize": "false"}
+               "exabgp_log_destination": "stdout", "exabgp_daemon_daemonize": "false",
+               "exabgp_api_cli": "false"}
         self.spawn([exabgp, str(self.workdir / "exabgp.conf")], env=env)
         self.wait_until(lambda: self.router.established(self.peer), "Established with BIRD", timeout=30)
         return self
