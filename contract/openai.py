@@ -46,6 +46,50 @@ class SamplingFields(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with its schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ConstrainedDecodingFields(BaseModel):
+    """Fields that constrain which tokens may come next (vLLM's names; vLLM serves them on /v1/completions).
+
+    `logit_bias` is the same at every position. The others make the engine keep
+    state along the output (a grammar's position, penalties counted over the
+    generated tokens): a continuation from `prompt ‖ committed tokens` would
+    restart that state, so a side that continues streams must not resume them.
+    """
+
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) → bias in [-100, 100]
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+
+    def constraint_fields(self) -> dict[str, Any]:
+        """The fields set to something other than their no-op default, as the engine takes them."""
+        set_fields = self.model_dump(include=set(ConstrainedDecodingFields.model_fields), exclude_defaults=True,
+                                     exclude_none=True)
+        if self.response_format is not None and self.response_format.type == "text":
+            set_fields.pop("response_format", None)
+        return set_fields
+
+    def keeps_output_state(self) -> bool:
+        """Whether the engine's state for this request depends on the tokens generated so far."""
+        return bool(set(self.constraint_fields()) - {"logit_bias"})
+
+
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")  # OpenAI's tool calling (chat)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -2,6 +2,15 @@
 
 The gateway requires `model` (an alias or a version), accepts `n` > 1 (not
 resumable), `max_completion_tokens` and `user` (the consistent-hashing key).
+
+Nothing is stripped silently. Constrained decoding (`logit_bias`,
+`response_format`, vLLM's `guided_*`, penalties) is forwarded to the engine;
+all but `logit_bias` keep engine state along the output, so such a stream is
+not resumed after its first committed token (`not_resumable`). Any other
+field is refused with a 400 naming it — tool calling among them: the gateway
+renders the chat template itself and speaks `/v1/completions` to engines, so
+it cannot parse tool calls — except the few that change nothing
+(`NO_OP_FIELDS`).
 """
 
 from __future__ import annotations
@@ -10,10 +19,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contract.openai import ChatMessage, SamplingFields
+from contract.openai import TOOL_FIELDS, ChatMessage, ConstrainedDecodingFields, SamplingFields
 
 
-class GatewaySampling(SamplingFields):
+NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls"})  # accepted, change nothing
+_ABSENT = (None, "none", "", [], {})  # a tool field with one of these values asks for nothing
+
+
+class GatewaySampling(SamplingFields, ConstrainedDecodingFields):
+    model_config = ConfigDict(extra="allow")  # kept to be refused by name (`refused_field`), never dropped
+
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -23,14 +38,36 @@ class GatewaySampling(SamplingFields):
     def token_budget(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, not {token!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100]")
+        return bias
+
+    def refused_field(self) -> tuple[str, str] | None:
+        """The first field the gateway cannot forward, and why; None if every field can go to the engine."""
+        for name, value in (self.model_extra or {}).items():
+            if name in NO_OP_FIELDS or (name in TOOL_FIELDS and value in _ABSENT):
+                continue
+            if name in TOOL_FIELDS:
+                return name, (f"{name}: tool calling is not supported through the gateway (it renders the chat "
+                              "template itself and cannot parse tool calls)")
+            return name, f"{name}: not supported through the gateway"
+        return None
+
     def engine_fields(self) -> dict[str, Any]:
         """The sampling fields forwarded to the engine as they are (the gateway sets `seed`, prompt and budget)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos, "n": self.n}
+                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos, "n": self.n,
+                **self.constraint_fields()}
 
     def stateful(self) -> bool:
         """Whether the engine keeps state for this request that the committed tokens cannot rebuild."""
-        return False
+        return self.keeps_output_state()
 
 
 class CompletionRequest(GatewaySampling):

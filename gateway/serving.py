@@ -34,6 +34,8 @@ _TERMINAL_KINDS = ("done", "error")
 async def serve(st: GatewayState, headers: Mapping[str, str], body: GatewaySampling, version: ModelVersion,
                 prompt_ids: list[int], *, kind: str) -> Response:
     """Start the stream; answer once the first engine accepted it (or with its error before the first byte)."""
+    if refused := body.refused_field():
+        raise BadRequest(refused[1], param=refused[0])
     clock = st.deps.clock
     received_at = clock.now()
     req = stream_request(headers, st.settings, body, version, prompt_ids, kind=kind, wall=clock.wall())

@@ -26,6 +26,9 @@ OK = {"strategy": RecoveryStrategy.TOKEN_COMMIT_RESUME, "resumable": True, "migr
     ({"migrations": 3}, "migration_limit"),
     ({"deadline_remaining": 0.2}, "deadline_exceeded"),
     ({"strategy": RecoveryStrategy.RETRY_FROM_SCRATCH}, ""),
+    ({"stateful": True}, ""),  # no token committed yet: the grammar starts afresh elsewhere
+    ({"stateful": True, "committed": 1}, "not_resumable"),
+    ({"stateful": True, "committed": 1, "strategy": RecoveryStrategy.RETRY_FROM_SCRATCH}, ""),
 ])
 def test_decide_migrates_only_within_bounds(change, reason):
     decision = decide(**{**OK, **change})
