@@ -18,7 +18,7 @@ import pytest
 from httpx_sse import connect_sse
 
 from lifeline.processes import gateway_config
-from tests.e2e.gateway.conftest import direct_tokens, stream
+from tests.e2e.gateway.conftest import direct_tokens, parse_events, stream
 
 pytestmark = pytest.mark.e2e
 
@@ -156,3 +156,29 @@ def test_delete_ends_an_attached_client_with_a_typed_event(cluster):
     assert events[-1][1] == "error"
     assert json.loads(events[-1][2])["error"]["type"] == "cancelled"
     assert [int(e[0]) for e in events] == list(range(len(events)))
+
+
+def test_a_planned_engine_shutdown_migrates_without_the_retry_budget(cluster_factory):
+    """SIGTERM: the engine drains and ends what is left with `engine_draining`; with a zero retry budget
+    any other migration would fail, so a completed stream proves the drain spent no budget."""
+    c = cluster_factory()
+    c.start_gateway(gateway_config(c.model, recovery={"stall_timeout": 5.0},
+                                   admission={"retry_budget_min": 0, "retry_budget_ratio": 0.0}))
+    c.start_engine("stays", ["--fault-token-delay-ms", "40"])
+    leaving = c.start_engine("leaving", ["--fault-token-delay-ms", "40", "--drain-unroute-wait", "0.2",
+                                         "--drain-timeout", "0.3"])
+    c.gateway.wait_routable("tiny", 2)
+    expected = direct_tokens(c.engines[0].url, c.model, GREEDY)
+    events = []
+    with httpx.Client(timeout=120) as client, connect_sse(
+        client, "POST", c.gateway.url + "/v1/completions", json={**GREEDY, "stream": True},
+        headers={"X-Lifeline-Prefer-Instance": "leaving"},
+    ) as source:
+        for sse in source.iter_sse():
+            events.append((sse.id, sse.event, sse.data))
+            if len(events) == 3:
+                leaving.process.send_signal(signal.SIGTERM)
+    result = parse_events(events)
+    assert result.error is None and result.token_ids == expected and result.done
+    assert c.gateway.metric("lifeline_gateway_migrations_total", {"reason": "engine_draining"}) == 1
+    leaving.process.wait(timeout=60)

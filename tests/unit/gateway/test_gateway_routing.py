@@ -75,3 +75,15 @@ async def test_client_affinity_is_sticky_until_the_load_bound():
     picks = Counter(e.instance_id for e in [await router.acquire("v", client_key="user-7", queue_timeout=0) for _ in range(39)])
     assert picks[first.instance_id] <= 1.25 * 40 / 4 + 1
     assert len(picks) > 1
+
+
+async def test_each_local_ejection_is_told_to_the_event_listener_once():
+    router, _, _ = await _router(2)
+    told = []
+
+    router.on_ejected = lambda endpoint, reason: told.append((endpoint.instance_id, reason))
+    e0 = next(e for e in await router.endpoints("v") if e.instance_id == "e0")
+    assert await router.failed(e0, "connect")
+    assert await router.failed(e0, "connect")  # already out: not told twice
+    assert not await router.failed(next(e for e in await router.endpoints("v")), "http_500")  # 1 of 3 in a row
+    assert told == [("e0", "connect")]

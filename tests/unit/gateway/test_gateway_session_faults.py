@@ -144,3 +144,28 @@ async def test_one_transient_500_per_engine_leaves_the_fleet_routable(tiny_model
         frames = await frames_of((await h.session(max_tokens=2, prefer=prefer)).run())
         assert _error(frames) is None and _tokens(frames) == [5, 6]
     assert {e.instance_id for e in await h.router.endpoints("v")} == {"a", "b"}
+
+
+async def test_cancel_ends_a_resumed_client_tailing_another_replicas_stream(tiny_model):
+    from gateway.serving import follow
+    from gateway.state import GatewayState
+
+    h = Harness(tiny_model, ["a"])
+    st = GatewayState(h.settings, h.router.table, h.registry, h.view, h.log, h.deps, h.metrics)
+    session = await h.session(max_tokens=8)  # created in the log, owned by gw-1, driven elsewhere
+    rid = session.request.request_id
+    for seq in range(2):
+        assert await h.log.append(rid, 0, Frame(seq=seq, kind="token", epoch=0, token_ids=(5 + seq,), text="x"))
+    await h.log.refresh_owner(rid, "gw-other", 0)
+    tail = follow(st, session.request, h.router.table.resolve("m"), after=0)
+    assert (await anext(tail)).seq == 1
+    pending = asyncio.ensure_future(anext(tail))
+    await asyncio.sleep(0.01)
+    assert await h.log.cancel(rid)
+    async with asyncio.timeout(30):
+        last_chunk = await pending
+    error = await anext(tail)
+    assert (last_chunk.seq, last_chunk.finish_reason) == (2, "error")
+    assert (error.seq, error.kind, error.error["type"]) == (3, "error", "cancelled")
+    with pytest.raises(StopAsyncIteration):
+        await anext(tail)
