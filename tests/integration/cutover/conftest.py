@@ -1,119 +1,167 @@
-"""Fixtures for the cutover workflow tests: topology, a runtime on virtual time, scriptable tier drivers."""
+"""Real routing daemons for the cutover driver tests (tests/support/daemons.py).
+
+Each fixture starts its daemon in the test's temp dir on spare loopback
+ports and stops it by pid at teardown; a daemon that is not installed
+fails the test naming its package.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from common.clock import ManualClock
-from controlplane.db import build_session_factory, session_scope
-from controlplane.topology import service as topology
-from controlplane.topology.schemas import ClusterCreate
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import CutoverTier, TargetState
-from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope, StepCheck
-from tests.support.controlplane_testing import clean_tables
+from cutover.driver import AnycastState, AnycastTarget
+from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
+from cutover.driver import L7Target
+from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S
+from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
+from tests.support.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
 
-
-@pytest.fixture(scope="session")
-def cutover_tables(db_engine: Any) -> None:
-    # Until the cutover migration is in the chain the suite builds from, create the tables here.
-    from controlplane.db import Base
-    from cutover import models  # noqa: F401 - registers the tables on Base.metadata
-
-    Base.metadata.create_all(db_engine, tables=[Base.metadata.tables[n] for n in
-                                                ("cutovers", "cutover_steps", "cutover_gate", "zonal_shifts")])
+# The seed's dual TTL: the external record moves at cutover, the internal one does not.
+REGION_A = "192.0.2.10"
+REGION_B = "198.51.100.10"
 
 
 @pytest.fixture
-def session_factory(db_engine: Any, cutover_tables: None) -> Any:
-    clean_tables(db_engine)
-    return build_session_factory(db_engine)
+def bind_server(tmp_path: Path) -> Iterator[BindServer]:
+    server = BindServer(workdir=tmp_path / "bind", records=[
+        DnsRecord("api", EXTERNAL_TTL_S, "A", REGION_A),
+        DnsRecord("api.internal", INTERNAL_TTL_S, "A", REGION_A),
+    ])
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ anycast
+
+SERVICE_PREFIX = "203.0.113.10/32"
+
+
+@dataclass
+class AnycastLab:
+    """BIRD 2 observing two zones' ExaBGP speakers, both announcing SERVICE_PREFIX."""
+
+    router: BirdRouter
+    speakers: dict[str, ExaBgpSpeaker]
+    driver: AnycastDriver
+    targets: dict[str, AnycastTarget]
+
+    def new_driver(self) -> AnycastDriver:
+        return AnycastDriver(
+            speakers={zone: ExaBgpApi(s.command_fifo, s.ack_fifo, ack_timeout_s=1.0)
+                      for zone, s in self.speakers.items()},
+            observer=BirdRouteReader(self.router.socket_path))
 
 
 @pytest.fixture
-def read_factory(db_engine: Any) -> Any:
-    return build_session_factory(db_engine, read_only=True)
+def anycast_lab(tmp_path: Path) -> Iterator[AnycastLab]:
+    peers = {"zone-a": BgpPeer("zone_a", "127.0.0.2", 65002), "zone-b": BgpPeer("zone_b", "127.0.0.3", 65003)}
+    router = BirdRouter(workdir=tmp_path / "bird", peers=list(peers.values()))
+    speakers: dict[str, ExaBgpSpeaker] = {}
+    try:
+        router.start()
+        for zone, peer in peers.items():
+            speakers[zone] = ExaBgpSpeaker(workdir=tmp_path / zone, peer=peer, router=router).start()
+        lab = AnycastLab(router=router, speakers=speakers, driver=None,  # type: ignore[arg-type]
+                         targets={zone: AnycastTarget(prefix=SERVICE_PREFIX, zone=zone, next_hop=peer.address)
+                                  for zone, peer in peers.items()})
+        lab.driver = lab.new_driver()
+        for target in lab.targets.values():
+            lab.driver.apply(AnycastState(target=target, announced=True))
+            lab.driver.verify(AnycastState(target=target, announced=True), timedelta(seconds=10))
+        yield lab
+    finally:
+        for speaker in speakers.values():
+            speaker.stop()
+        router.stop()
 
 
-class ScriptedDriver:
-    """An in-memory tier (standing in for a routing system) whose verification and apply can be scripted."""
-
-    def __init__(self, tier: CutoverTier = CutoverTier.ANYCAST, name: str = "scripted", *,
-                 targets: dict[str, list[str]] | None = None) -> None:
-        self.tier = tier
-        self.name = name
-        self.announced: dict[str, bool] = {}
-        self.scope_targets = targets or {}
-        self.never_verify: set[str] = set()
-        self.applied: list[tuple[str, bool]] = []
-        self.block: threading.Event | None = None
-        self.blocked = threading.Event()
-        self.crash_on_apply: str | None = None
-
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [{"tier": self.tier.value, "prefix": p} for p in self.scope_targets.get(scope.key, [])]
-
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return {"target": target, "announced": self.announced.setdefault(target["prefix"], True)}
-
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return {**before, "announced": target_state == TargetState.IN}
-
-    def apply(self, desired: dict[str, Any]) -> None:
-        prefix = desired["target"]["prefix"]
-        if self.crash_on_apply == prefix:
-            self.crash_on_apply = None
-            raise SimulatedCrash(prefix)
-        if self.block is not None:
-            self.blocked.set()
-            self.block.wait(60)
-        self.applied.append((prefix, desired["announced"]))
-        if prefix not in self.never_verify:
-            self.announced[prefix] = desired["announced"]
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        prefix = expected["target"]["prefix"]
-        observed = {"target": expected["target"], "announced": self.announced.get(prefix, True)}
-        return StepCheck(observed == expected, observed, {"observer": "scripted", "timeout_s": timeout.total_seconds()})
+# ------------------------------------------------------------------ HAProxy
+# (Rebuilt after this file was overwritten by mistake in a shared checkout; see the commit.)
 
 
-class SimulatedCrash(BaseException):
-    """Escapes every `except Exception`: the runner stops mid-step as if its process died."""
+def _upstream(name: str, release: threading.Event) -> ThreadingHTTPServer:
+    """A loopback HTTP server: /id answers at once, /stream sends one chunk and the rest on `release`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path == "/stream":
+                self.send_response(200)
+                self.send_header("X-Upstream", name)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self._chunk(b"token-0\n")
+                release.wait(20)
+                for i in range(1, 4):
+                    self._chunk(f"token-{i}\n".encode())
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
+            body = name.encode()
+            self.send_response(200)
+            self.send_header("X-Upstream", name)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@dataclass
+class HaproxyLab:
+    """A real HAProxy in front of two loopback upstreams, s1 and s2."""
+
+    haproxy: HaproxyServer
+    upstreams: dict[str, ThreadingHTTPServer]
+    release_streams: threading.Event = field(default_factory=threading.Event)
+    driver: HaproxyDriver = None  # type: ignore[assignment]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.haproxy.frontend_port}"
+
+    def target(self, server: str) -> L7Target:
+        return L7Target(backend=self.haproxy.backend, server=server)
+
+    def new_driver(self) -> HaproxyDriver:
+        return HaproxyDriver(HaproxyRuntimeApi(("127.0.0.1", self.haproxy.admin_port)))
 
 
 @pytest.fixture
-def topology_two_regions(session_factory: Any, clock: ManualClock) -> None:
-    """eu (zones eu-a, eu-b; clusters c-eu-a, c-eu-b) and us (zone us-a; cluster c-us-a), all serving model m."""
-    with session_scope(session_factory) as session:
-        for region, zones in (("eu", ("eu-a", "eu-b")), ("us", ("us-a",))):
-            topology.create_region(session, name=region, description="", actor="test", clock=clock)
-            for zone in zones:
-                topology.create_zone(session, region=region, name=zone, actor="test", clock=clock)
-                topology.create_cluster(session, spec=ClusterCreate(name=f"c-{zone}", region=region, zone=zone,
-                                                                    model="m", weight=100),
-                                        actor="test", clock=clock)
-
-
-@pytest.fixture
-def policy() -> CutoverPolicy:
-    return CutoverPolicy(min_wait=timedelta(minutes=5), claim_ttl=timedelta(seconds=60),
-                         step_timeout=timedelta(seconds=2))
-
-
-@pytest.fixture
-def scripted() -> ScriptedDriver:
-    return ScriptedDriver(targets={"region:eu": ["203.0.113.0/24"], "region:eu/zone:eu-a": ["203.0.113.1/32"]})
-
-
-@pytest.fixture
-def runtime(session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,
-            scripted: ScriptedDriver) -> CutoverRuntime:
-    l7 = SnapshotL7Driver(session_factory, read_factory=read_factory, clock=clock, sleep=clock.advance,
-                          poll_interval_s=0.1)
-    return CutoverRuntime(factory=session_factory, clock=clock, drivers=[l7, scripted], policy=policy)
+def haproxy_lab(tmp_path: Path) -> Iterator[HaproxyLab]:
+    release = threading.Event()
+    upstreams = {name: _upstream(name, release) for name in ("s1", "s2")}
+    haproxy = HaproxyServer(workdir=tmp_path / "haproxy",
+                            servers={name: u.server_address[1] for name, u in upstreams.items()})
+    try:
+        haproxy.start()
+        lab = HaproxyLab(haproxy=haproxy, upstreams=upstreams, release_streams=release)
+        lab.driver = lab.new_driver()
+        yield lab
+    finally:
+        release.set()
+        haproxy.stop()
+        for upstream in upstreams.values():
+            upstream.shutdown()
+            upstream.server_close()
