@@ -116,6 +116,8 @@ class CutoverStep(Base):
     cutover_id: Mapped[int] = mapped_column(ForeignKey("cutovers.id", ondelete="CASCADE"), index=True)
     position: Mapped[int] = mapped_column(Integer)
     tier: Mapped[str] = mapped_column(String(8))
+    # Which configured driver of the tier acts (snapshot, haproxy, rfc2136, route53, exabgp, …).
+    driver: Mapped[str] = mapped_column(String(64))
     # What the driver acts on: "cluster:<name>", "instance:<region>/<id>@<generation>", a DNS name, a prefix.
     driver_target: Mapped[str] = mapped_column(String(400))
     expected_before: Mapped[dict[str, Any]] = mapped_column(JSON)

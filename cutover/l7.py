@@ -1,0 +1,196 @@
+"""The built-in l7 tier: Lifeline's own gateways, through the control plane's snapshot.
+
+Acts through the topology service, so every change is the same cluster
+update or ejection an operator could make (with its own topology event and
+a snapshot version bump), in a unit of work of its own that is committed
+before `verify` starts: gateways can only see committed rows.
+
+    target                                         state
+    {"kind": "cluster", "cluster", "region"}       {"target", "state": active|draining|ejected, "weight"}
+    {"kind": "instance", "region", "instance_id",  {"target", "ejected": bool}
+     "generation"}
+
+"out" drains a cluster (it finishes what it has and takes nothing new; the
+snapshot's tier weight for its zone drops to zero) or ejects an instance
+generation; "in" makes the cluster active again or lifts the ejection.
+
+Verification reads the snapshot back (its version and the cluster's or
+ejection's entry) and then, when gateway reports are available, waits
+until every reporting gateway of the region has applied that version or a
+newer one (`GatewayVersionReader`). Without reports it verifies by the
+snapshot version alone and says so in the evidence: the change is in what
+gateways fetch, not proven to be in what they route by.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from common.clock import Clock
+from controlplane.db import session_scope
+from controlplane.event.models import RoutingTier
+from cutover.models import CutoverTier, ScopeKind, TargetState
+from cutover.tiers import Scope, StepCheck
+
+ACTOR = "controlplane:cutover"
+
+
+class GatewayVersionReader(Protocol):
+    def applied_versions(self, region: str) -> dict[str, int | None] | None:
+        """Snapshot version each live gateway replica of the region reports; None if reports are unavailable."""
+        ...
+
+
+class NoGatewayReports:
+    def applied_versions(self, region: str) -> dict[str, int | None] | None:
+        return None
+
+
+class SnapshotL7Driver:
+    tier = CutoverTier.L7
+    name = "snapshot"
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        *,
+        read_factory: sessionmaker[Session] | None = None,
+        clock: Clock,
+        sleep: Callable[[float], None] = time.sleep,
+        gateways: GatewayVersionReader | None = None,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self.factory = factory
+        # Reads begin DEFERRED on SQLite, so planning inside a request that holds the write lock does not wait on it.
+        self.read_factory = read_factory or factory
+        self.clock = clock
+        self.sleep = sleep
+        self.gateways = gateways or NoGatewayReports()
+        self.poll_interval_s = poll_interval_s
+
+    # -- planning
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+        from controlplane.topology import repository as topology
+
+        if scope.kind == ScopeKind.INSTANCE:
+            if generation is None:
+                return []
+            return [{"kind": "instance", "region": scope.region, "instance_id": scope.name, "generation": generation}]
+        with session_scope(self.read_factory) as session:
+            clusters = topology.list_clusters(session, model=None, region=scope.region)
+            return [
+                {"kind": "cluster", "cluster": c.name, "region": c.region}
+                for c in clusters
+                if scope.kind == ScopeKind.REGION or c.zone == scope.name
+            ]
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
+        if before["target"]["kind"] == "instance":
+            return {**before, "ejected": target_state == TargetState.OUT}
+        return {**before, "state": "active" if target_state == TargetState.IN else "draining"}
+
+    # -- reading
+    def _read(self, session: Session, target: dict[str, Any]) -> dict[str, Any]:
+        from controlplane.topology import repository as topology
+
+        if target["kind"] == "instance":
+            ejection = topology.find_ejection(
+                session, region=target["region"], instance_id=target["instance_id"], generation=target["generation"]
+            )
+            return {"target": target, "ejected": ejection is not None}
+        cluster = topology.get_cluster(session, name=target["cluster"])
+        if cluster is None:
+            return {"target": target, "state": "absent", "weight": 0}
+        return {"target": target, "state": cluster.state, "weight": cluster.weight}
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+        with session_scope(self.read_factory) as session:
+            return self._read(session, target)
+
+    # -- writing
+    def apply(self, desired: dict[str, Any]) -> None:
+        from controlplane.topology import repository as topology
+        from controlplane.topology import service as topology_service
+        from controlplane.topology.models import ClusterState
+        from controlplane.topology.schemas import ClusterUpdate
+
+        target = desired["target"]
+        with session_scope(self.factory) as session:
+            current = self._read(session, target)
+            if current == desired:
+                return  # idempotent: a resumed step finds its change already made
+            if target["kind"] == "instance":
+                if desired["ejected"]:
+                    topology_service.eject_instance(
+                        session, region=target["region"], instance_id=target["instance_id"],
+                        generation=target["generation"], reason="cutover", actor=ACTOR, clock=self.clock,
+                    )
+                else:
+                    ejection = topology.find_ejection(
+                        session, region=target["region"], instance_id=target["instance_id"],
+                        generation=target["generation"],
+                    )
+                    if ejection is not None:
+                        topology_service.lift_ejection(
+                            session, region=target["region"], ejection_id=ejection.id, reason="cutover",
+                            actor=ACTOR, clock=self.clock,
+                        )
+                return
+            topology_service.update_cluster(
+                session, name=target["cluster"],
+                change=ClusterUpdate(state=ClusterState(desired["state"]), weight=desired["weight"],
+                                     reason="cutover", routing_tier=RoutingTier.L7),
+                actor=ACTOR, clock=self.clock,
+            )
+
+    # -- verifying
+    def _in_snapshot(self, snapshot: dict[str, Any], expected: dict[str, Any]) -> bool:
+        target = expected["target"]
+        if target["kind"] == "instance":
+            present = any(
+                e["region"] == target["region"] and e["instance_id"] == target["instance_id"]
+                and e["generation"] == target["generation"]
+                for e in snapshot["ejections"]
+            )
+            return present == expected["ejected"]
+        for cluster in snapshot["clusters"]:
+            if cluster["name"] == target["cluster"]:
+                return cluster["state"] == expected["state"] and cluster["weight"] == expected["weight"]
+        return False
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+        from controlplane.snapshot import service as snapshot_service
+
+        started = self.clock.now()
+        deadline = started + timeout.total_seconds()
+        region = expected["target"]["region"]
+        polls = 0
+        while True:
+            polls += 1
+            with session_scope(self.read_factory) as session:
+                snapshot = snapshot_service.build(session)
+                observed = self._read(session, expected["target"])
+            version = snapshot["version"]
+            in_snapshot = self._in_snapshot(snapshot, expected)
+            reports = self.gateways.applied_versions(region)
+            evidence: dict[str, Any] = {"snapshot_version": version, "in_snapshot": in_snapshot, "polls": polls}
+            if reports is None:
+                evidence["gateway_reports"] = "unavailable: verified by the snapshot version alone"
+                caught_up = True
+            else:
+                evidence["gateway_versions"] = reports
+                lagging = sorted(r for r, v in reports.items() if v is None or v < version)
+                evidence["gateways_lagging"] = lagging
+                caught_up = not lagging
+            now = self.clock.now()
+            evidence["time_to_effect_s"] = round(now - started, 6)
+            if in_snapshot and caught_up:
+                return StepCheck(True, observed, evidence)
+            if now >= deadline:
+                return StepCheck(False, observed, evidence)
+            self.sleep(min(self.poll_interval_s, max(0.0, deadline - now)))

@@ -1,0 +1,169 @@
+"""Cutover records: plan (a dry run that changes no routing), read, the stop switch. Never commits.
+
+Orchestration with side effects on the tiers — execute, verify, roll back —
+is in `cutover.flows`, which commits per step so a crash leaves a state
+another runner can finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from common.clock import Clock
+from controlplane.event import service as event_service
+from cutover import repository
+from cutover.errors import CutoverNotFound, NothingToCutOver, TierNotConfigured
+from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, CutoverTier, ScopeKind, TargetState
+from cutover.policy import CutoverPolicy
+from cutover.safety import CapacityPlan, Violation, evaluate
+from cutover.states import CutoverState, StepStatus
+from cutover.tiers import Scope, StepDriver, describe_target
+
+
+@dataclass
+class CutoverRuntime:
+    """What the workflow needs, built once by the composition root (or a test)."""
+
+    factory: sessionmaker[Session]
+    clock: Clock
+    drivers: Sequence[StepDriver]
+    policy: CutoverPolicy = field(default_factory=CutoverPolicy)
+    capacity: CapacityPlan | None = None
+
+    def drivers_for(self, tier: CutoverTier) -> list[StepDriver]:
+        return [d for d in self.drivers if d.tier == tier]
+
+    def driver_named(self, tier: str, name: str) -> StepDriver | None:
+        return next((d for d in self.drivers if d.tier == tier and d.name == name), None)
+
+
+def record(session: Session, cutover: Cutover, *, kind: str, actor: str, clock: Clock, reason: str | None = None,
+           **fields: Any) -> None:
+    event_service.record(
+        session, kind=kind, actor=actor, reason=reason if reason is not None else cutover.reason,
+        scope=cutover.scope, clock=clock, **fields,
+    )
+
+
+def get_or_raise(session: Session, *, cutover_id: int, fresh: bool = False) -> Cutover:
+    cutover = repository.get_cutover(session, cutover_id=cutover_id, fresh=fresh)
+    if cutover is None:
+        raise CutoverNotFound(f"no cutover #{cutover_id}")
+    return cutover
+
+
+def list_cutovers(session: Session, *, state: CutoverState | None = None, scope: str | None = None,
+                  limit: int = 100) -> Sequence[Cutover]:
+    return repository.list_cutovers(session, state=state.value if state else None, scope_prefix=scope, limit=limit)
+
+
+def _check_scope(session: Session, scope: Scope) -> None:
+    from controlplane.topology import repository as topology
+    from controlplane.topology import service as topology_service
+    from controlplane.topology.errors import ZoneNotFound
+
+    topology_service.get_region_or_raise(session, name=scope.region)
+    if scope.kind == ScopeKind.ZONE and topology.get_zone(session, region=scope.region, name=scope.name) is None:
+        raise ZoneNotFound(f"region {scope.region!r} has no zone {scope.name!r}")
+
+
+def plan(
+    session: Session,
+    runtime: CutoverRuntime,
+    *,
+    scope: Scope,
+    tiers: Sequence[CutoverTier],
+    target_state: TargetState,
+    reason: str,
+    mode: CutoverMode,
+    actor: str,
+    evidence: dict[str, Any] | None = None,
+    generation: int | None = None,
+    step_timeout: timedelta | None = None,
+) -> tuple[Cutover, list[Violation]]:
+    """Record a planned cutover: every step with the state the tier shows now and the one it would show after.
+
+    Reads each tier (`read_state`) and changes none. The first tier is the
+    cutover's tier; more are added in order (a zonal shift: l7, then anycast).
+    Returns the safety rules that would refuse it now (re-checked on execute).
+    """
+    _check_scope(session, scope)
+    clock = runtime.clock
+    timeout = (step_timeout or runtime.policy.step_timeout).total_seconds()
+    planned: list[CutoverStep] = []
+    for tier in tiers:
+        drivers = runtime.drivers_for(tier)
+        if not drivers:
+            raise TierNotConfigured(f"no driver is configured for the {tier.value} tier")
+        for driver in drivers:
+            for target in driver.targets(scope, generation=generation):
+                before = driver.read_state(target)
+                after = driver.desired(before, target_state)
+                planned.append(CutoverStep(
+                    position=len(planned) + 1, tier=tier.value, driver=driver.name,
+                    driver_target=describe_target(target), expected_before=before, expected_after=after,
+                    timeout_s=timeout, status=StepStatus.PENDING.value,
+                ))
+    if not planned:
+        hint = " (an instance scope at l7 needs its generation)" if scope.kind == ScopeKind.INSTANCE else ""
+        raise NothingToCutOver(f"no tier has anything to change for {scope.key}{hint}")
+    now = clock.utcnow()
+    cutover = Cutover(
+        scope_kind=scope.kind.value, region=scope.region, scope_name=scope.name, scope=scope.key,
+        tier=tiers[0].value, target_state=target_state.value, reason=reason, mode=mode.value, evidence=evidence,
+        planned_by=actor, state=CutoverState.PLANNED.value, revision=1, break_glass=False,
+        created_at=now, updated_at=now, steps=planned,
+    )
+    session.add(cutover)
+    session.flush()
+    violations = evaluate(session, cutover=cutover, policy=runtime.policy, clock=clock, capacity=runtime.capacity)
+    record(
+        session, cutover, kind="cutover.plan", actor=actor, clock=clock,
+        after={"cutover_id": cutover.id, "tier": cutover.tier, "target_state": cutover.target_state,
+               "mode": cutover.mode, "evidence": evidence, "steps": len(planned),
+               "safety": [v.as_json() for v in violations]},
+    )
+    return cutover, violations
+
+
+def get_gate(session: Session) -> CutoverGate | None:
+    return repository.get_gate(session)
+
+
+def set_gate(
+    session: Session, *, stopped: bool, reason: str, actor: str, clock: Clock, expected_revision: int | None = None
+) -> CutoverGate:
+    """Turn the global stop switch on or off (compare-and-set on its revision), writing an event."""
+    from sqlalchemy import update
+
+    from cutover.errors import CutoverInProgress
+
+    gate = repository.get_gate(session)
+    now = clock.utcnow()
+    before = {"stopped": gate.stopped, "revision": gate.revision} if gate else {"stopped": False, "revision": 0}
+    if expected_revision is not None and expected_revision != before["revision"]:
+        raise CutoverInProgress(f"the stop switch is at revision {before['revision']}, not {expected_revision}",
+                                type="gate_conflict")
+    if gate is None:
+        gate = CutoverGate(id=1, stopped=stopped, reason=reason, actor=actor, revision=1, changed_at=now)
+        session.add(gate)
+        session.flush()  # two first writers: the primary key decides (409 from the handler)
+    else:
+        result = session.execute(
+            update(CutoverGate).where(CutoverGate.id == 1, CutoverGate.revision == gate.revision)
+            .values(stopped=stopped, reason=reason, actor=actor, revision=gate.revision + 1, changed_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:
+            raise CutoverInProgress("the stop switch changed concurrently; retry", type="gate_conflict")
+        gate = repository.get_gate(session) or gate
+    event_service.record(
+        session, kind="cutover.gate", actor=actor, reason=reason, scope="global", clock=clock,
+        before=before, after={"stopped": stopped, "revision": gate.revision},
+    )
+    return gate

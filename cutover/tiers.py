@@ -1,0 +1,147 @@
+"""What the cutover workflow needs from a tier, and the adapter onto `cutover.driver`.
+
+The workflow stores every state as JSON (a step's expected/actual
+before-state, the event's before/after) and must rebuild it after a
+restart, so it speaks to tiers through `StepDriver`, whose states are
+JSON dicts that carry their own target:
+
+    targets(scope)            what this tier changes for the scope (planning)
+    read_state(target)        the real state now
+    desired(before, target)   the state the tier should show after the step
+    apply(desired)            write it (idempotent: a resumed step writes it again)
+    verify(expected, timeout) poll until the tier shows it → StepCheck (never raises
+                              on a mismatch; a driver error is a failed check)
+
+`TierDriverAdapter` wraps any `cutover.driver.TierDriver` (BIND9 / Route 53,
+ExaBGP, HAProxy): its typed states go through `model_dump(mode="json")`
+and come back through `cutover.driver.parse_state`. Which targets a scope
+maps to (which record, which prefix and next hop, which HAProxy servers) is
+deployment configuration, so the adapter is given `targets_for`; what "out"
+and "in" mean per tier has defaults (`desired_out_in`) except for DNS,
+where "out" means "the answer of the region that takes over" and must be
+configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from controlplane.event.models import RoutingTier
+from cutover.models import CutoverTier, ScopeKind, TargetState
+
+
+@dataclass(frozen=True)
+class Scope:
+    kind: ScopeKind
+    region: str
+    name: str  # the zone or instance id; the region's own name for a region scope
+
+    @property
+    def key(self) -> str:
+        """The event log's scope string, as topology writes it."""
+        if self.kind == ScopeKind.REGION:
+            return f"region:{self.region}"
+        return f"region:{self.region}/{self.kind.value}:{self.name}"
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    verified: bool
+    observed: dict[str, Any] | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class StepDriver(Protocol):
+    tier: CutoverTier
+    name: str
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]: ...
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]: ...
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]: ...
+
+    def apply(self, desired: dict[str, Any]) -> None: ...
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck: ...
+
+
+def event_tier(tier: CutoverTier | str) -> RoutingTier:
+    """The event log's routing_tier for a cutover tier.
+
+    The events table (migration 0001) spells the anycast tier `zone`; the
+    issue and ARCHITECTURE invariant 8 spell it `anycast`. Until the event
+    enum gains `anycast`, anycast steps are logged as `zone`.
+    """
+    tier = CutoverTier(tier)
+    if tier == CutoverTier.ANYCAST:
+        return RoutingTier("anycast") if "anycast" in {t.value for t in RoutingTier} else RoutingTier.ZONE
+    return RoutingTier(tier.value)
+
+
+def describe_target(target: Mapping[str, Any]) -> str:
+    """A short, stable label for a step's driver_target column."""
+    parts = [f"{k}={target[k]}" for k in sorted(target) if k != "tier"]
+    return ",".join(parts)[:400]
+
+
+def desired_out_in(before: Any, target_state: TargetState) -> Any:
+    """Default meaning of out/in for the `cutover.driver` states that have an obvious one."""
+    from cutover.driver import AnycastState, L7State
+
+    if isinstance(before, AnycastState):
+        return before.model_copy(update={"announced": target_state == TargetState.IN})
+    if isinstance(before, L7State):
+        return before.model_copy(update={"admin_state": "ready" if target_state == TargetState.IN else "drain"})
+    raise NotImplementedError(f"no default desired state for {type(before).__name__}; configure one")
+
+
+class TierDriverAdapter:
+    """A `cutover.driver.TierDriver` as a `StepDriver`."""
+
+    def __init__(
+        self,
+        driver: Any,
+        *,
+        tier: CutoverTier,
+        name: str,
+        targets_for: Callable[[Scope], list[Any]],
+        desired_for: Callable[[Any, TargetState], Any] = desired_out_in,
+    ) -> None:
+        self.driver = driver
+        self.tier = tier
+        self.name = name
+        self._targets_for = targets_for
+        self._desired_for = desired_for
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+        return [t.model_dump(mode="json") for t in self._targets_for(scope)]
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+        from cutover.driver import parse_target
+
+        return self.driver.read_state(parse_target(target)).model_dump(mode="json")
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
+        from cutover.driver import parse_state
+
+        return self._desired_for(parse_state(before), target_state).model_dump(mode="json")
+
+    def apply(self, desired: dict[str, Any]) -> None:
+        from cutover.driver import parse_state
+
+        self.driver.apply(parse_state(desired))
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+        from cutover.driver import DriverError, VerificationFailed, parse_state
+
+        try:
+            proof = self.driver.verify(parse_state(expected), timeout)
+        except VerificationFailed as exc:
+            proof = exc.verification
+        except DriverError as exc:
+            return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
+        return StepCheck(proof.verified, proof.observed.model_dump(mode="json"), proof.model_dump(mode="json"))
