@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
-from cutover.driver import DnsState, DnsTarget, DriverRejected, DriverUnavailable, VerificationFailed
+from cutover.driver import (
+    DnsState,
+    DnsTarget,
+    DriverRejected,
+    DriverUnavailable,
+    VerificationFailed,
+    parse_state,
+)
 from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S, Rfc2136Driver, Route53Driver
 from lifeline.processes import free_port
 from tests.integration.cutover.conftest import REGION_A, REGION_B
@@ -149,3 +157,18 @@ def test_route53_unreachable_endpoint_is_unavailable() -> None:
                           config=Config(retries={"max_attempts": 1}, connect_timeout=0.5))
     with pytest.raises(DriverUnavailable):
         Route53Driver(client).read_state(EXTERNAL)
+
+
+def test_bind_rollback_after_a_restart_from_the_stored_before_state(bind_server: BindServer) -> None:
+    """The service stores before/after as JSON in its events; a new process rolls back from that alone."""
+    first = rfc2136(bind_server)
+    before = first.read_state(EXTERNAL)
+    stored = json.loads(json.dumps(before.model_dump(mode="json")))
+    first.apply(before.model_copy(update={"values": (REGION_B,)}))
+    del first  # the control plane that made the change is gone
+
+    restarted = rfc2136(bind_server)
+    rebuilt = parse_state(stored)
+    assert rebuilt == before
+    proof = restarted.restore(rebuilt, TIMEOUT)
+    assert proof.verified and restarted.read_state(EXTERNAL).values == (REGION_A,)
