@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from contract.identity import DRAINING_ERROR_TYPE
 from gateway.engine_connection import (
     DRAINING,
-    DRAINING_ERROR_TYPE,
     Connector,
     EngineFailure,
     EngineRejected,

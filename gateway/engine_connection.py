@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from contract.identity import DRAINING_ERROR_TYPE
-
 if TYPE_CHECKING:
     from gateway.engine_client import EngineClient
 
-__all__ = ["DRAINING", "DRAINING_ERROR_TYPE", "EngineFailure", "EngineRejected", "EngineToken", "Opened"]
+__all__ = ["DRAINING", "EngineFailure", "EngineRejected", "EngineToken", "Opened"]
 
 DRAINING = "engine_draining"  # EngineFailure.reason of a planned shutdown: migrate without spending the retry budget
 
