@@ -1,8 +1,12 @@
-"""Mounts every domain's router under /api/v1."""
+"""Mounts every domain's router under /api/v1 and documents the errors each route can answer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from controlplane.auth.endpoints import router as auth_router
 from controlplane.event.endpoints import router as event_router
@@ -10,9 +14,48 @@ from controlplane.snapshot.endpoints import router as snapshot_router
 from controlplane.topology.endpoints import router as topology_router
 from weight_catalog.endpoints import router as catalog_router
 
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape (common.errors); branch on `error.type`, listed in docs/controlplane.md."""
+
+    error: ErrorDetail
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+def document_errors(route: APIRoute) -> None:
+    """Add the error responses a route can give to its OpenAPI entry (existing entries win)."""
+    responses: dict[int | str, Any] = {
+        401: _error("no bearer token, or an unknown or revoked one (`unauthenticated`)"),
+        403: _error("the token's role may not do this (`forbidden`)"),
+        503: _error("the database is down or does not answer (`database_unavailable`, with Retry-After)"),
+    }
+    if "{" in route.path:
+        responses[404] = _error("a named thing does not exist (`<thing>_not_found`)")
+    if route.methods & MUTATING:
+        responses[409] = _error("the change conflicts with current state (a compare-and-set lost, a guard refused)")
+    for status, entry in responses.items():
+        route.responses.setdefault(status, entry)
+
 
 def build_api_router() -> APIRouter:
     api = APIRouter(prefix="/api/v1")
     for router in (auth_router, topology_router, snapshot_router, event_router, catalog_router):
+        # On the domain's own routes, before including: FastAPI includes
+        # routers lazily, so the including router holds no APIRoutes to edit.
+        for route in router.routes:
+            if isinstance(route, APIRoute):
+                document_errors(route)
         api.include_router(router)
     return api

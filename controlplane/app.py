@@ -12,6 +12,7 @@ from common.clock import Clock, SystemClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
+from controlplane.health import router as health_router
 from controlplane.topology.lease import LeaseReader, NoLeaseRegistry, RedisLeaseReader
 
 
@@ -33,7 +34,7 @@ def create_app(
     from controlplane.api import build_api_router
 
     settings = settings or ControlPlaneSettings()
-    engine = build_engine(settings.resolved_database_url())
+    engine = build_engine(settings.resolved_database_url(), timeouts=settings.database_timeouts())
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -56,8 +57,5 @@ def create_app(
     app.add_middleware(AuditMiddleware)
     app.include_router(build_api_router())
 
-    @app.get("/healthz/live", tags=["health"])
-    def live() -> dict[str, str]:
-        return {"status": "ok"}
-
+    app.include_router(health_router)
     return app

@@ -6,98 +6,18 @@ mounting this sub-app costs `lifeline engine serve` nothing.
 
 from __future__ import annotations
 
-import getpass
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from common.clock import Clock
-    from controlplane.config import ControlPlaneSettings
+from controlplane.cli_support import audited_command, cli_actor, fail, load_settings, read_only, run_mutation
 
 controlplane_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Central control plane.")
 token_app = typer.Typer(no_args_is_help=True, add_completion=False, help="API tokens.")
 events_app = typer.Typer(no_args_is_help=True, add_completion=False, help="The event log.")
 controlplane_app.add_typer(token_app, name="token")
 controlplane_app.add_typer(events_app, name="events")
-
-T = TypeVar("T")
-
-
-def load_settings(**overrides: Any) -> ControlPlaneSettings:
-    from pydantic import ValidationError
-
-    from controlplane.config import ControlPlaneSettings
-
-    try:
-        return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        typer.echo(f"error: bad configuration:\n{exc}", err=True)
-        raise typer.Exit(2) from exc
-
-
-def cli_actor() -> str:
-    return f"cli:{getpass.getuser()}"
-
-
-@contextmanager
-def cli_database(settings: ControlPlaneSettings, *, read_only: bool = False) -> Iterator[Any]:
-    from controlplane.db import build_engine, build_session_factory
-
-    engine = build_engine(settings.resolved_database_url())
-    try:
-        yield build_session_factory(engine, read_only=read_only)
-    finally:
-        engine.dispose()
-
-
-def run_mutation(
-    settings: ControlPlaneSettings,
-    *,
-    action: str,
-    target: str,
-    work: Callable[[Session, Clock], T],
-) -> T:
-    """One audited unit of work: commit on success; on a typed error, audit it and exit 1."""
-    from controlplane.auth.service import record_audit
-    from common.clock import SystemClock
-    from controlplane.db import session_scope
-    from controlplane.errors import LifelineError
-
-    clock = SystemClock()
-    actor = cli_actor()
-    with cli_database(settings) as factory:
-        try:
-            with session_scope(factory) as session:
-                result = work(session, clock)
-                record_audit(session, actor=actor, action=action, target=target, outcome="succeeded",
-                             status_code=None, clock=clock)
-            return result
-        except LifelineError as exc:
-            with session_scope(factory) as session:
-                record_audit(session, actor=actor, action=action, target=target, outcome="failed",
-                             status_code=exc.status_code, clock=clock)
-            typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
-            raise typer.Exit(1) from exc
-
-
-def read_only(settings: ControlPlaneSettings, work: Callable[[Session], T]) -> T:
-    from controlplane.db import session_scope
-    from controlplane.errors import LifelineError
-
-    with cli_database(settings, read_only=True) as factory:
-        try:
-            with session_scope(factory) as session:
-                return work(session)
-        except LifelineError as exc:
-            typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
-            raise typer.Exit(1) from exc
-
 
 @controlplane_app.command()
 def serve(
@@ -141,12 +61,12 @@ def token_create(
     from controlplane.auth import service
     from controlplane.auth.roles import Role
 
-    try:
-        parsed = Role(role)
-    except ValueError as exc:
-        typer.echo(f"error: invalid_request: role must be one of {', '.join(r.value for r in Role)}", err=True)
-        raise typer.Exit(2) from exc
     settings = load_settings()
+    with audited_command(settings, action="token.create", target=f"token:{name}"):
+        try:
+            parsed = Role(role)
+        except ValueError:
+            fail("invalid_request", f"role must be one of {', '.join(r.value for r in Role)}", code=2)
     token, secret = run_mutation(
         settings,
         action="token.create",
@@ -214,9 +134,8 @@ def events_export(
 
     try:
         tier = RoutingTier(routing_tier) if routing_tier else None
-    except ValueError as exc:
-        typer.echo("error: invalid_request: --routing-tier must be l7, mesh, zone or dns", err=True)
-        raise typer.Exit(2) from exc
+    except ValueError:
+        fail("invalid_request", "--routing-tier must be l7, mesh, zone or dns", code=2)
     flt = EventFilter(kind=kind, routing_tier=tier, scope_prefix=scope)
     settings = load_settings()
     read_only(settings, lambda session: sys.stdout.writelines(service.export_jsonl(session, flt)))

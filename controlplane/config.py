@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from controlplane.db import DatabaseTimeouts
 
 
 class ControlPlaneSettings(BaseSettings):
@@ -39,6 +43,18 @@ class ControlPlaneSettings(BaseSettings):
     # The CLI reads any path its user can; the API refuses paths outside
     # these roots, so a token cannot make the server hash /etc.
     artifact_roots: list[Path] = []
+
+    # A database that is down or silent answers 503 database_unavailable
+    # after at most these (see controlplane.db.DatabaseTimeouts).
+    database_connect_timeout: timedelta = timedelta(seconds=5)
+    database_statement_timeout: timedelta = timedelta(seconds=30)
+    database_pool_timeout: timedelta = timedelta(seconds=10)
+
+    def database_timeouts(self) -> DatabaseTimeouts:
+        from controlplane.db import DatabaseTimeouts
+
+        return DatabaseTimeouts(connect=self.database_connect_timeout, statement=self.database_statement_timeout,
+                                pool=self.database_pool_timeout)
 
     @field_validator("database_url")
     @classmethod

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
-from sqlalchemy import JSON, MetaData, create_engine, event
+from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -41,6 +43,31 @@ NAMING_CONVENTION = {
 }
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime on both backends.
+
+    PostgreSQL's `timestamptz` comes back in the session's time zone and
+    SQLite's text comes back naive, so the API rendered `…+00:00` on one and
+    no offset at all on the other. Values are converted to UTC on the way
+    in (naive ones are taken as UTC), stored naive on SQLite so text
+    comparisons order correctly, and come back aware in UTC on both.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
@@ -50,12 +77,31 @@ class Base(DeclarativeBase):
 SQLITE_BEGIN = "lifeline_sqlite_begin"
 
 
-def build_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class DatabaseTimeouts:
+    """How long a request may wait on the database before it is answered 503 `database_unavailable`.
+
+    connect: TCP connect plus PostgreSQL's start-up exchange (libpq's
+    `connect_timeout`, at least 2 s), so a server that accepts and then
+    says nothing cannot hold a worker thread for ever. statement:
+    PostgreSQL's `statement_timeout` (None: none, for migrations); on
+    SQLite the busy timeout, how long a writer queues for the write lock.
+    pool: how long a request waits for a pooled connection. Keepalives
+    notice a peer that vanished from the network mid-query.
+    """
+
+    connect: timedelta = timedelta(seconds=5)
+    statement: timedelta | None = timedelta(seconds=30)
+    pool: timedelta = timedelta(seconds=10)
+
+
+def build_engine(url: str, *, timeouts: DatabaseTimeouts = DatabaseTimeouts()) -> Engine:  # noqa: B008 - frozen
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        busy = timeouts.statement.total_seconds() if timeouts.statement is not None else 30.0
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy})
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_connection: Any, _: Any) -> None:
@@ -72,7 +118,14 @@ def build_engine(url: str) -> Engine:
             connection.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    connect_args: dict[str, Any] = {
+        "connect_timeout": max(2, round(timeouts.connect.total_seconds())),
+        "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
+    }
+    if timeouts.statement is not None:
+        connect_args["options"] = f"-c statement_timeout={int(timeouts.statement.total_seconds() * 1000)}"
+    return create_engine(url, pool_pre_ping=True, pool_timeout=timeouts.pool.total_seconds(),
+                         connect_args=connect_args)
 
 
 def build_session_factory(engine: Engine, *, read_only: bool = False) -> sessionmaker[Session]:

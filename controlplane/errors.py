@@ -5,7 +5,15 @@
     ├── Conflict            409  <reason>
     ├── InvalidInput        422  invalid_request / <reason>
     ├── Unauthenticated     401  unauthenticated
-    └── Forbidden           403  forbidden
+    ├── Forbidden           403  forbidden
+    └── DatabaseUnavailable 503  database_unavailable
+
+Framework errors get types too: an unknown path 404 `not_found`, a
+method the path does not take 405 `method_not_allowed`, any other HTTP
+error `http_error`, a body or parameter that fails validation 422
+`invalid_request`, a constraint race 409 `conflict`, a database that is
+down, silent (past its timeouts) or locked 503 `database_unavailable`
+with `Retry-After`.
 
 Services raise these; they never raise HTTPException. `install_error_handlers`
 renders every error, including FastAPI's own validation errors and database
@@ -51,12 +59,20 @@ class Forbidden(LifelineError):
     error_type = "forbidden"
 
 
+class DatabaseUnavailable(LifelineError):
+    """The database refused, timed out or is locked: not the caller's fault; retry later."""
+
+    status_code = 503
+    error_type = "database_unavailable"
+
+
 def _render(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(type_, message, code=status), status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    from sqlalchemy.exc import DataError, IntegrityError
+    from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
 
     @app.exception_handler(LifelineError)
     async def _lifeline(_: Request, exc: LifelineError) -> JSONResponse:
@@ -86,6 +102,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _data(_: Request, exc: DataError) -> JSONResponse:
         # A value the database cannot store (NUL byte, out-of-range integer).
         return _render(422, "invalid_request", "a value is out of range for storage")
+
+    async def _database_down(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database_unavailable", error=repr(exc)[:300])
+        request.state.database_unavailable = True  # the audit middleware skips a write that cannot succeed
+        error = DatabaseUnavailable("the database is unavailable; retry shortly", retry_after_s=1)
+        return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers())
+
+    for database_error in (OperationalError, InterfaceError, PoolTimeout):
+        app.add_exception_handler(database_error, _database_down)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from alembic import context
 
 from controlplane.config import ControlPlaneSettings
-from controlplane.db import build_engine
+from controlplane.db import DatabaseTimeouts, build_engine
 from controlplane.models import Base
 
 config = context.config
@@ -21,7 +21,7 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    engine = build_engine(_url())
+    engine = build_engine(_url(), timeouts=DatabaseTimeouts(statement=None))  # DDL may take long
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():

@@ -1,7 +1,18 @@
 """Pure ASGI middleware that audits every mutating API call.
 
-It writes after the response status is known, in its own transaction, so a
-refused or failed call is audited too (its own transaction was rolled back).
+The row is written when the response status is known and *before* the
+response starts: a client that saw the reply can find its row, rows are in
+the order the replies went out, and a process that dies after replying has
+already recorded it. The write is in its own transaction, so a refused or
+failed call is audited too (its own transaction was rolled back).
+
+The actor is the token's even when no route ran (404 on an unknown path,
+405 on a method the path does not take): the middleware then looks the
+bearer token up itself. The action is the route's name only when that
+route takes the method; otherwise `<METHOD> unrouted`, so a 405 row
+names the method and never another route. The target is the raw,
+still-percent-encoded path, so a NUL (`%00`) or invalid UTF-8 in a URL
+is stored as sent and never breaks the write on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -11,9 +22,9 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.logs import get_logger
 from controlplane.auth import service
 from controlplane.db import session_scope
-from common.logs import get_logger
 
 log = get_logger(__name__)
 
@@ -28,34 +39,74 @@ class AuditMiddleware:
         if scope["type"] != "http" or scope["method"] not in MUTATING:
             await self.app(scope, receive, send)
             return
-        status: dict[str, int] = {}
+        audited = False
 
         async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+            nonlocal audited
+            if message["type"] == "http.response.start" and not audited:
+                audited = True
+                await anyio.to_thread.run_sync(self._write, scope, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            await anyio.to_thread.run_sync(self._write, scope, status.get("code", 500))
+            if not audited:  # the app failed before any response started
+                await anyio.to_thread.run_sync(self._write, scope, 500)
 
     @staticmethod
-    def _write(scope: Scope, status_code: int) -> None:
-        app: Any = scope["app"]
-        state = scope.get("state") or {}
+    def _action(scope: Scope) -> str:
         route = scope.get("route")
-        action = getattr(route, "name", None) or f"{scope['method']} unrouted"
+        methods = getattr(route, "methods", None) or set()
+        if route is not None and scope["method"] in methods:
+            return str(getattr(route, "name", None) or f"{scope['method']} unrouted")
+        return f"{scope['method']} unrouted"
+
+    @staticmethod
+    def _target(scope: Scope) -> str:
+        raw = scope.get("raw_path")
+        if isinstance(raw, bytes):
+            return raw.decode("ascii", "backslashreplace")
+        return str(scope["path"]).encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace").replace(
+            "\x00", "%00")
+
+    @staticmethod
+    def _actor(scope: Scope, app: Any) -> str:
+        state = scope.get("state") or {}
+        if "actor" in state:
+            return str(state["actor"])
+        secret = _bearer(scope)
+        if secret is None:
+            return "anonymous"
+        with app.state.read_session_factory() as session:
+            token = service.authenticate(session, secret=secret)
+        return f"token:{token.name}#{token.id}" if token is not None else "anonymous"
+
+    @classmethod
+    def _write(cls, scope: Scope, status_code: int) -> None:
+        app: Any = scope["app"]
+        if (scope.get("state") or {}).get("database_unavailable"):
+            return  # the request already failed to reach the database; this write would wait and fail too
+        action = cls._action(scope)
         try:
+            actor = cls._actor(scope, app)
             with session_scope(app.state.session_factory) as session:
                 service.record_audit(
                     session,
-                    actor=state.get("actor", "anonymous"),
+                    actor=actor,
                     action=action,
-                    target=scope["path"],
+                    target=cls._target(scope),
                     outcome="succeeded" if status_code < 400 else "failed",
                     status_code=status_code,
                     clock=app.state.clock,
                 )
         except Exception as exc:  # the audit store being down must not hide the reply
             log.error("audit_write_failed", action=action, error=repr(exc))
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization":
+            scheme, _, secret = value.decode("latin-1").partition(" ")
+            return secret.strip() or None if scheme.lower() == "bearer" else None
+    return None

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Integer, String
+from sqlalchemy import Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from controlplane.db import Base
+from controlplane.db import Base, UTCDateTime
 
 
 class ApiToken(Base):
@@ -17,9 +17,9 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(128))
     role: Mapped[str] = mapped_column(String(16))
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     created_by: Mapped[str] = mapped_column(String(160))
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
     @property
@@ -34,7 +34,7 @@ class AuditRecord(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     actor: Mapped[str] = mapped_column(String(160), index=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     action: Mapped[str] = mapped_column(String(160))
     target: Mapped[str] = mapped_column(String(1000))
     outcome: Mapped[str] = mapped_column(String(16))

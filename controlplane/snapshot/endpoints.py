@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from controlplane.auth.dependencies import Viewer
 from controlplane.db import DbSession
 from controlplane.deps import SettingsDep
+from contract.snapshot import if_none_match_hits
 from controlplane.snapshot import service
 
 router = APIRouter(tags=["snapshot"])
@@ -27,6 +28,6 @@ def get_snapshot(
     snapshot = service.build(session)
     etag = service.etag_for(snapshot["version"])
     headers = {"ETag": etag, "Cache-Control": f"max-age={int(settings.snapshot_max_age.total_seconds())}"}
-    if if_none_match is not None and etag in {tag.strip() for tag in if_none_match.split(",")}:
+    if if_none_match_hits(if_none_match, etag):
         return Response(status_code=304, headers=headers)
     return JSONResponse(snapshot, headers=headers)

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Integer
+from sqlalchemy import Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
-from controlplane.db import Base
+from controlplane.db import Base, UTCDateTime
 
 
 class SnapshotCounter(Base):
@@ -15,4 +15,4 @@ class SnapshotCounter(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
-    changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

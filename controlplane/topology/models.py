@@ -3,10 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from controlplane.db import Base
+from controlplane.db import Base, UTCDateTime
 
 
 class ClusterState(StrEnum):
@@ -20,7 +20,7 @@ class Region(Base):
 
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
     description: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class Zone(Base):
@@ -30,7 +30,7 @@ class Zone(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     region: Mapped[str] = mapped_column(ForeignKey("regions.name", ondelete="RESTRICT"), index=True)
     name: Mapped[str] = mapped_column(String(128))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ServingCluster(Base):
@@ -46,7 +46,7 @@ class ServingCluster(Base):
     weight: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))
     revision: Mapped[int] = mapped_column(Integer, default=1)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class InstanceEjection(Base):
@@ -61,4 +61,4 @@ class InstanceEjection(Base):
     generation: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(160))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
