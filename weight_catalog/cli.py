@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli import cli_actor, load_settings, read_only, run_mutation
+from controlplane.cli_support import audited_command, cli_actor, fail, load_settings, read_only, run_mutation
 
 catalog_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Weight-version catalog.")
 issue_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Known issues of a version.")
@@ -52,20 +52,21 @@ def register(
     """Hash every shard of an artifact and register it as MODEL VERSION."""
     from pydantic import TypeAdapter, ValidationError
 
-    from controlplane.errors import LifelineError
     from controlplane.types import Name
     from weight_catalog import service
     from weight_catalog.store import open_store
 
     settings = load_settings()
-    try:
-        TypeAdapter(Name).validate_python(model)
-        TypeAdapter(Name).validate_python(version)
-    except ValidationError as exc:
-        typer.echo(f"error: invalid_request: model and version must be names matching [A-Za-z0-9._-]: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    read_only(settings, lambda session: service.ensure_version_absent(session, model=model, version=version))
-    try:
+    action, target = "catalog.register", f"model:{model}/version:{version}"
+    # Audited from the first check on: a refused name or an unreadable
+    # artifact is a failed mutation too.
+    with audited_command(settings, action=action, target=target):
+        try:
+            TypeAdapter(Name).validate_python(model)
+            TypeAdapter(Name).validate_python(version)
+        except ValidationError as exc:
+            fail("invalid_request", f"model and version must be names matching [A-Za-z0-9._-]: {exc}", code=2)
+        read_only(settings, lambda session: service.ensure_version_absent(session, model=model, version=version))
         store = open_store(location, s3_endpoint_url=settings.s3_endpoint_url)
         files = store.list_files()
         scan = _hash_with_progress(
@@ -76,17 +77,14 @@ def register(
                 progress=advance, files=files,
             ),
         )
-    except LifelineError as exc:
-        typer.echo(f"error: {exc.error_type}: {exc.message}", err=True)
-        raise typer.Exit(1) from exc
-    created = run_mutation(
-        settings,
-        action="catalog.register",
-        target=f"model:{model}/version:{version}",
-        work=lambda session, clock: service.create_version(
-            session, model=model, version=version, scan=scan, actor=cli_actor(), clock=clock
-        ),
-    )
+        created = run_mutation(
+            settings,
+            action=action,
+            target=target,
+            work=lambda session, clock: service.create_version(
+                session, model=model, version=version, scan=scan, actor=cli_actor(), clock=clock
+            ),
+        )
     typer.echo(f"registered {model} {version}: {len(scan.shards)} files, {created.total_bytes} bytes, "
                f"fingerprint {created.fingerprint[:16]}")
 
@@ -142,25 +140,32 @@ def verify(
     workers: Annotated[int | None, typer.Option()] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Re-hash a version at a location; exit 1 if any shard is mismatched or missing."""
+    """Re-hash a version and recompute its fingerprint; record the outcome; exit 1 if unhealthy."""
     from weight_catalog import service
+    from weight_catalog import verify as verification
     from weight_catalog.store import open_store
 
     settings = load_settings()
+    action, target = "catalog.verify", f"model:{model}/version:{version}"
+    with audited_command(settings, action=action, target=target):
+        # Read what was recorded, then hash with no transaction open.
+        def recorded(session: Any) -> tuple[str, list[Any], dict[str, str]]:
+            found = service.get_version_or_raise(session, model=model, version=version)
+            expected = service.expected_shards(session, model=model, version=version)
+            return found.location, expected, dict(found.fingerprint_parts)
 
-    def work(session: Any) -> Any:
-        found = service.get_version_or_raise(session, model=model, version=version)
-        store = open_store(location or found.location, s3_endpoint_url=settings.s3_endpoint_url)
-        return _hash_with_progress(
-            f"verifying {len(found.shards)} files",
-            sum(s.size for s in found.shards),
-            lambda advance: service.verify(
-                session, model=model, version=version, store=store,
+        found_location, expected, expected_parts = read_only(settings, recorded)
+        store = open_store(location or found_location, s3_endpoint_url=settings.s3_endpoint_url)
+        report = _hash_with_progress(
+            f"verifying {len(expected)} files",
+            sum(s.size for s in expected),
+            lambda advance: verification.verify_against(
+                model=model, version=version, expected=expected, expected_parts=expected_parts, store=store,
                 workers=workers or settings.hash_workers, block_bytes=settings.hash_block_bytes, progress=advance,
             ),
         )
-
-    report = read_only(settings, work)
+        run_mutation(settings, action=action, target=target, work=lambda session, clock: verification.record_verify(
+            session, report=report, actor=cli_actor(), clock=clock))
     if as_json:
         _print_json(report.model_dump(mode="json"))
     else:
@@ -170,7 +175,9 @@ def verify(
         for path in report.missing:
             typer.echo(f"MISSING  {path}")
         for path in report.unexpected:
-            typer.echo(f"EXTRA    {path} (not part of the version; ignored)")
+            typer.echo(f"EXTRA    {path} (not part of the version; counts only through the fingerprint)")
+        for part in report.fingerprint_drift:
+            typer.echo(f"DRIFT    {part} (the semantic fingerprint part no longer matches)")
         typer.echo(f"{'healthy' if report.healthy else 'UNHEALTHY'}: {report.checked} files checked at {report.location}")
     if not report.healthy:
         raise typer.Exit(1)
@@ -185,14 +192,14 @@ def promote(
     force: Annotated[bool, typer.Option(help="Override fingerprint and critical-issue guards.")] = False,
 ) -> None:
     """Point ALIAS of MODEL at VERSION (compare-and-set), writing an event."""
-    from weight_catalog import service
+    from weight_catalog import aliases
 
     settings = load_settings()
     move = run_mutation(
         settings,
         action="catalog.promote",
         target=f"model:{model}/alias:{alias}",
-        work=lambda session, clock: service.promote(
+        work=lambda session, clock: aliases.promote(
             session, model=model, alias=alias, version=version, actor=cli_actor(), reason=reason, force=force,
             clock=clock,
         ),
@@ -208,14 +215,14 @@ def rollback(
     force: Annotated[bool, typer.Option(help="Override the critical-issue guard.")] = False,
 ) -> None:
     """Return ALIAS to the version it held before its latest promote, in one step."""
-    from weight_catalog import repository, service
+    from weight_catalog import aliases, repository
 
     settings = load_settings()
     move = run_mutation(
         settings,
         action="catalog.rollback",
         target=f"model:{model}/alias:{alias}",
-        work=lambda session, clock: service.rollback(
+        work=lambda session, clock: aliases.rollback(
             session, model=model, alias=alias, actor=cli_actor(), reason=reason, force=force, clock=clock
         ),
     )
@@ -232,20 +239,20 @@ def issue_add(
     description: Annotated[str, typer.Option()] = "",
 ) -> None:
     """Record a known issue against a version."""
-    from weight_catalog import service
+    from weight_catalog import known_issues
     from weight_catalog.models import Severity
 
-    try:
-        parsed = Severity(severity)
-    except ValueError as exc:
-        typer.echo(f"error: invalid_request: severity must be one of {', '.join(s.value for s in Severity)}", err=True)
-        raise typer.Exit(2) from exc
     settings = load_settings()
+    with audited_command(settings, action="catalog.issue.add", target=f"model:{model}/version:{version}"):
+        try:
+            parsed = Severity(severity)
+        except ValueError:
+            fail("invalid_request", f"severity must be one of {', '.join(s.value for s in Severity)}", code=2)
     issue = run_mutation(
         settings,
         action="catalog.issue.add",
         target=f"model:{model}/version:{version}",
-        work=lambda session, clock: service.add_issue(
+        work=lambda session, clock: known_issues.add_issue(
             session, model=model, version=version, severity=parsed, title=title, description=description,
             actor=cli_actor(), clock=clock,
         ),
@@ -256,14 +263,14 @@ def issue_add(
 @issue_app.command("resolve")
 def issue_resolve(issue_id: int, resolution: Annotated[str, typer.Option()] = "") -> None:
     """Mark a known issue resolved."""
-    from weight_catalog import service
+    from weight_catalog import known_issues
 
     settings = load_settings()
     run_mutation(
         settings,
         action="catalog.issue.resolve",
         target=f"issue:{issue_id}",
-        work=lambda session, clock: service.resolve_issue(
+        work=lambda session, clock: known_issues.resolve_issue(
             session, issue_id=issue_id, resolution=resolution, actor=cli_actor(), clock=clock
         ),
     )

@@ -11,7 +11,7 @@ from controlplane.auth.dependencies import Operator, Viewer
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep, IdPath, NamePath, SettingsDep
 from controlplane.types import NAME_PATTERN
-from weight_catalog import repository, service
+from weight_catalog import aliases, known_issues, repository, service, verify
 from weight_catalog.models import Alias, AliasMove
 from weight_catalog.schemas import (
     AliasMoveRead,
@@ -99,25 +99,34 @@ def get_version(model: NamePath, version: NamePath, session: DbSession, _: Viewe
 
 @router.post("/models/{model}/versions/{version}/verify", response_model=VerifyReport)
 def verify_version(
-    model: NamePath, version: NamePath, body: VerifyRequest, session: DbSession, _: Operator, settings: SettingsDep
+    model: NamePath, version: NamePath, body: VerifyRequest, session: DbSession, principal: Operator,
+    clock: ClockDep, settings: SettingsDep,
 ) -> VerifyReport:
+    """Re-hash the files and recompute the fingerprint; the outcome is recorded on the version.
+
+    A version whose last verify failed is refused by promote and rollback
+    (409 `last_verify_failed`) unless forced with a reason.
+    """
     found = service.get_version_or_raise(session, model=model, version=version)
     location = body.location or found.location
     expected = service.expected_shards(session, model=model, version=version)
+    expected_parts = dict(found.fingerprint_parts)
     release_connection(session)  # worker thread, no connection held: see register_version
     check_readable_by_api(location, settings.artifact_roots)
     store = open_store(location, s3_endpoint_url=settings.s3_endpoint_url)
-    return service.verify_against(
-        model=model, version=version, expected=expected, store=store, workers=settings.hash_workers,
-        block_bytes=settings.hash_block_bytes,
+    report = verify.verify_against(
+        model=model, version=version, expected=expected, expected_parts=expected_parts, store=store,
+        workers=settings.hash_workers, block_bytes=settings.hash_block_bytes,
     )
+    verify.record_verify(session, report=report, actor=principal.actor, clock=clock)
+    return report
 
 
 @router.post("/models/{model}/versions/{version}/issues", status_code=201, response_model=IssueRead)
 def add_issue(
     model: NamePath, version: NamePath, body: IssueCreate, session: DbSession, principal: Operator, clock: ClockDep
 ) -> IssueRead:
-    issue = service.add_issue(
+    issue = known_issues.add_issue(
         session, model=model, version=version, severity=body.severity, title=body.title,
         description=body.description, actor=principal.actor, clock=clock,
     )
@@ -128,7 +137,7 @@ def add_issue(
 def resolve_issue(
     issue_id: IdPath, body: IssueResolve, session: DbSession, principal: Operator, clock: ClockDep
 ) -> IssueRead:
-    issue = service.resolve_issue(
+    issue = known_issues.resolve_issue(
         session, issue_id=issue_id, resolution=body.resolution, actor=principal.actor, clock=clock
     )
     return IssueRead.model_validate(issue)
@@ -136,32 +145,32 @@ def resolve_issue(
 
 @router.get("/models/{model}/aliases", response_model=list[AliasRead])
 def list_aliases(model: NamePath, session: DbSession, _: Viewer) -> list[AliasRead]:
-    return [alias_read(session, a) for a in service.list_aliases(session, model=model)]
+    return [alias_read(session, a) for a in aliases.list_aliases(session, model=model)]
 
 
 @router.get("/models/{model}/aliases/{alias}/history", response_model=list[AliasMoveRead])
 def alias_history(model: NamePath, alias: NamePath, session: DbSession, _: Viewer) -> list[AliasMoveRead]:
-    service.get_alias_or_raise(session, model=model, name=alias)
-    return move_reads(session, list(service.alias_history(session, model=model, name=alias)))
+    aliases.get_alias_or_raise(session, model=model, name=alias)
+    return move_reads(session, list(aliases.alias_history(session, model=model, name=alias)))
 
 
 @router.post("/models/{model}/aliases/{alias}/promote", response_model=AliasRead)
 def promote(
     model: NamePath, alias: NamePath, body: PromoteRequest, session: DbSession, principal: Operator, clock: ClockDep
 ) -> AliasRead:
-    service.promote(
+    aliases.promote(
         session, model=model, alias=alias, version=body.version, actor=principal.actor, reason=body.reason,
         force=body.force, expected_revision=body.expected_revision, clock=clock,
     )
-    return alias_read(session, service.get_alias_or_raise(session, model=model, name=alias))
+    return alias_read(session, aliases.get_alias_or_raise(session, model=model, name=alias))
 
 
 @router.post("/models/{model}/aliases/{alias}/rollback", response_model=AliasRead)
 def rollback(
     model: NamePath, alias: NamePath, body: RollbackRequest, session: DbSession, principal: Operator, clock: ClockDep
 ) -> AliasRead:
-    service.rollback(
+    aliases.rollback(
         session, model=model, alias=alias, actor=principal.actor, reason=body.reason, force=body.force,
         expected_revision=body.expected_revision, clock=clock,
     )
-    return alias_read(session, service.get_alias_or_raise(session, model=model, name=alias))
+    return alias_read(session, aliases.get_alias_or_raise(session, model=model, name=alias))

@@ -3,7 +3,7 @@
     LifelineError
     ├── NotFound: version_not_found, alias_not_found, issue_not_found
     ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
-    │             critical_known_issue, nothing_to_roll_back,
+    │             critical_known_issue, last_verify_failed, nothing_to_roll_back,
     │             issue_already_resolved, force_needs_reason
     ├── InvalidInput: invalid_artifact, invalid_location
     └── ArtifactStoreUnavailable (503): artifact_store_unavailable
@@ -42,6 +42,12 @@ class FingerprintMismatch(Conflict):
 
 class CriticalKnownIssue(Conflict):
     error_type = "critical_known_issue"
+
+
+class LastVerifyFailed(Conflict):
+    """The version's last verify found corrupt or missing files or a drifted fingerprint."""
+
+    error_type = "last_verify_failed"
 
 
 class NothingToRollBack(Conflict):

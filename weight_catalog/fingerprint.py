@@ -1,14 +1,19 @@
 """The semantic fingerprint: what a client's tokens and prompts depend on.
 
 A standby may serve a primary's traffic only if it speaks the same
-tokenizer, chat template, generation defaults and architecture. The
-fingerprint hashes those four parts as canonical JSON (sorted keys, no
+tokenizer (and its configuration), chat template, generation defaults and
+architecture. The fingerprint hashes those five parts as canonical JSON (sorted keys, no
 insignificant whitespace), so re-serialising a file with another key order
 or indentation does not change it, while any value change does.
 
 Parts and where they come from:
 
 - tokenizer: `tokenizer.json`
+- tokenizer_config: `tokenizer_config.json` without `chat_template` (its
+  own part) and tooling keys: BOS/EOS/PAD/UNK tokens, `add_bos_token`,
+  `add_eos_token`, `added_tokens_decoder`, special tokens, cleanup and
+  prefix-space flags all change the token ids a prompt becomes. A deny
+  list, not an allow list, so a field nobody thought of still counts.
 - chat_template: `chat_template` in `tokenizer_config.json`, or the file
   `chat_template.jinja` (the newer layout); hashed as text
 - generation_config: `generation_config.json`
@@ -31,6 +36,7 @@ from weight_catalog.errors import InvalidArtifact
 
 FINGERPRINT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "config.json")
 TOOLING_KEYS = ("transformers_version", "_name_or_path")
+TOKENIZER_CONFIG_TOOLING_KEYS = (*TOOLING_KEYS, "name_or_path", "tokenizer_file", "_commit_hash", "chat_template")
 
 ReadText = Callable[[str], str | None]
 
@@ -56,6 +62,9 @@ def fingerprint_parts(read_text: ReadText) -> dict[str, str]:
     """Digest of each semantic part; `read_text(name)` returns None for a missing file."""
     tokenizer = _load_json("tokenizer.json", read_text("tokenizer.json"))
     tokenizer_config = _load_json("tokenizer_config.json", read_text("tokenizer_config.json"))
+    behaviour: Any = None
+    if isinstance(tokenizer_config, dict):
+        behaviour = {k: v for k, v in tokenizer_config.items() if k not in TOKENIZER_CONFIG_TOOLING_KEYS}
     template: Any = None
     if isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template") is not None:
         template = tokenizer_config["chat_template"]
@@ -69,6 +78,7 @@ def fingerprint_parts(read_text: ReadText) -> dict[str, str]:
         generation = {k: v for k, v in generation.items() if k not in TOOLING_KEYS}
     return {
         "tokenizer": _sha(canonical_json(tokenizer)),
+        "tokenizer_config": _sha(canonical_json(behaviour)),
         "chat_template": _sha(canonical_json(template)),
         "generation_config": _sha(canonical_json(generation)),
         "architecture": _sha(canonical_json(architecture)),

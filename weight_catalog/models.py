@@ -4,10 +4,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from controlplane.db import Base
+from controlplane.db import Base, UTCDateTime
 
 
 class Severity(StrEnum):
@@ -34,7 +34,11 @@ class WeightVersion(Base):
     fingerprint: Mapped[str] = mapped_column(String(64))
     fingerprint_parts: Mapped[dict[str, Any]] = mapped_column(JSON)
     registered_by: Mapped[str] = mapped_column(String(160))
-    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The last verify: None until one ran. A failed one blocks promotes without force.
+    last_verified_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_verify_healthy: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    last_verify_location: Mapped[str | None] = mapped_column(String(1000), nullable=True)
 
     shards: Mapped[list[Shard]] = relationship(
         back_populates="weight_version", order_by="Shard.path", cascade="all, delete-orphan"
@@ -66,9 +70,9 @@ class KnownIssue(Base):
     title: Mapped[str] = mapped_column(String(400))
     description: Mapped[str] = mapped_column(Text, default="")
     opened_by: Mapped[str] = mapped_column(String(160))
-    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    opened_at: Mapped[datetime] = mapped_column(UTCDateTime())
     resolved_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
-    resolved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     resolution: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     weight_version: Mapped[WeightVersion] = relationship(back_populates="issues")
@@ -85,7 +89,7 @@ class Alias(Base):
     name: Mapped[str] = mapped_column(String(128))
     version_id: Mapped[int] = mapped_column(ForeignKey("weight_versions.id", ondelete="RESTRICT"))
     revision: Mapped[int] = mapped_column(Integer)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class AliasMove(Base):
@@ -104,5 +108,5 @@ class AliasMove(Base):
     forced: Mapped[bool] = mapped_column(Boolean, default=False)
     actor: Mapped[str] = mapped_column(String(160))
     reason: Mapped[str] = mapped_column(Text)
-    moved_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    moved_at: Mapped[datetime] = mapped_column(UTCDateTime())
     event_id: Mapped[int | None] = mapped_column(ForeignKey("events.id"), nullable=True)

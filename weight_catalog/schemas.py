@@ -40,6 +40,9 @@ class VersionSummary(BaseModel):
     fingerprint: str
     registered_by: str
     registered_at: datetime
+    last_verified_at: datetime | None = None
+    last_verify_healthy: bool | None = None
+    last_verify_location: str | None = None
 
 
 class VersionRead(VersionSummary):
@@ -118,3 +121,6 @@ class VerifyReport(BaseModel):
     mismatched: list[ShardMismatch]
     missing: list[str]
     unexpected: list[str]
+    fingerprint_drift: list[str] = Field(
+        default_factory=list, description="semantic parts the files now there no longer match (unhealthy)"
+    )

@@ -12,7 +12,7 @@ from common.clock import ManualClock
 from controlplane.db import session_scope
 from controlplane.errors import LifelineError
 from tests.support.controlplane_testing import write_artifact
-from weight_catalog import service
+from weight_catalog import aliases
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,8 @@ def test_register_records_every_shard_hash_size_and_fingerprint(register: Any, t
         assert shard["sha256"] == hashlib.sha256(data).hexdigest()
         assert shard["size"] == len(data)
     assert version["total_bytes"] == sum(s["size"] for s in by_path.values())
-    assert set(version["fingerprint_parts"]) == {"tokenizer", "chat_template", "generation_config", "architecture"}
+    assert set(version["fingerprint_parts"]) == {"tokenizer", "tokenizer_config", "chat_template", "generation_config",
+                                            "architecture"}
 
 
 def test_register_twice_conflicts_and_bad_location_is_typed(client: TestClient, as_role: Any, register: Any,
@@ -166,7 +167,7 @@ def test_concurrent_promotes_with_the_same_revision_let_exactly_one_win(
         try:
             with session_scope(session_factory) as session:
                 barrier.wait()
-                service.promote(session, model="llama", alias="prod", version=version, actor="t", reason="race",
+                aliases.promote(session, model="llama", alias="prod", version=version, actor="t", reason="race",
                                 expected_revision=1, clock=ManualClock())
             outcomes.append("won")
         except LifelineError as exc:

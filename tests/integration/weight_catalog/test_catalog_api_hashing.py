@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support.controlplane_testing import write_artifact
-from weight_catalog import service
+from weight_catalog import hashing, service, verify
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ class HeldHash:
         self.release = threading.Event()
         self.finished = threading.Event()
         self.connections_checked_out: int | None = None
-        self.real = service.hash_shards
+        self.real = hashing.hash_shards
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.connections_checked_out = self.client.app.state.engine.pool.checkedout()
@@ -51,6 +51,7 @@ def _while_hashing(client: TestClient, monkeypatch: pytest.MonkeyPatch, call: Ca
                    viewer: dict[str, str]) -> tuple[Any, HeldHash]:
     held = HeldHash(client)
     monkeypatch.setattr(service, "hash_shards", held)
+    monkeypatch.setattr(verify, "hash_shards", held)
     outcome: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: outcome.setdefault("response", call()))
     worker.start()

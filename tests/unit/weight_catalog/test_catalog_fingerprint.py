@@ -63,3 +63,32 @@ def test_invalid_json_is_a_typed_error(tmp_path: Path) -> None:
     (root / "config.json").write_text("{not json")
     with pytest.raises(InvalidArtifact, match="config.json"):
         parts_of(root)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"eos_token": "<|end|>"},
+        {"bos_token": "<s>"},
+        {"add_bos_token": True},
+        {"additional_special_tokens": ["<tool>"]},
+        {"added_tokens_decoder": {"7": {"content": "<x>", "special": True}}},
+    ],
+)
+def test_behaviour_changing_tokenizer_config_fields_change_the_tokenizer_config_part(tmp_path: Path,
+                                                                                    change: dict) -> None:
+    root = write_artifact(tmp_path / "a")
+    before = parts_of(root)
+    config = json.loads((root / "tokenizer_config.json").read_text())
+    (root / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+    after = parts_of(root)
+    assert {k for k in before if before[k] != after[k]} == {"tokenizer_config"}
+
+
+def test_tooling_keys_of_tokenizer_config_do_not_change_the_fingerprint(tmp_path: Path) -> None:
+    root = write_artifact(tmp_path / "a")
+    before = parts_of(root)
+    config = json.loads((root / "tokenizer_config.json").read_text())
+    config.update(name_or_path="/elsewhere", tokenizer_file="/x/tokenizer.json", transformers_version="9")
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    assert parts_of(root) == before
