@@ -1,0 +1,116 @@
+"""The wire records between the memory holder (`holder/`) and its tenants (engines).
+
+Defined once here so the holder and `engine/holder_client.py` import the same
+shapes and neither imports the other. A tenant attaches with its instance id
+and boot generation and gets a `WeightsDescription`: enough to map every
+tensor from the holder's region file without copying (file path, offset,
+dtype, shape), plus the region's epoch and checksum so a tenant can tell one
+sealed region from the next.
+
+Promise: service recovery. A restarted engine re-maps weights another process
+kept alive instead of reading them from disk; it promises nothing about the
+requests the dead engine had in flight (the gateway continues those).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# numpy dtype names the holder stores; the engine computes in float64 or float32.
+HOLDER_DTYPES = ("float64", "float32")
+# Every tensor starts at a multiple of this inside a region (cache line, and SIMD loads).
+TENSOR_ALIGNMENT = 64
+
+
+class TenantState(StrEnum):
+    """Stored states. "frozen" is never stored: it is an attached or taking-over tenant
+    whose lease has expired, computed when read (`TenantView.frozen`)."""
+
+    ATTACHED = "attached"
+    TAKING_OVER = "taking_over"  # a newer generation attached; old blocks frozen until it confirms
+    RELEASED = "released"
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0, description="bytes from the start of the region file")
+    nbytes: int = Field(ge=0)
+
+
+class RegionView(BaseModel):
+    """One sealed region: a file in shared memory that the holder owns and tenants map."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    region_id: int
+    path: str
+    size: int
+    purpose: str  # "weights" (later "kv")
+    owner: str  # "holder" for shared read-only weights, else a tenant id
+    epoch: int  # the holder boot that sealed it
+    checksum: str  # "sha256:…" of the whole file
+    tensors: list[TensorSpec]
+
+
+class WeightsDescription(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: str
+    weights_digest: str  # contract.identity.weights_digest of the shards it was loaded from
+    config_sha256: str  # of config.json: a tenant refuses weights for another architecture
+    dtype: str
+    region: RegionView
+
+
+class AttachRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    generation: int = Field(ge=0)
+
+
+class GenerationBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=0)
+
+
+class TenantView(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str
+    generation: int
+    state: TenantState
+    frozen: bool  # lease expired: its blocks are kept for a successor, never reused
+    lease_expires_in_s: float
+    takeovers: int
+
+
+class AttachResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    holder_epoch: int
+    tenant: TenantView
+    takeover: bool  # a newer generation took over a previous tenant's blocks
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+    weights: WeightsDescription
+
+
+class HeartbeatResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    holder_epoch: int
+    tenant: TenantView
+
+
+# Error types the holder answers with (common.errors shape).
+SUPERSEDED_ERROR_TYPE = "tenant_superseded"  # 409: a newer generation holds this tenant id
+UNKNOWN_TENANT_ERROR_TYPE = "unknown_tenant"  # 404
+NOT_READY_ERROR_TYPE = "holder_not_ready"  # 503

@@ -1,0 +1,1 @@
+"""The memory holder: weights (and later KV blocks) that outlive the engine process (docs/holder.md)."""

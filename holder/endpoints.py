@@ -1,0 +1,89 @@
+"""The holder's local API (loopback HTTP): thin handlers over `holder.service.MemoryHolder`.
+
+    POST /v1/tenants/attach                       AttachRequest → AttachResponse
+    POST /v1/tenants/{tenant_id}/heartbeat        GenerationBody → HeartbeatResponse
+    POST /v1/tenants/{tenant_id}/confirm          GenerationBody → TenantView
+    POST /v1/tenants/{tenant_id}/release          GenerationBody → TenantView
+    GET  /v1/tenants                              [TenantView]
+    GET  /v1/weights                              WeightsDescription
+    GET  /v1/state                                epoch, replay report, regions, tenants
+    GET  /healthz/live, /healthz/ready
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from common.request_body import parse_json_body
+from contract.holder import AttachRequest, AttachResponse, GenerationBody, HeartbeatResponse, TenantView, WeightsDescription
+from holder.errors import HolderError
+from holder.service import MemoryHolder
+
+
+class BadRequest(HolderError):
+    status_code = 400
+    error_type = "bad_request"
+
+
+def _holder(request: Request) -> MemoryHolder:
+    return request.app.state.holder
+
+
+Holder = Annotated[MemoryHolder, Depends(_holder)]
+router = APIRouter()
+
+
+@router.post("/v1/tenants/attach", response_model=AttachResponse)
+async def attach(request: Request, holder: Holder) -> AttachResponse:
+    body = parse_json_body(await request.body(), AttachRequest, BadRequest)
+    return holder.attach(body.tenant_id, body.generation)
+
+
+@router.post("/v1/tenants/{tenant_id}/heartbeat", response_model=HeartbeatResponse)
+async def heartbeat(tenant_id: str, request: Request, holder: Holder) -> HeartbeatResponse:
+    body = parse_json_body(await request.body(), GenerationBody, BadRequest)
+    return holder.heartbeat(tenant_id, body.generation)
+
+
+@router.post("/v1/tenants/{tenant_id}/confirm", response_model=TenantView)
+async def confirm(tenant_id: str, request: Request, holder: Holder) -> TenantView:
+    body = parse_json_body(await request.body(), GenerationBody, BadRequest)
+    return holder.confirm(tenant_id, body.generation)
+
+
+@router.post("/v1/tenants/{tenant_id}/release", response_model=TenantView)
+async def release(tenant_id: str, request: Request, holder: Holder) -> TenantView:
+    body = parse_json_body(await request.body(), GenerationBody, BadRequest)
+    return holder.release(tenant_id, body.generation)
+
+
+@router.get("/v1/tenants", response_model=list[TenantView])
+async def tenants(holder: Holder) -> list[TenantView]:
+    return holder.tenants()
+
+
+@router.get("/v1/weights", response_model=WeightsDescription)
+async def weights(holder: Holder) -> WeightsDescription:
+    return holder.ready_weights()
+
+
+@router.get("/v1/state")
+async def state(holder: Holder) -> dict:
+    return {"epoch": holder.epoch, "replay": asdict(holder.replay) if holder.replay else None,
+            "regions": holder.regions(), "tenants": [t.model_dump() for t in holder.tenants()]}
+
+
+@router.get("/healthz/live")
+async def live() -> dict:
+    return {"status": "live"}
+
+
+@router.get("/healthz/ready")
+async def ready(holder: Holder) -> JSONResponse:
+    if holder.weights is None:
+        return JSONResponse({"status": "not_ready"}, status_code=503)
+    return JSONResponse({"status": "ready", "epoch": holder.epoch, "region": holder.weights.region.region_id})

@@ -1,0 +1,291 @@
+"""The holder's work: replay the ledger, keep the weights region, lease it to tenants.
+
+The four phases of the seed, and where each lives:
+
+    reserve   `_reserve_weights`: ledger `reserve` (size, path, purpose, owner,
+              layout) fsynced, then the file is created and filled; `seal`
+              (checksum, epoch) is written last.
+    attach    `attach`: a tenant (an engine, by instance id and boot
+              generation) gets the region's description and maps it.
+    takeover  a tenant that stops renewing for `lease_ttl` is *frozen*
+              (computed at read): nothing of its is reused or overwritten.
+              The same tenant id under a higher generation takes over; the
+              holder records it TAKING_OVER until the new process `confirm`s
+              a consistent view (its self-test passed). A different tenant id
+              never takes another's blocks, however long it has been silent.
+    release   `release` on the tenant's clean shutdown; regions themselves are
+              unlinked only by the holder's own clean shutdown (`close(clean=True)`).
+
+Every change is a ledger record fsynced before the change is made, applied to
+the in-memory mapping through the same `LedgerState.apply` replay uses, so a
+restart rebuilds exactly what was acknowledged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.clock import Clock
+from common.logs import get_logger
+from contract.holder import (
+    AttachResponse,
+    HeartbeatResponse,
+    RegionView,
+    TenantState,
+    TenantView,
+    TensorSpec,
+    WeightsDescription,
+)
+from holder import store
+from holder.errors import HolderNotReady, TenantSuperseded, UnknownTenant
+from holder.ledger import Ledger
+from holder.regions import LedgerState, RegionRecord, RegionStatus, TenantRecord, rebuild
+from holder.settings import HolderSettings
+
+log = get_logger(__name__)
+
+LEDGER_FILE = "ledger.wal"
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    epoch: int
+    records: int
+    torn_bytes: int
+    adopted: list[int]
+    discarded: dict[int, str]  # region id → why it could not be proven consistent
+    orphans_removed: int
+
+
+class MemoryHolder:
+    def __init__(self, settings: HolderSettings, clock: Clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.shm_dir = settings.resolved_shm_dir()
+        self._lock = threading.RLock()
+        self._ledger: Ledger | None = None
+        self.state = LedgerState()
+        self.epoch = 0
+        self.weights: WeightsDescription | None = None
+        self.replay: ReplayReport | None = None
+        self._last_heartbeat: dict[str, float] = {}  # tenant id → clock.now() of its last renewal
+        self._announced_frozen: set[tuple[str, int]] = set()  # log dedup only, never consulted for decisions
+
+    # -- the ledger ----------------------------------------------------------------
+    def _record(self, record: dict[str, Any]) -> None:
+        """Write ahead, then apply: the mapping never holds what the ledger does not."""
+        assert self._ledger is not None, "open() first"  # noqa: S101 - a programming error, not input
+        self._ledger.append(record)
+        self.state.apply(record)
+
+    def open(self) -> ReplayReport:
+        """Replay the ledger, check every live region against its seal, discard what fails."""
+        with self._lock:
+            self._ledger = Ledger.open(self.settings.state_dir / LEDGER_FILE)
+            self.state = rebuild(self._ledger.records)
+            for anomaly in self.state.anomalies:
+                log.warning("ledger anomaly", detail=anomaly)
+            self.epoch = self.state.boots + 1
+            self._record({"op": "boot", "epoch": self.epoch})
+            adopted, discarded = [], {}
+            for region in self.state.live_regions():
+                reason = store.verify_region_file(Path(region.path), region.size, region.checksum)
+                if reason is None:
+                    adopted.append(region.region_id)
+                    continue
+                discarded[region.region_id] = reason
+                self._free(region, f"unverifiable after restart: {reason}")
+            orphans = self._remove_orphans()
+            now = self.clock.now()
+            for tenant in self.state.tenants.values():
+                if tenant.state is not TenantState.RELEASED:
+                    # A holder restart is no evidence a tenant died: each gets a full lease to renew.
+                    self._last_heartbeat[tenant.tenant_id] = now
+            self.replay = ReplayReport(self.epoch, len(self._ledger.records), self._ledger.torn_bytes, adopted,
+                                       discarded, orphans)
+            log.info("ledger replayed", epoch=self.epoch, records=len(self._ledger.records),
+                     torn_bytes=self._ledger.torn_bytes, adopted=adopted, discarded=discarded, orphans_removed=orphans)
+            return self.replay
+
+    def _free(self, region: RegionRecord, reason: str) -> None:
+        self._record({"op": "free", "region": region.region_id, "reason": reason})
+        store.remove_region_file(Path(region.path))
+        log.warning("region freed", region=region.region_id, reason=reason)
+
+    def _remove_orphans(self) -> int:
+        """Region files no live record names (a reservation the ledger never acknowledged)."""
+        if not self.shm_dir.exists():
+            return 0
+        live = {Path(r.path).name for r in self.state.live_regions()}
+        removed = 0
+        for path in self.shm_dir.glob("region-*.bin"):
+            if path.name not in live:
+                store.remove_region_file(path)
+                removed += 1
+        return removed
+
+    # -- weights ---------------------------------------------------------------------
+    def ensure_weights(self) -> WeightsDescription:
+        """Adopt a sealed region holding these weights in this dtype, or reserve, fill and seal one."""
+        model_dir = self.settings.model.resolve()
+        digest = store.model_weights_digest(model_dir)
+        config_sha = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+        meta = {"model_dir": str(model_dir), "weights_digest": digest, "config_sha256": config_sha,
+                "dtype": self.settings.dtype}
+        with self._lock:
+            for region in self.state.live_regions():
+                if region.purpose == "weights" and region.status is RegionStatus.SEALED and region.meta == meta:
+                    log.info("weights region adopted", region=region.region_id, epoch=region.epoch)
+                    self.weights = self._describe(region)
+                    return self.weights
+            region = self._reserve_weights(model_dir, meta)
+            self.weights = self._describe(region)
+            return self.weights
+
+    def _reserve_weights(self, model_dir: Path, meta: dict[str, Any]) -> RegionRecord:
+        shapes = store.model_tensor_shapes(model_dir)
+        specs, size = store.plan_layout([(name, self.settings.dtype, shape) for name, shape in shapes])
+        region_id = self.state.next_region_id
+        path = self.shm_dir / f"region-{region_id:06d}.bin"
+        started = self.clock.now()
+        self._record({"op": "reserve", "region": region_id, "path": str(path), "size": size, "purpose": "weights",
+                      "owner": "holder", "tensors": [s.model_dump() for s in specs], "meta": meta})
+        store.create_region_file(path, size)
+        store.fill_weights(path, model_dir, specs)
+        checksum = store.region_checksum(path)
+        self._record({"op": "seal", "region": region_id, "checksum": checksum, "epoch": self.epoch})
+        log.info("weights region sealed", region=region_id, bytes=size, tensors=len(specs),
+                 seconds=round(self.clock.now() - started, 3))
+        return self.state.regions[region_id]
+
+    @staticmethod
+    def _describe(region: RegionRecord) -> WeightsDescription:
+        assert region.checksum is not None and region.epoch is not None  # noqa: S101 - sealed regions only
+        view = RegionView(region_id=region.region_id, path=region.path, size=region.size, purpose=region.purpose,
+                          owner=region.owner, epoch=region.epoch, checksum=region.checksum,
+                          tensors=[TensorSpec(**t) for t in region.tensors])
+        return WeightsDescription(model_dir=region.meta["model_dir"], weights_digest=region.meta["weights_digest"],
+                                  config_sha256=region.meta["config_sha256"], dtype=region.meta["dtype"], region=view)
+
+    # -- tenants ---------------------------------------------------------------------
+    def ready_weights(self) -> WeightsDescription:
+        if self.weights is None:
+            raise HolderNotReady("the holder is still replaying its ledger or loading weights", retry_after_s=1)
+        return self.weights
+
+    def _view(self, tenant: TenantRecord) -> TenantView:
+        ttl = self.settings.lease_ttl.total_seconds()
+        expires_in = self._last_heartbeat.get(tenant.tenant_id, float("-inf")) + ttl - self.clock.now()
+        frozen = tenant.state is not TenantState.RELEASED and expires_in <= 0
+        return TenantView(tenant_id=tenant.tenant_id, generation=tenant.generation, state=tenant.state, frozen=frozen,
+                          lease_expires_in_s=max(expires_in, 0.0) if expires_in != float("-inf") else 0.0,
+                          takeovers=tenant.takeovers)
+
+    def _current(self, tenant_id: str) -> TenantRecord:
+        tenant = self.state.tenants.get(tenant_id)
+        if tenant is None or tenant.state is TenantState.RELEASED:
+            raise UnknownTenant(f"tenant {tenant_id!r} is not attached; attach first")
+        return tenant
+
+    def _check_generation(self, tenant: TenantRecord, generation: int) -> None:
+        if generation < tenant.generation:
+            raise TenantSuperseded(f"tenant {tenant.tenant_id!r} is held by generation {tenant.generation}; "
+                                   f"{generation} is older")
+        if generation > tenant.generation:
+            raise UnknownTenant(f"generation {generation} of {tenant.tenant_id!r} has not attached; attach first")
+
+    def attach(self, tenant_id: str, generation: int) -> AttachResponse:
+        with self._lock:
+            weights = self.ready_weights()
+            current = self.state.tenants.get(tenant_id)
+            live = current is not None and current.state is not TenantState.RELEASED
+            if live and generation < current.generation:
+                raise TenantSuperseded(f"tenant {tenant_id!r} is held by generation {current.generation}; "
+                                       f"{generation} is older")
+            takeover = live and generation > current.generation
+            if not live or generation != current.generation:
+                if takeover:
+                    previous = self._view(current)
+                    log.warning("tenant takeover", tenant=tenant_id, old_generation=current.generation,
+                                new_generation=generation, old_frozen=previous.frozen)
+                self._record({"op": "attach", "tenant": tenant_id, "generation": generation})
+            self._last_heartbeat[tenant_id] = self.clock.now()
+            tenant = self.state.tenants[tenant_id]
+            log.info("tenant attached", tenant=tenant_id, generation=generation, takeover=takeover, state=tenant.state)
+            return AttachResponse(holder_epoch=self.epoch, tenant=self._view(tenant), takeover=takeover,
+                                  heartbeat_interval_s=self.settings.heartbeat_interval.total_seconds(),
+                                  lease_ttl_s=self.settings.lease_ttl.total_seconds(), weights=weights)
+
+    def heartbeat(self, tenant_id: str, generation: int) -> HeartbeatResponse:
+        with self._lock:
+            tenant = self._current(tenant_id)
+            self._check_generation(tenant, generation)
+            view = self._view(tenant)
+            if view.frozen:
+                # A late renewal from the same generation: nothing was handed to anyone else
+                # (frozen blocks are never reused), so the tenant simply resumes.
+                log.info("frozen tenant renewed", tenant=tenant_id, generation=generation)
+            self._last_heartbeat[tenant_id] = self.clock.now()
+            self._announced_frozen.discard((tenant_id, generation))
+            return HeartbeatResponse(holder_epoch=self.epoch, tenant=self._view(tenant))
+
+    def confirm(self, tenant_id: str, generation: int) -> TenantView:
+        """The tenant has a consistent view (self-test passed): a takeover completes."""
+        with self._lock:
+            tenant = self._current(tenant_id)
+            self._check_generation(tenant, generation)
+            if tenant.state is TenantState.TAKING_OVER:
+                self._record({"op": "confirm", "tenant": tenant_id, "generation": generation})
+                log.info("takeover confirmed", tenant=tenant_id, generation=generation)
+            self._last_heartbeat[tenant_id] = self.clock.now()
+            return self._view(tenant)
+
+    def release(self, tenant_id: str, generation: int) -> TenantView:
+        """The tenant's clean shutdown: its lease ends and nothing is kept for a successor."""
+        with self._lock:
+            tenant = self._current(tenant_id)
+            self._check_generation(tenant, generation)
+            self._record({"op": "release", "tenant": tenant_id, "generation": generation})
+            self._last_heartbeat.pop(tenant_id, None)
+            log.info("tenant released", tenant=tenant_id, generation=generation)
+            return self._view(tenant)
+
+    def tenants(self) -> list[TenantView]:
+        with self._lock:
+            return [self._view(t) for t in self.state.tenants.values()]
+
+    def announce_frozen(self) -> list[TenantView]:
+        """Log each tenant the moment its lease is seen expired (called every few hundred ms)."""
+        newly = []
+        with self._lock:
+            for tenant in self.state.tenants.values():
+                view = self._view(tenant)
+                key = (tenant.tenant_id, tenant.generation)
+                if view.frozen and key not in self._announced_frozen:
+                    self._announced_frozen.add(key)
+                    newly.append(view)
+                    log.warning("tenant lease expired; blocks frozen for a successor", tenant=tenant.tenant_id,
+                                generation=tenant.generation)
+        return newly
+
+    def regions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"region_id": r.region_id, "path": r.path, "size": r.size, "purpose": r.purpose, "owner": r.owner,
+                     "status": r.status, "epoch": r.epoch, "checksum": r.checksum, "freed_reason": r.freed_reason}
+                    for r in self.state.regions.values()]
+
+    # -- shutdown ----------------------------------------------------------------------
+    def close(self, *, clean: bool) -> None:
+        """A clean shutdown releases every region (ledger first); otherwise only the file is closed."""
+        with self._lock:
+            if self._ledger is None:
+                return
+            if clean:
+                for region in self.state.live_regions():
+                    self._free(region, "holder shut down cleanly")
+            self._ledger.close()
+            self._ledger = None
