@@ -2,23 +2,24 @@
 
 Each fixture starts its daemon in the test's temp dir on spare loopback
 ports and stops it by pid at teardown; a daemon that is not installed
-fails the test naming its package.
+fails the test naming its package. (The cutover workflow's fixtures live in
+test_cutover_support.py.)
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from cutover.driver import AnycastState, AnycastTarget
+from cutover.driver import AnycastState, AnycastTarget, L7Target
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
-from cutover.driver import L7Target
 from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
 from tests.support.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
@@ -84,48 +85,55 @@ def anycast_lab(tmp_path: Path) -> Iterator[AnycastLab]:
         router.stop()
 
 
-# ------------------------------------------------------------------ HAProxy
-# (Rebuilt after this file was overwritten by mistake in a shared checkout; see the commit.)
+# ------------------------------------------------------------------ l7 (HAProxy)
 
 
-def _upstream(name: str, release: threading.Event) -> ThreadingHTTPServer:
-    """A loopback HTTP server: /id answers at once, /stream sends one chunk and the rest on `release`."""
+class _UpstreamHandler(BaseHTTPRequestHandler):
+    """An engine stand-in: `/id` names the server, `/stream` holds a chunked body open until released."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"
+    server: _Upstream
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _chunk(self, data: bytes) -> None:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path == "/stream":
-                self.send_response(200)
-                self.send_header("X-Upstream", name)
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                self._chunk(b"token-0\n")
-                release.wait(20)
-                for i in range(1, 4):
-                    self._chunk(f"token-{i}\n".encode())
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
-                return
-            body = name.encode()
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/stream":
             self.send_response(200)
-            self.send_header("X-Upstream", name)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
+            self.send_header("X-Upstream", self.server.name)
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.wfile.write(body)
+            self._chunk(b"token-0\n")
+            released = self.server.release_streams.wait(timeout=15)
+            for i in range(1, 4):
+                self._chunk(f"token-{i}\n".encode() if released else b"never-released\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
+        body = self.server.name.encode()
+        self.send_response(200)
+        self.send_header("X-Upstream", self.server.name)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+class _Upstream(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, name: str, release_streams: threading.Event) -> None:
+        super().__init__(("127.0.0.1", 0), _UpstreamHandler)
+        self.name = name
+        self.release_streams = release_streams
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # HAProxy resets idle server-side connections when it stops; anything else is a failure to show.
+        if not isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -133,9 +141,8 @@ class HaproxyLab:
     """A real HAProxy in front of two loopback upstreams, s1 and s2."""
 
     haproxy: HaproxyServer
-    upstreams: dict[str, ThreadingHTTPServer]
-    release_streams: threading.Event = field(default_factory=threading.Event)
-    driver: HaproxyDriver = None  # type: ignore[assignment]
+    driver: HaproxyDriver
+    release_streams: threading.Event
 
     @property
     def url(self) -> str:
@@ -145,23 +152,25 @@ class HaproxyLab:
         return L7Target(backend=self.haproxy.backend, server=server)
 
     def new_driver(self) -> HaproxyDriver:
-        return HaproxyDriver(HaproxyRuntimeApi(("127.0.0.1", self.haproxy.admin_port)))
+        return HaproxyDriver(HaproxyRuntimeApi(("127.0.0.1", self.haproxy.admin_port), timeout_s=1.0))
 
 
 @pytest.fixture
 def haproxy_lab(tmp_path: Path) -> Iterator[HaproxyLab]:
     release = threading.Event()
-    upstreams = {name: _upstream(name, release) for name in ("s1", "s2")}
+    upstreams = [_Upstream(name, release) for name in ("s1", "s2")]
+    for upstream in upstreams:
+        threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     haproxy = HaproxyServer(workdir=tmp_path / "haproxy",
-                            servers={name: u.server_address[1] for name, u in upstreams.items()})
+                            servers={u.name: u.server_address[1] for u in upstreams})
     try:
         haproxy.start()
-        lab = HaproxyLab(haproxy=haproxy, upstreams=upstreams, release_streams=release)
+        lab = HaproxyLab(haproxy=haproxy, driver=None, release_streams=release)  # type: ignore[arg-type]
         lab.driver = lab.new_driver()
         yield lab
     finally:
         release.set()
         haproxy.stop()
-        for upstream in upstreams.values():
+        for upstream in upstreams:
             upstream.shutdown()
             upstream.server_close()
