@@ -1,0 +1,110 @@
+"""`lifeline pool …` (the capacity plan) and `lifeline agent …` (the regional agent).
+
+Heavy imports happen inside the commands, so `lifeline --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+pool_app = typer.Typer(no_args_is_help=True, add_completion=False)
+agent_app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+@pool_app.callback()
+def pool() -> None:
+    """Warm pools sized for the loss of a zone."""
+
+
+@pool_app.command("plan")
+def plan_command(
+    region: Annotated[str, typer.Option(help="the region the plan is for")],
+    zones: Annotated[str, typer.Option(help="comma-separated zones of the region")],
+    demand_seqs: Annotated[float, typer.Option(help="peak concurrent sequences in the region")],
+    demand_tokens_per_s: Annotated[float, typer.Option(help="peak output tokens/s in the region")],
+    context_tokens: Annotated[float, typer.Option(help="mean prompt + committed tokens per in-flight sequence")],
+    instance_seqs: Annotated[int, typer.Option(help="concurrent sequences one instance serves at the latency target")],
+    instance_tokens_per_s: Annotated[float, typer.Option(help="output tokens/s one instance sustains")],
+    instance_prefill_tokens_per_s: Annotated[float, typer.Option(help="prompt tokens/s one instance prefills")],
+    headroom: Annotated[float, typer.Option(help="multiplier on demand, ≥ 1")] = 1.2,
+    recovery_target_s: Annotated[float, typer.Option(help="seconds the lost zone's replay may take")] = 10.0,
+    tier: Annotated[str, typer.Option(help="DR tier: hot, warm or cold")] = "warm",
+    previous_version_share: Annotated[float, typer.Option(help="extra warm on the previous version, share of warm")] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Serving and warm instances per zone so the region survives losing its largest zone; with the arithmetic."""
+    from warm_pool.capacity import DrTier, InstanceCapacity, PlanRequest, RegionDemand, plan
+    from warm_pool.render import plan_json, print_plan
+
+    try:
+        request = PlanRequest(
+            region=region, zones=tuple(z.strip() for z in zones.split(",") if z.strip()),
+            instance=InstanceCapacity(instance_seqs, instance_tokens_per_s, instance_prefill_tokens_per_s),
+            demand=RegionDemand(demand_seqs, demand_tokens_per_s, context_tokens),
+            headroom=headroom, recovery_target_s=recovery_target_s, tier=DrTier(tier),
+            previous_version_share=previous_version_share)
+        result = plan(request)
+    except ValueError as exc:  # PlanError, or an unknown tier
+        raise typer.BadParameter(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(plan_json(result), indent=2))
+    else:
+        print_plan(result)
+
+
+@agent_app.command("serve")
+def serve(
+    region: Annotated[str, typer.Option(help="the region this agent watches")],
+    config: Annotated[Optional[Path], typer.Option(help="agent YAML (settings; flags override it)")] = None,
+    controlplane: Annotated[Optional[str], typer.Option(help="control plane URL (snapshot, events)")] = None,
+    controlplane_token: Annotated[Optional[str], typer.Option(help="bearer token for the control plane")] = None,
+    registry: Annotated[Optional[str], typer.Option(help="redis://… lease registry of the region")] = None,
+    renew_leases_for: Annotated[Optional[str], typer.Option(help="url,… of engines that cannot renew their own leases")] = None,
+    canary_file: Annotated[Optional[Path], typer.Option(help="JSON: weight version → recorded canary")] = None,
+    probe_interval: Annotated[Optional[float], typer.Option(help="seconds between health probes of one instance")] = None,
+    port: Annotated[Optional[int], typer.Option(help="port for /healthz and /metrics (0: none)")] = None,
+) -> None:
+    """Run the regional agent: probes, canaries, leases for stock engines, the warm pool."""
+    import yaml
+    from pydantic import ValidationError
+
+    from common.logs import configure_logging
+    from warm_pool.agent import run_agent
+    from warm_pool.settings import AgentSettings
+
+    values: dict = yaml.safe_load(config.read_text()) if config else {}
+    flags = {"region": region, "controlplane_url": controlplane, "controlplane_token": controlplane_token,
+             "registry": registry, "canary_file": canary_file, "probe_interval": probe_interval, "port": port,
+             "renew_leases_for": [u for u in renew_leases_for.split(",") if u] if renew_leases_for else None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        settings = AgentSettings(**values)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    configure_logging(settings.log_level, component="agent")
+    run_agent(settings)
+
+
+@agent_app.command("canary-record")
+def canary_record(
+    url: Annotated[str, typer.Option(help="a verified engine: its greedy output becomes the record")],
+    out: Annotated[Path, typer.Option(help="the canary file to add the record to")],
+    prompt_token_ids: Annotated[str, typer.Option(help="comma-separated prompt token ids")] = "1,2,3,4,5,6,7,8",
+    max_tokens: Annotated[int, typer.Option(help="tokens the canary generates")] = 8,
+    max_ttft_s: Annotated[float, typer.Option(help="time to first token the canary allows")] = 2.0,
+) -> None:
+    """Record a canary from a verified engine into a canary file (version → record)."""
+    import asyncio
+
+    from warm_pool.probe import record_canary
+
+    prompt = [int(t) for t in prompt_token_ids.split(",") if t.strip()]
+    version, record = asyncio.run(record_canary(url, prompt, max_tokens=max_tokens, max_ttft_s=max_ttft_s))
+    records = json.loads(out.read_text()) if out.exists() else {}
+    records[version] = record.model_dump(mode="json")
+    out.write_text(json.dumps(records, indent=2) + "\n")
+    typer.echo(f"recorded the canary of {version}: {record.output_token_ids}")
