@@ -25,6 +25,8 @@ ALLOWED = {
     "gateway": {"common", "contract"},
     # the memory holder outlives engines; engines reach it over HTTP (engine/holder_client.py, contract/holder.py)
     "holder": {"common", "contract"},
+    # the regional agent reaches engines, the registry and the control plane over HTTP and Redis
+    "warm_pool": {"common", "contract"},
 }
 
 
