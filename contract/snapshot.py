@@ -19,6 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contract.canary import CanaryRecord
+
 SCHEMA_VERSION = 1
 
 
@@ -41,6 +43,7 @@ class VersionEntry(_Record):
     weights_digest: str | None = Field(None, description="contract.identity.weights_digest of the shards")
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of each file a gateway loads")
     known_issues: list[KnownIssueRef] = Field(default_factory=list)
+    canary: CanaryRecord | None = Field(None, description="the version's recorded canary (contract.canary)")
 
 
 class AliasEntry(_Record):
