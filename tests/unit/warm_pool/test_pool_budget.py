@@ -1,0 +1,73 @@
+"""The probe budget on virtual time: 30 instances, ten minutes, every window counted."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from common.clock import ManualClock
+from warm_pool.budget import ProbeBudget
+
+pytestmark = pytest.mark.unit
+
+INSTANCES = [f"engine-{i:02d}" for i in range(30)]
+TICK = 0.1
+
+
+def run(budget: ProbeBudget, clock: ManualClock, seconds: float, *, served: set[str] = frozenset()) -> list[tuple[float, str]]:
+    sent = []
+    for _ in range(int(seconds / TICK)):
+        clock.advance(TICK)
+        for instance_id in served:
+            budget.note_served(instance_id, clock.now())
+        sent += [(clock.now(), i) for i in budget.due(INSTANCES)]
+    return sent
+
+
+def test_budget_holds_with_30_instances_in_every_window() -> None:
+    clock = ManualClock()
+    budget = ProbeBudget(clock, per_instance_per_s=0.1, jitter=0.2, rng=random.Random(7))
+    sent = run(budget, clock, 600)
+    rate = 30 * 0.1
+    times = [t for t, _ in sent]
+    for window in (1.0, 10.0, 60.0):
+        worst = max(sum(1 for t in times if start <= t < start + window) for start in times)
+        assert worst <= rate * (window + budget.burst_s), window
+    assert len(sent) / 600 <= rate
+    # and it spends what it may: each instance about once per 10 s
+    per_instance = Counter(i for _, i in sent)
+    assert set(per_instance) == set(INSTANCES)
+    assert min(per_instance.values()) >= 600 / (10 * 1.2) - 2
+
+
+def test_no_instance_waits_more_than_two_intervals() -> None:
+    clock = ManualClock()
+    budget = ProbeBudget(clock, rng=random.Random(3))
+    sent = run(budget, clock, 300)
+    for instance_id in INSTANCES:
+        times = [0.0 + clock.start] + [t for t, i in sent if i == instance_id]
+        assert max(b - a for a, b in zip(times, times[1:])) <= 2 * budget.interval_s
+
+
+def test_instances_serving_real_traffic_count_as_probed() -> None:
+    clock = ManualClock()
+    budget = ProbeBudget(clock, rng=random.Random(5))
+    busy = set(INSTANCES[:20])
+    sent = run(budget, clock, 120, served=busy)
+    probed = {i for _, i in sent}
+    assert probed == set(INSTANCES[20:])
+    assert budget.skipped_as_served > 0
+
+
+def test_a_tighter_budget_is_configurable() -> None:
+    clock = ManualClock()
+    budget = ProbeBudget(clock, per_instance_per_s=0.02, rng=random.Random(1))
+    sent = run(budget, clock, 500)
+    assert len(sent) <= 30 * 0.02 * (500 + budget.burst_s)
+
+
+def test_budget_refuses_a_nonsense_rate() -> None:
+    with pytest.raises(ValueError, match="per_instance_per_s"):
+        ProbeBudget(ManualClock(), per_instance_per_s=0)

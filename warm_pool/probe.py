@@ -1,0 +1,213 @@
+"""Three-level health probes and the canary, each ending in one typed verdict.
+
+    /healthz/live        the process answers (and, with the engine's watchdog, its decode loop steps)
+    /healthz/ready       it takes new requests; 503 `draining` is a planned exit
+    /healthz/generation  it serves the weight version the snapshot's alias names, with the catalog's digest
+    canary               a recorded greedy prompt (contract.canary): token count, time to first token, output
+
+Verdicts and what a gateway does with them (issue 10; Envoy's outlier
+detection ejects on errors alone and vLLM's /health says only that the
+process is up, so neither sees corrupted weights that answer 200):
+
+    ok                                    routable
+    timeout, error, wrong_output          eject
+    overloaded                            de-weight (429, or a first token slower than the record allows)
+    draining, old_generation              no new sessions; established ones finish
+
+An engine that does not serve `/healthz/*` (stock vLLM) is probed on
+`/health` for liveness and readiness, and `/healthz/generation` is skipped:
+the canary then carries the whole output check.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+import httpx
+from httpx_sse import aconnect_sse
+from pydantic import ValidationError
+
+from common.clock import Clock, SystemClock
+from contract.canary import CanaryRecord
+from contract.identity import DRAINING_ERROR_TYPE, EngineIdentity
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    WRONG_OUTPUT = "wrong_output"
+    OVERLOADED = "overloaded"
+    DRAINING = "draining"
+    OLD_GENERATION = "old_generation"
+
+
+EJECT = frozenset({Verdict.TIMEOUT, Verdict.ERROR, Verdict.WRONG_OUTPUT})
+NO_NEW_SESSIONS = frozenset({Verdict.DRAINING, Verdict.OLD_GENERATION})
+
+Level = Literal["live", "ready", "generation", "canary"]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    verdict: Verdict
+    level: Level
+    reason: str
+    identity: EngineIdentity | None = None
+    ttft_s: float | None = None
+    output_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=1.0, read=5.0, write=2.0, pool=1.0)
+
+
+def _status_verdict(response: httpx.Response, level: Level) -> ProbeResult | None:
+    """None for a 2xx; otherwise the verdict its status and error body say."""
+    if response.is_success:
+        return None
+    body = _json(response)
+    error_type = str((body.get("error") or {}).get("type", "")) if isinstance(body.get("error"), dict) else ""
+    status = str(body.get("engine_status", body.get("status", "")))
+    if response.status_code == 429:
+        return ProbeResult(Verdict.OVERLOADED, level, f"{level}: 429 {error_type or 'too many requests'}")
+    if response.status_code == 503 and (error_type == DRAINING_ERROR_TYPE or status == "draining"):
+        return ProbeResult(Verdict.DRAINING, level, f"{level}: 503 draining")
+    return ProbeResult(Verdict.ERROR, level, f"{level}: HTTP {response.status_code} {error_type or status}".rstrip())
+
+
+def _json(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _transport_verdict(exc: httpx.TransportError, level: Level) -> ProbeResult:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProbeResult(Verdict.TIMEOUT, level, f"{level}: {type(exc).__name__}")
+    return ProbeResult(Verdict.ERROR, level, f"{level}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+class Prober:
+    """Probes one engine at a time over a shared client; never raises for what an engine does."""
+
+    def __init__(self, client: httpx.AsyncClient, *, clock: Clock | None = None) -> None:
+        self.client = client
+        self.clock = clock or SystemClock()
+
+    async def health(self, url: str, *, expected_versions: frozenset[str] | None = None,
+                     expected_digests: dict[str, str] | None = None) -> ProbeResult:
+        """live → ready → generation; the first level that fails gives the verdict.
+
+        `expected_versions`: the versions the snapshot's aliases point to now
+        (None: unknown, no generation check). `expected_digests`: version →
+        the catalog's weights digest.
+        """
+        identity = None
+        try:
+            live = await self.client.get(f"{url}/healthz/live")
+            if live.status_code == 404:  # stock vLLM: /health is liveness and readiness together
+                health = await self.client.get(f"{url}/health")
+                failed = _status_verdict(health, "live")
+                return failed or ProbeResult(Verdict.OK, "live", "health: 200")
+            if failed := _status_verdict(live, "live"):
+                return failed
+            ready = await self.client.get(f"{url}/healthz/ready")
+            if failed := _status_verdict(ready, "ready"):
+                return failed
+            generation = await self.client.get(f"{url}/healthz/generation")
+            if failed := _status_verdict(generation, "generation"):
+                return failed
+        except httpx.TransportError as exc:
+            return _transport_verdict(exc, "live")
+        try:
+            identity = EngineIdentity.model_validate_json(generation.content)
+        except ValidationError as exc:
+            return ProbeResult(Verdict.ERROR, "generation", f"generation: not an identity: {str(exc)[:200]}")
+        if expected_versions is not None and identity.model not in expected_versions:
+            return ProbeResult(Verdict.OLD_GENERATION, "generation",
+                               f"serves {identity.model}; the snapshot's aliases name {sorted(expected_versions)}",
+                               identity=identity)
+        digest = (expected_digests or {}).get(identity.model)
+        if digest is not None and identity.weights_digest != digest:
+            return ProbeResult(Verdict.WRONG_OUTPUT, "generation",
+                               f"weights digest {identity.weights_digest[:19]}… is not the catalog's {digest[:19]}…",
+                               identity=identity)
+        return ProbeResult(Verdict.OK, "generation", "live, ready, generation current", identity=identity)
+
+    async def canary(self, url: str, *, model: str, record: CanaryRecord) -> ProbeResult:
+        """Send the recorded prompt greedily and compare token count, time to first token and output."""
+        body = {"model": model, "prompt": record.prompt_token_ids, "max_tokens": record.max_tokens,
+                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": True}
+        started = self.clock.now()
+        ttft = None
+        tokens: list[int] = []
+        try:
+            async with aconnect_sse(self.client, "POST", f"{url}/v1/completions", json=body) as source:
+                if not source.response.is_success:
+                    await source.response.aread()
+                    return _status_verdict(source.response, "canary") or ProbeResult(Verdict.ERROR, "canary", "?")
+                async for event in source.aiter_sse():
+                    if event.data == "[DONE]":
+                        break
+                    chunk = json.loads(event.data)
+                    if "error" in chunk:
+                        error_type = str((chunk["error"] or {}).get("type", ""))
+                        verdict = Verdict.DRAINING if error_type == DRAINING_ERROR_TYPE else Verdict.ERROR
+                        return ProbeResult(verdict, "canary", f"canary: stream ended with {error_type or 'an error'}",
+                                           output_token_ids=tuple(tokens))
+                    for choice in chunk.get("choices", []):
+                        ids = choice.get("token_ids") or []
+                        if ids and ttft is None:
+                            ttft = self.clock.now() - started
+                        tokens.extend(int(t) for t in ids)
+        except httpx.TransportError as exc:
+            result = _transport_verdict(exc, "canary")
+            return ProbeResult(result.verdict, "canary", result.reason, ttft_s=ttft, output_token_ids=tuple(tokens))
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+            return ProbeResult(Verdict.ERROR, "canary", f"canary: malformed stream: {str(exc)[:200]}",
+                               output_token_ids=tuple(tokens))
+        return judge_canary(record, tokens, ttft)
+
+
+def judge_canary(record: CanaryRecord, tokens: list[int], ttft_s: float | None) -> ProbeResult:
+    """The canary's verdict from what came back: count, then output, then time to first token."""
+    got = tuple(tokens)
+    expected = record.output_token_ids
+    if len(got) != len(expected):
+        return ProbeResult(Verdict.WRONG_OUTPUT, "canary", f"canary: {len(got)} tokens, recorded {len(expected)}",
+                           ttft_s=ttft_s, output_token_ids=got)
+    compared = record.compare_tokens or len(expected)
+    for position, (have, want) in enumerate(zip(got[:compared], expected[:compared], strict=True)):
+        if have != want:
+            return ProbeResult(Verdict.WRONG_OUTPUT, "canary",
+                               f"canary: token {position} is {have}, recorded {want}", ttft_s=ttft_s,
+                               output_token_ids=got)
+    if ttft_s is not None and ttft_s > record.max_ttft_s:
+        return ProbeResult(Verdict.OVERLOADED, "canary",
+                           f"canary: first token after {ttft_s:.3f} s, allowed {record.max_ttft_s:g} s",
+                           ttft_s=ttft_s, output_token_ids=got)
+    return ProbeResult(Verdict.OK, "canary", f"canary: {len(got)} tokens as recorded", ttft_s=ttft_s,
+                       output_token_ids=got)
+
+
+async def record_canary(url: str, prompt_token_ids: list[int], *, max_tokens: int,
+                        max_ttft_s: float) -> tuple[str, CanaryRecord]:
+    """(version, record) from a verified engine's greedy output for `prompt_token_ids`."""
+    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as client:
+        identity = EngineIdentity.model_validate_json((await client.get(f"{url}/healthz/generation")).content)
+        response = await client.post(f"{url}/v1/completions", json={
+            "model": identity.model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True})
+        response.raise_for_status()
+        output = [int(t) for t in response.json()["choices"][0]["token_ids"]]
+    return identity.model, CanaryRecord(prompt_token_ids=prompt_token_ids, output_token_ids=output,
+                                        max_ttft_s=max_ttft_s, recorded_from=identity.instance_id)
