@@ -1,7 +1,7 @@
 """HTTP endpoints of the engine: thin handlers that parse and delegate.
 
     openai_router   POST /v1/completions, POST /v1/chat/completions, GET /v1/models
-    health_router   GET /health, /healthz/live, /healthz/ready, /healthz/generation, /metrics
+    health_router   GET /health, /healthz/live, /healthz/ready, /healthz/generation, /healthz/weights, /metrics
     admin_router    GET/POST /admin/faults (only with `--enable-fault-admin`)
 
 The work happens in `engine.serving.OpenAIServing`; the process state is
@@ -99,6 +99,12 @@ async def ready(runtime: Runtime) -> JSONResponse:
 @health_router.get("/healthz/generation", response_model=EngineIdentity)
 async def generation(runtime: Runtime) -> EngineIdentity:
     return runtime.identity()
+
+
+@health_router.get("/healthz/weights")
+async def weights(runtime: Runtime) -> dict:
+    """Where the weights came from: the memory holder, or disk (and why, when a holder was configured)."""
+    return runtime.weights_origin.body()
 
 
 @health_router.get("/metrics")

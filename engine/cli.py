@@ -74,6 +74,7 @@ def serve(
     registry: Annotated[Optional[str], _opt(E, "registry")] = None,
     registry_token: Annotated[Optional[str], _opt(E, "registry_token")] = None,
     advertise_url: Annotated[Optional[str], _opt(E, "advertise_url")] = None,
+    holder: Annotated[Optional[str], _opt(E, "holder")] = None,
     drain_unroute_wait: Annotated[Optional[float], _opt(E, "drain_unroute_wait")] = None,
     drain_timeout: Annotated[Optional[float], _opt(E, "drain_timeout")] = None,
     exit_after_tokens: Annotated[Optional[int], _opt(F, "exit_after_tokens", "fault-")] = None,

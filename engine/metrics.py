@@ -29,3 +29,10 @@ class EngineMetrics:
         self.faults = Counter("lifeline_engine_faults_injected", "Faults injected", ["fault"], registry=r)
         self.ready = Gauge("lifeline_engine_ready", "1 once weights are loaded and self-test passed", registry=r)
         self.boot_generation = Gauge("lifeline_engine_boot_generation", "Boot generation", registry=r)
+        self.weights_from_holder = Gauge(
+            "lifeline_engine_weights_from_holder", "1 if the weights are mapped from the memory holder, 0 if loaded from disk",
+            registry=r)
+        self.holder_connected = Gauge(
+            "lifeline_engine_holder_connected", "1 while the memory holder answers this engine's heartbeats", registry=r)
+        self.holder_fallbacks = Counter(
+            "lifeline_engine_holder_fallbacks", "Starts that wanted the holder and loaded from disk instead", registry=r)

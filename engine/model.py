@@ -94,6 +94,12 @@ class LlamaModel:
         config = json.loads((model_dir / "config.json").read_text())
         return cls(LlamaShape.from_config(config), load_weights(model_dir), dtype)
 
+    @classmethod
+    def from_weights(cls, model_dir: Path, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> LlamaModel:
+        """A model over weights someone else holds (engine.holder_client): no copy when dtypes match."""
+        config = json.loads((model_dir / "config.json").read_text())
+        return cls(LlamaShape.from_config(config), weights, dtype)
+
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(self.shape, capacity, self.dtype)
 

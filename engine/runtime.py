@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -24,6 +24,7 @@ from common.logs import get_logger
 from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
 from engine.boot_generation import next_boot_generation
 from engine.faults import FaultInjector
+from engine.holder_client import HolderTenancy, HolderUnavailable, attach, check_compatible, map_weights
 from engine.lifecycle import EngineStatus, InvalidTransition, LifecycleEvent, transition
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
@@ -62,6 +63,74 @@ def _load_chat_template(model_dir: Path) -> str | None:
 
 
 @dataclass
+class WeightsOrigin:
+    """Where this process's weights came from, for /healthz/weights and the restart benchmark."""
+
+    source: str  # "holder" | "disk"
+    holder_url: str | None = None
+    fallback_reason: str | None = None  # why a holder was asked for and not used
+    region_id: int | None = None
+    holder_epoch: int | None = None
+    takeover: bool = False
+    attach_s: float = 0.0  # the attach round trip
+    map_s: float = 0.0  # building tensor views over the region
+    load_s: float = 0.0  # reading and converting shards, and hashing them (disk only)
+    tenancy: HolderTenancy | None = None
+
+    def body(self) -> dict:
+        tenancy = self.tenancy
+        return {"source": self.source, "holder_url": self.holder_url, "fallback_reason": self.fallback_reason,
+                "region_id": self.region_id, "holder_epoch": self.holder_epoch, "takeover": self.takeover,
+                "holder_connected": bool(tenancy and tenancy.connected and not tenancy.superseded),
+                "attach_s": round(self.attach_s, 6), "map_s": round(self.map_s, 6), "load_s": round(self.load_s, 6)}
+
+
+def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int,
+                 clock: Clock) -> tuple[LlamaModel, str, WeightsOrigin]:
+    assert settings.holder is not None  # noqa: S101 - checked by the caller
+    started = clock.now()
+    attached = attach(settings.holder, settings.instance_id, generation)
+    check_compatible(attached.weights, settings.model, dtype)
+    attached_at = clock.now()
+    model = LlamaModel.from_weights(settings.model, map_weights(attached.weights), dtype)
+    tenancy = HolderTenancy(settings.holder, settings.instance_id, generation, attached.heartbeat_interval_s)
+    tenancy.holder_epoch = attached.holder_epoch
+    origin = WeightsOrigin(source="holder", holder_url=settings.holder, region_id=attached.weights.region.region_id,
+                           holder_epoch=attached.holder_epoch, takeover=attached.takeover,
+                           attach_s=attached_at - started, map_s=clock.now() - attached_at, tenancy=tenancy)
+    return model, attached.weights.weights_digest, origin
+
+
+def load_weights_for(settings: EngineSettings, dtype: torch.dtype, generation: int, metrics: EngineMetrics,
+                     clock: Clock) -> tuple[LlamaModel, str, WeightsOrigin]:
+    """Map the holder's weights when one is configured and usable; otherwise load from disk and say why."""
+    reason = None
+    if settings.holder:
+        try:
+            model, digest, origin = _from_holder(settings, dtype, generation, clock)
+        except HolderUnavailable as exc:
+            reason = str(exc)
+            metrics.holder_fallbacks.inc()
+            log.warning("holder unavailable; loading weights from disk", holder=settings.holder, reason=reason)
+        else:
+            assert origin.tenancy is not None  # noqa: S101
+            origin.tenancy.start()
+            metrics.weights_from_holder.set(1)
+            metrics.holder_connected.set_function(lambda: 1 if origin.tenancy and origin.tenancy.connected else 0)
+            log.info("weights mapped from the holder", holder=settings.holder, region=origin.region_id,
+                     holder_epoch=origin.holder_epoch, takeover=origin.takeover,
+                     attach_s=round(origin.attach_s, 4), map_s=round(origin.map_s, 4))
+            return model, digest, origin
+    started = clock.now()
+    model = LlamaModel.load(settings.model, dtype)
+    digest = compute_weights_digest(settings.model)
+    metrics.weights_from_holder.set(0)
+    metrics.holder_connected.set(0)
+    return model, digest, WeightsOrigin(source="disk", holder_url=settings.holder, fallback_reason=reason,
+                                        load_s=clock.now() - started)
+
+
+@dataclass
 class EngineRuntime:
     settings: EngineSettings
     clock: Clock
@@ -77,6 +146,7 @@ class EngineRuntime:
     status: EngineStatus = EngineStatus.STARTING
     # The lease registry's generation supersedes the boot counter once registered.
     lease_generation: int | None = None
+    weights_origin: WeightsOrigin = field(default_factory=lambda: WeightsOrigin(source="disk"))
 
     @property
     def generation(self) -> int:
@@ -122,8 +192,7 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
     metrics = EngineMetrics()
     metrics.boot_generation.set(boot_generation)
     dtype = torch.float64 if settings.dtype == "float64" else torch.float32
-    model = await asyncio.to_thread(LlamaModel.load, settings.model, dtype)
-    digest = await asyncio.to_thread(compute_weights_digest, settings.model)
+    model, digest, origin = await asyncio.to_thread(load_weights_for, settings, dtype, boot_generation, metrics, clock)
     faults = FaultInjector(fault_settings, metrics, model)
     scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
                           max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock)
@@ -131,7 +200,7 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
         settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
         model=model, scheduler=scheduler, metrics=metrics, faults=faults,
         chat_template=_load_chat_template(settings.model), boot_generation=boot_generation,
-        weights_digest=digest, started_at=clock.wall(),
+        weights_digest=digest, started_at=clock.wall(), weights_origin=origin,
     )
     scheduler.start()
     return runtime

@@ -2,7 +2,7 @@
 
 Endpoints (see `engine.api_router`): POST /v1/completions, POST
 /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET
-/healthz/{live,ready,generation}, and with `--enable-fault-admin` GET/POST
+/healthz/{live,ready,generation,weights}, and with `--enable-fault-admin` GET/POST
 /admin/faults. Every error leaves in the OpenAI shape (`engine.errors`).
 """
 
@@ -104,7 +104,10 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         app.state.runtime = runtime
         app.state.serving = OpenAIServing(runtime)
         await self_test(runtime)
-        log.info("engine ready", weights_digest=runtime.weights_digest)
+        tenancy = runtime.weights_origin.tenancy
+        if tenancy is not None:
+            await asyncio.to_thread(tenancy.confirm)  # a consistent view: the holder may end a takeover
+        log.info("engine ready", weights_digest=runtime.weights_digest, weights_source=runtime.weights_origin.source)
         lease = start_lease_client(runtime, settings.registry) if settings.registry else None
         app.state.drainer = Drainer(runtime, app.state.serving, lease)
         try:
@@ -112,6 +115,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         finally:
             await app.state.drainer.step_down()
             runtime.scheduler.stop()
+            if tenancy is not None:
+                await asyncio.to_thread(tenancy.release)
             log.info("engine stopped")
 
     app = FastAPI(title="Lifeline reference engine", lifespan=lifespan)

@@ -61,6 +61,8 @@ class EngineSettings(BaseSettings):
     registry: str | None = Field(None, description="lease registry: the gateway's URL or redis://…?key_prefix=…")
     registry_token: str | None = Field(None, description="bearer token for the gateway's lease endpoint")
     advertise_url: str | None = Field(None, description="URL the gateway should use to reach us")
+    holder: str | None = Field(None, description="memory holder URL (`lifeline holder serve`): map its weights "
+                                                 "instead of loading; falls back to disk when it cannot")
     drain_unroute_wait: Seconds = Field(
         timedelta(seconds=1), ge=timedelta(0),
         description="on SIGTERM, after releasing the lease: seconds to keep refusing (503) so gateways stop routing here")

@@ -1,0 +1,169 @@
+"""The engine as a tenant of the memory holder (`lifeline holder serve`, docs/holder.md).
+
+`attach_weights` asks the holder for its weights region and builds one torch
+tensor per weight as a view into the region file — nothing is read from disk
+and nothing is copied: the pages are the holder's, in /dev/shm. The file is
+mapped copy-on-write (`MAP_PRIVATE`): reads share the holder's pages, and a
+tenant that writes into a weight (a fault drill, a bug) gets a private copy of
+that page instead of corrupting every other tenant's weights.
+
+`HolderTenancy` keeps the tenant's lease: a heartbeat every
+`heartbeat_interval_s` (1 s) from a daemon thread, `confirm` once the
+self-test passed (the holder then ends a takeover), `release` on a clean
+shutdown. If the holder dies after the engine attached, the mapped pages stay
+valid and the engine keeps serving; it says so (`holder_connected` 0, one
+log line) and renews again when a holder answers.
+
+Any failure to attach — holder unreachable, not ready, another model or
+dtype — raises `HolderUnavailable`; the runtime then loads from disk and says
+so (`engine.runtime`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from common.logs import get_logger
+from contract.holder import SUPERSEDED_ERROR_TYPE, AttachResponse, HeartbeatResponse, WeightsDescription
+
+log = get_logger(__name__)
+
+TIMEOUT = httpx.Timeout(connect=0.5, read=5.0, write=2.0, pool=1.0)
+
+
+class HolderUnavailable(Exception):
+    """The engine cannot use the holder's weights; `str()` says why, for the log and /healthz/weights."""
+
+
+def _error_type(response: httpx.Response) -> str | None:
+    try:
+        return response.json()["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def attach(url: str, tenant_id: str, generation: int) -> AttachResponse:
+    try:
+        response = httpx.post(f"{url}/v1/tenants/attach", json={"tenant_id": tenant_id, "generation": generation},
+                              timeout=TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise HolderUnavailable(f"holder at {url} unreachable: {exc!r}") from None
+    if response.status_code != 200:
+        raise HolderUnavailable(f"holder at {url} refused the attach: HTTP {response.status_code} {response.text[:300]}")
+    return AttachResponse.model_validate_json(response.content)
+
+
+def check_compatible(description: WeightsDescription, model_dir: Path, dtype: torch.dtype) -> None:
+    """Refuse weights of another architecture or dtype: a miss (load from disk), never a misuse."""
+    config_sha = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+    if description.config_sha256 != config_sha:
+        raise HolderUnavailable(f"holder holds weights for another config.json ({description.model_dir})")
+    wanted = str(dtype).removeprefix("torch.")
+    if description.dtype != wanted:
+        raise HolderUnavailable(f"holder holds {description.dtype} weights; this engine computes in {wanted}")
+
+
+def map_weights(description: WeightsDescription) -> dict[str, torch.Tensor]:
+    """One tensor per weight, each a view into the region file mapped copy-on-write."""
+    region = description.region
+    try:
+        mapped = np.memmap(region.path, dtype=np.uint8, mode="c", shape=(region.size,))
+    except (OSError, ValueError) as exc:
+        raise HolderUnavailable(f"cannot map region {region.region_id} at {region.path}: {exc}") from None
+    weights = {}
+    for spec in region.tensors:
+        array = mapped[spec.offset:spec.offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+        weights[spec.name] = torch.from_numpy(array)
+    return weights
+
+
+@dataclass
+class HeldWeights:
+    weights: dict[str, torch.Tensor]
+    attached: AttachResponse
+    attach_s: float
+    map_s: float
+
+
+class HolderTenancy:
+    """The lease of one engine process (tenant id = instance id, generation = boot generation)."""
+
+    def __init__(self, url: str, tenant_id: str, generation: int, interval_s: float) -> None:
+        self.url = url
+        self.tenant_id = tenant_id
+        self.generation = generation
+        self.interval_s = interval_s
+        self.connected = True
+        self.superseded = False
+        self.holder_epoch: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="holder-heartbeat", daemon=True)
+        self._client = httpx.Client(timeout=TIMEOUT)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _post(self, action: str) -> httpx.Response:
+        return self._client.post(f"{self.url}/v1/tenants/{self.tenant_id}/{action}",
+                                 json={"generation": self.generation})
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.renew()
+
+    def renew(self) -> None:
+        try:
+            response = self._post("heartbeat")
+            if response.status_code == 404:  # a holder that lost its ledger: attach again, same generation
+                attach(self.url, self.tenant_id, self.generation)
+                response = self._post("heartbeat")
+        except (httpx.HTTPError, HolderUnavailable) as exc:
+            if self.connected:
+                log.warning("holder lost; serving on from the mapped weights", holder=self.url, error=repr(exc))
+            self.connected = False
+            return
+        if response.status_code == 409 and _error_type(response) == SUPERSEDED_ERROR_TYPE:
+            if not self.superseded:
+                log.error("holder says a newer generation holds this tenant", holder=self.url)
+            self.superseded = True
+            self._stop.set()
+            return
+        if response.status_code != 200:
+            if self.connected:
+                log.warning("holder refused a heartbeat", status=response.status_code, body=response.text[:300])
+            self.connected = False
+            return
+        beat = HeartbeatResponse.model_validate_json(response.content)
+        if not self.connected:
+            log.info("holder back", holder=self.url, holder_epoch=beat.holder_epoch)
+        self.connected = True
+        self.holder_epoch = beat.holder_epoch
+
+    def confirm(self) -> None:
+        """Tell the holder this generation has a consistent view (after the self-test)."""
+        try:
+            self._post("confirm").raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("holder did not take the confirmation", error=repr(exc))
+
+    def release(self) -> None:
+        """Clean shutdown: stop renewing and end the lease, so nothing is kept frozen for us."""
+        self._stop.set()
+        if self.superseded:
+            return
+        try:
+            self._post("release")
+        except httpx.HTTPError as exc:
+            log.warning("holder did not take the release", error=repr(exc))
+        finally:
+            self._client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
