@@ -33,6 +33,7 @@ from cutover import flows, zonal_shift
 from cutover import service as cutover_service
 from cutover.errors import BreakGlassNeedsAdmin
 from cutover.l7 import SnapshotL7Driver
+from cutover.policy import CutoverPolicy
 from cutover.schemas import (
     CutoverPlanRequest,
     CutoverRead,
@@ -55,8 +56,9 @@ def build_runtime(request: Request) -> CutoverRuntime:
     """The app's runtime: `app.state.cutover_runtime` if the composition root set one, else the built-in l7 tier.
 
     Drivers for other tiers come from `app.state.cutover_drivers` (a list of
-    `StepDriver`s, e.g. `TierDriverAdapter`s over cutover/drivers/*), and
-    gateway reports from `app.state.gateway_versions` when present.
+    `StepDriver`s, e.g. `TierDriverAdapter`s over cutover/drivers/*), the
+    policy from `app.state.cutover_policy`, and gateway reports from
+    `app.state.gateway_versions`, when present.
     """
     state = request.app.state
     runtime: CutoverRuntime | None = getattr(state, "cutover_runtime", None)
@@ -68,6 +70,7 @@ def build_runtime(request: Request) -> CutoverRuntime:
         runtime = CutoverRuntime(
             factory=state.session_factory, clock=state.clock,
             drivers=[l7, *getattr(state, "cutover_drivers", [])],
+            policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
         )
         state.cutover_runtime = runtime
     return runtime

@@ -120,3 +120,47 @@ def runtime(session_factory: Any, read_factory: Any, clock: ManualClock, policy:
     l7 = SnapshotL7Driver(session_factory, read_factory=read_factory, clock=clock, sleep=clock.advance,
                           poll_interval_s=0.1)
     return CutoverRuntime(factory=session_factory, clock=clock, drivers=[l7, scripted], policy=policy)
+
+
+class FileTierDriver:
+    """A tier whose state is files in a directory, so it outlives the process that changed it.
+
+    While `hold` exists, `verify` waits (writing `verifying` first): the
+    cutover's process is then in the middle of a step and can be killed
+    there. Used by the SIGKILL test, which runs it inside a real
+    control-plane process.
+    """
+
+    tier = CutoverTier.ANYCAST
+    name = "files"
+
+    def __init__(self, root: str, scope_targets: dict[str, list[str]]) -> None:
+        from pathlib import Path
+
+        self.root = Path(root)
+        self.scope_targets = scope_targets
+
+    def _path(self, prefix: str) -> Any:
+        return self.root / prefix.replace("/", "_")
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+        return [{"tier": self.tier.value, "prefix": p} for p in self.scope_targets.get(scope.key, [])]
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+        path = self._path(target["prefix"])
+        return {"target": target, "announced": not path.exists() or path.read_text() == "announced"}
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
+        return {**before, "announced": target_state == TargetState.IN}
+
+    def apply(self, desired: dict[str, Any]) -> None:
+        self._path(desired["target"]["prefix"]).write_text("announced" if desired["announced"] else "withdrawn")
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+        import time
+
+        (self.root / "verifying").write_text(expected["target"]["prefix"])
+        while (self.root / "hold").exists():
+            time.sleep(0.05)
+        observed = self.read_state(expected["target"])
+        return StepCheck(observed == expected, observed, {"observer": "files"})
