@@ -1,0 +1,111 @@
+"""The workflow's view of a tier: scopes, event tiers, and the adapter onto cutover.driver."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from common.clock import ManualClock
+from controlplane.event.models import RoutingTier
+from cutover.driver import AnycastState, AnycastTarget, DriverUnavailable, L7State, L7Target, PollingDriver
+from cutover.models import CutoverTier, ScopeKind, TargetState
+from cutover.tiers import Scope, TierDriverAdapter, describe_target, event_tier
+
+pytestmark = pytest.mark.unit
+
+ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.2")
+
+
+class MemoryAnycast(PollingDriver[AnycastState]):
+    """A BGP speaker in memory; `lag` polls pass before a write shows at the observer."""
+
+    tier = RoutingTier.ZONE
+
+    def __init__(self, clock: ManualClock, *, lag: int = 0, down: bool = False) -> None:
+        super().__init__(clock=clock, sleep=clock.advance)
+        self.announced = {ZONE_A: True}
+        self.shown = dict(self.announced)
+        self.lag = lag
+        self.down = down
+
+    def observe(self, target: AnycastTarget) -> tuple[AnycastState, str]:  # type: ignore[override]
+        if self.down:
+            raise DriverUnavailable("exabgp is not answering")
+        if self.lag:
+            self.lag -= 1
+        else:
+            self.shown = dict(self.announced)
+        return AnycastState(target=target, announced=self.shown[target]), f"route {target.prefix}"
+
+    def _write(self, desired: AnycastState) -> None:  # type: ignore[override]
+        self.announced[desired.target] = desired.announced
+
+
+def adapter(driver: MemoryAnycast) -> TierDriverAdapter:
+    return TierDriverAdapter(driver, tier=CutoverTier.ANYCAST, name="exabgp",
+                             targets_for=lambda scope: [ZONE_A] if scope.name == "eu-a" else [])
+
+
+@pytest.mark.parametrize(
+    ("scope", "key"),
+    [(Scope(ScopeKind.REGION, "eu", "eu"), "region:eu"),
+     (Scope(ScopeKind.ZONE, "eu", "eu-a"), "region:eu/zone:eu-a"),
+     (Scope(ScopeKind.INSTANCE, "eu", "engine-7"), "region:eu/instance:engine-7")],
+)
+def test_scope_keys_are_the_event_logs_scope_strings(scope: Scope, key: str) -> None:
+    assert scope.key == key
+
+
+def test_event_tiers_follow_the_events_table() -> None:
+    assert [event_tier(t) for t in (CutoverTier.L7, CutoverTier.MESH, CutoverTier.DNS)] == [
+        RoutingTier.L7, RoutingTier.MESH, RoutingTier.DNS]
+    assert event_tier(CutoverTier.ANYCAST).value in {"anycast", "zone"}
+
+
+def test_describe_target_is_stable_and_bounded() -> None:
+    assert describe_target({"tier": "zone", "zone": "a", "prefix": "p"}) == "prefix=p,zone=a"
+    assert len(describe_target({"name": "x" * 1000})) == 400
+
+
+def test_the_adapter_plans_applies_and_verifies_through_json() -> None:
+    clock = ManualClock()
+    driver = MemoryAnycast(clock, lag=3)  # read_state takes one poll of the lag
+    tier = adapter(driver)
+    (target,) = tier.targets(Scope(ScopeKind.ZONE, "eu", "eu-a"))
+    before = tier.read_state(target)
+    assert before == {"tier": "zone", "target": target, "announced": True}
+    after = tier.desired(before, TargetState.OUT)
+    assert after["announced"] is False
+    tier.apply(after)
+    check = tier.verify(after, timedelta(seconds=1))
+    assert check.verified and check.observed == after
+    assert check.evidence["polls"] == 3 and check.evidence["measured_from"] == "apply"
+
+
+def test_a_verification_timeout_is_a_failed_check_with_the_last_observation() -> None:
+    clock = ManualClock()
+    driver = MemoryAnycast(clock, lag=10_000)
+    tier = adapter(driver)
+    after = tier.desired(tier.read_state(ZONE_A.model_dump(mode="json")), TargetState.OUT)
+    tier.apply(after)
+    check = tier.verify(after, timedelta(milliseconds=50))
+    assert not check.verified
+    assert check.observed is not None and check.observed["announced"] is True
+    assert check.evidence["evidence"] == "route 203.0.113.10/32"
+
+
+def test_an_unreachable_tier_is_a_failed_check_not_an_exception() -> None:
+    clock = ManualClock()
+    tier = adapter(MemoryAnycast(clock, down=True))
+    check = tier.verify({"tier": "zone", "target": ZONE_A.model_dump(mode="json"), "announced": False},
+                        timedelta(seconds=1))
+    assert (check.verified, check.evidence["error"]) == (False, "cutover_driver_unavailable")
+
+
+def test_default_out_and_in_for_haproxy_servers() -> None:
+    from cutover.tiers import desired_out_in
+
+    server = L7State(target=L7Target(backend="engines", server="s1"), admin_state="ready", weight=100)
+    assert desired_out_in(server, TargetState.OUT).admin_state == "drain"
+    assert desired_out_in(server, TargetState.IN).admin_state == "ready"
