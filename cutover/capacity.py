@@ -1,0 +1,48 @@
+"""The assertion rule's capacity figures from warm_pool's capacity plans.
+
+`WarmPoolCapacity` answers `cutover.safety.CapacityPlan`: given the scopes a
+cutover would leave out of routing, the concurrent sequences the remaining
+zones can carry — each zone's serving and warm instances (warm ones are
+promoted on loss; instances kept warm on the previous weight version are
+not counted, they hold other weights) × one instance's concurrent
+sequences — and the demand, summed over the planned regions. The rule then
+refuses when capacity < demand × headroom.
+
+Global, not per region: a region cut out sends its demand to the others, so
+what must hold is the total. Regions without a plan contribute neither
+capacity nor demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cutover.models import ScopeKind
+from cutover.tiers import Scope
+
+
+class WarmPoolCapacity:
+    def __init__(self, plans: Iterable[object]) -> None:
+        # warm_pool.capacity.CapacityPlan, typed loosely so cutover does not import warm_pool at module level
+        self.plans = list(plans)
+
+    def capacity_after(self, removed: list[Scope]) -> tuple[float, float] | None:
+        if not self.plans:
+            return None
+        capacity = demand = 0.0
+        for plan in self.plans:
+            request = plan.request  # type: ignore[attr-defined]
+            demand += request.demand.concurrent_sequences
+            for zone in plan.zones:  # type: ignore[attr-defined]
+                if any(_covers(scope, request.region, zone.zone) for scope in removed):
+                    continue
+                capacity += (zone.serving + zone.warm) * request.instance.concurrent_sequences
+        return capacity, demand
+
+
+def _covers(scope: Scope, region: str, zone: str) -> bool:
+    if scope.kind == ScopeKind.REGION:
+        return scope.region == region
+    if scope.kind == ScopeKind.ZONE:
+        return scope.region == region and scope.name == zone
+    return False
