@@ -1,0 +1,247 @@
+"""The agent's decisions on virtual time: scripted engines (httpx.MockTransport), an in-memory registry, a fake driver."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.clock import ManualClock
+from contract.canary import CanaryRecord
+from contract.lease import Lease, LeaseExpired, Registration, StaleGeneration
+from contract.snapshot import RoutingSnapshot
+from warm_pool.agent import Agent
+from warm_pool.driver import PoolInstance
+from warm_pool.events import EventShipper
+from warm_pool.probe import Verdict
+from warm_pool.settings import AgentSettings
+from warm_pool.states import InstanceState
+
+pytestmark = pytest.mark.unit
+
+RECORD = CanaryRecord(prompt_token_ids=[1, 2], output_token_ids=[5, 6, 7], max_ttft_s=5.0)
+
+
+class MemoryRegistry:
+    """The LeaseRegistry protocol on a ManualClock: expiry computed at read."""
+
+    def __init__(self, clock: ManualClock, ttl: float = 2.0) -> None:
+        self.clock, self.ttl = clock, timedelta(seconds=ttl)
+        self.leases: dict[str, Lease] = {}
+        self.generations: dict[str, int] = {}
+
+    async def register(self, registration: Registration) -> Lease:
+        gen = self.generations[registration.instance_id] = self.generations.get(registration.instance_id, 0) + 1
+        lease = Lease(registration.instance_id, gen, registration.url, registration.version, registration.zone,
+                      registration.region, self.clock.wall() + self.ttl.total_seconds())
+        self.leases[registration.instance_id] = lease
+        return lease
+
+    async def renew(self, instance_id: str, generation: int) -> Lease:
+        if generation < self.generations.get(instance_id, 0):
+            raise StaleGeneration(instance_id)
+        lease = self.leases.get(instance_id)
+        if lease is None or not lease.is_live(self.clock.wall()) or lease.generation != generation:
+            raise LeaseExpired(instance_id)
+        self.leases[instance_id] = replace(lease, expires_at=self.clock.wall() + self.ttl.total_seconds())
+        return self.leases[instance_id]
+
+    async def release(self, instance_id: str, generation: int) -> None:
+        if instance_id in self.leases and self.leases[instance_id].generation == generation:
+            del self.leases[instance_id]
+
+    async def live(self) -> list[Lease]:
+        return [lease for lease in self.leases.values() if lease.is_live(self.clock.wall())]
+
+    async def close(self) -> None:
+        pass
+
+
+class ScriptedEngine:
+    """One engine's answers; flip `output`, `live` to change them."""
+
+    def __init__(self, instance_id: str, zone: str = "z1", version: str = "v1") -> None:
+        self.instance_id, self.zone, self.version = instance_id, zone, version
+        self.output = [5, 6, 7]
+        self.live = True
+        self.canaries = 0
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if not self.live:
+            raise httpx.ConnectError("refused")
+        path = request.url.path
+        if path in ("/healthz/live", "/healthz/ready"):
+            return httpx.Response(200, json={"status": "ok"})
+        if path == "/healthz/generation":
+            return httpx.Response(200, json={"instance_id": self.instance_id, "generation": 1, "boot_generation": 1,
+                                             "model": self.version, "weights_digest": "sha256:x", "zone": self.zone,
+                                             "region": "r1", "started_at": 0.0})
+        if path == "/v1/completions":
+            self.canaries += 1
+            body = "".join(f"data: {json.dumps({'choices': [{'token_ids': [t]}]})}\n\n" for t in self.output)
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body + "data: [DONE]\n\n")
+        return httpx.Response(404)
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.engines: dict[str, ScriptedEngine] = {}
+
+    def transport(self) -> httpx.MockTransport:
+        def handler(request: httpx.Request) -> httpx.Response:
+            engine = self.engines.get(request.url.host)
+            if engine is None:
+                raise httpx.ConnectError("no such engine")
+            return engine.handle(request)
+        return httpx.MockTransport(handler)
+
+
+class FakeDriver:
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.started: list[PoolInstance] = []
+        self.stopped: list[str] = []
+
+    async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance:
+        self.fleet.engines[instance_id] = ScriptedEngine(instance_id, zone, version)
+        instance = PoolInstance(instance_id, zone, version, f"http://{instance_id}")
+        self.started.append(instance)
+        return instance
+
+    def alive(self, instance_id: str) -> bool:
+        engine = self.fleet.engines.get(instance_id)
+        return engine is not None and engine.live
+
+    async def stop(self, instance_id: str, *, graceful: bool) -> None:
+        self.stopped.append(instance_id)
+        self.fleet.engines.pop(instance_id, None)
+
+    async def close(self) -> None:
+        pass
+
+
+async def settle(agent: Agent, clock: ManualClock, ticks: int = 1, step: float = 0.5) -> None:
+    for _ in range(ticks):
+        clock.advance(step)
+        await agent.tick()
+        for _ in range(5):  # let background canaries finish
+            await asyncio.sleep(0)
+        tasks = [i.canary_task for i in agent.instances.values() if i.canary_task]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def make_agent(fleet: Fleet, clock: ManualClock, **settings) -> tuple[Agent, MemoryRegistry, EventShipper]:
+    registry = MemoryRegistry(clock)
+    shipper = EventShipper(None, None)
+    shipper.url = "kept"  # keep events in the buffer for the test to read
+    agent = Agent(AgentSettings(region="r1", **settings), registry=registry,
+                  http=httpx.AsyncClient(transport=fleet.transport()), clock=clock, shipper=shipper,
+                  canary_records={"v1": RECORD}, driver=settings.get("pool") and FakeDriver(fleet))
+    return agent, registry, shipper
+
+
+async def test_external_engine_gets_a_lease_after_its_canary_and_loses_it_on_wrong_output() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    assert [lease.instance_id for lease in await registry.live()] == ["e1"]
+
+    fleet.engines["e1"].output = [5, 9, 7]  # weights corrupted in memory: everything still answers 200
+    for _ in range(60):
+        await settle(agent, clock)
+        if not await registry.live():
+            break
+    assert await registry.live() == []
+    [event] = [e for e in shipper.buffer if e.kind == "probe.verdict" and e.detail["verdict"] == "wrong_output"]
+    assert "token 1 is 9, recorded 6" in event.reason
+    assert event.routing_tier == "l7" and event.actor == "agent:r1"
+    # never readmitted while the canary stays wrong
+    await settle(agent, clock, 30)
+    assert await registry.live() == []
+
+
+async def test_engine_that_stops_answering_loses_its_lease_at_the_next_probe() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    generation = (await registry.live())[0].generation
+    fleet.engines["e1"].live = False
+    await settle(agent, clock)
+    assert await registry.live() == []
+    assert [e.detail["verdict"] for e in shipper.buffer if e.kind == "probe.verdict"] == ["ok", "error"]
+    fleet.engines["e1"].live = True
+    await settle(agent, clock, 2)
+    assert (await registry.live())[0].generation > generation  # back under a new generation
+
+
+async def test_superseded_version_is_old_generation() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1", version="v1")
+    agent, registry, shipper = make_agent(fleet, clock)
+    await registry.register(Registration("e1", "http://e1", "v1", "z1", "r1"))  # renews its own lease
+
+    class Snapshots:
+        current = RoutingSnapshot.model_validate({"version": 4, "models": {"m": {
+            "aliases": {"prod": {"version": "v2", "revision": 2}},
+            "versions": {v: {"version": v, "fingerprint": "f", "location": "/x"} for v in ("v1", "v2")}}}})
+
+    agent.snapshots = Snapshots()  # type: ignore[assignment]
+    await settle(agent, clock)
+    [event] = [e for e in shipper.buffer if e.kind == "probe.verdict"]
+    assert event.detail["verdict"] == "old_generation" and "v2" in event.reason
+
+
+def pool_settings(tmp_path: Path) -> dict:
+    return {"pool": {"model": "m", "versions": {"v1": str(tmp_path)}, "state_dir": str(tmp_path),
+                     "zones": {"z1": {"serving": 1, "warm": 0}, "z2": {"serving": 0, "warm": 1}}}}
+
+
+async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_loss(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    await settle(agent, clock, 4)
+    states = {i.zone: i.state for i in agent.instances.values()}
+    assert states == {"z1": InstanceState.SERVING, "z2": InstanceState.WARM}
+    [serving] = [i for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    assert [lease.instance_id for lease in await registry.live()] == [serving.instance_id]
+
+    fleet.engines[serving.instance_id].live = False  # SIGKILL
+    await settle(agent, clock)
+    [promoted] = [i for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    assert promoted.zone == "z2"
+    assert [lease.instance_id for lease in await registry.live()] == [promoted.instance_id]
+    kinds = [(e.kind, e.detail.get("zone")) for e in shipper.buffer if e.kind.startswith("pool.")]
+    assert ("pool.lost", "z1") in kinds and ("pool.promoted", "z2") in kinds
+    # z1 is backfilled cold, becomes warm; the region keeps serving 1 + warm 1
+    await settle(agent, clock, 3)
+    assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
+        ("z1", InstanceState.WARM), ("z2", InstanceState.SERVING)]
+
+
+async def test_pool_instance_with_wrong_output_is_never_warm_and_is_replaced(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    original_start = agent.driver.start
+
+    async def corrupt_first(**kwargs):
+        instance = await original_start(**kwargs)
+        if len(agent.driver.started) == 1:
+            fleet.engines[instance.instance_id].output = [0, 0, 0]
+        return instance
+
+    agent.driver.start = corrupt_first
+    await settle(agent, clock, 6)
+    bad = agent.driver.started[0].instance_id
+    assert bad in agent.driver.stopped
+    assert bad not in {lease.instance_id for lease in await registry.live()}
+    lost = [e for e in shipper.buffer if e.kind == "pool.lost" and e.instance_id == bad]
+    assert len(lost) == 1 and "admission canary failed: canary: token 0 is 0, recorded 5" in lost[0].reason
+    assert sorted(i.state for i in agent.instances.values()) == [InstanceState.SERVING, InstanceState.WARM]

@@ -1,0 +1,500 @@
+"""The regional agent: a controller that reconciles the region's engines with the snapshot, off the request path.
+
+One loop per `probe_interval` (Kubernetes-controller style: observe, compare, act, report):
+
+    snapshot    poll the control plane (ETag); keep the last good one, on disk, while it is away
+    observe     live leases in the region's registry; engines named in `renew_leases_for`; pool instances
+    probe       live / ready / generation on every instance (cheap GETs, concurrent, each bounded by
+                probe_timeout); canaries under the probe budget, in the background
+    judge       one verdict per instance (a failing health level, else the last canary); a change is a
+                `probe.verdict` event, routing_tier l7
+    leases      for engines that cannot renew their own (stock vLLM, pool instances): register after the
+                admission canary, renew while the verdict keeps them routable, release at once on
+                timeout / error / wrong_output / draining, so they leave routing within one TTL at most
+    pool        a lost or ejected instance is stopped and replaced; serving short of the plan promotes a
+                warm instance (a lease: routing, not a load; a `pool.promoted` event), preferring the
+                short zone; each zone is backfilled to serving + warm from cold
+
+An instance's admission canary (a loading pool instance, an external engine
+before its first lease) runs at once and outside the budget: once per load.
+Engines that renew their own leases are probed and reported on; the agent
+does not touch their leases (the control plane ejects them through the
+snapshot, on the agent's events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from common.clock import Clock, SystemClock
+from common.logs import get_logger
+from contract.canary import CanaryRecord
+from contract.events import DataPlaneEvent
+from contract.identity import EngineIdentity
+from contract.lease import Lease, LeaseExpired, LeaseRegistry, Registration, StaleGeneration
+from contract.snapshot import RoutingSnapshot
+from contract.snapshot_client import SnapshotClient
+from warm_pool.budget import ProbeBudget
+from warm_pool.driver import PoolDriver
+from warm_pool.events import EventShipper
+from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
+from warm_pool.settings import AgentSettings, ExternalEngine
+from warm_pool.states import InstanceState, PoolEvent, transition
+
+log = get_logger(__name__)
+
+Origin = Literal["registry", "external", "pool"]
+KEEPS_LEASE = frozenset({Verdict.OK, Verdict.OVERLOADED, Verdict.OLD_GENERATION})
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    url: str
+    zone: str
+    version: str
+    origin: Origin
+    first_seen: float
+    state: InstanceState | None = None  # pool instances only
+    started_at: float | None = None
+    health: ProbeResult | None = None
+    canary: ProbeResult | None = None
+    verdict: Verdict | None = None
+    reason: str = ""
+    lease: Lease | None = None  # held by the agent
+    canaries: int = 0
+    canary_task: asyncio.Task | None = None
+
+    @property
+    def agent_leased(self) -> bool:
+        return self.origin == "external" or self.state is InstanceState.SERVING
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.probes = Counter("lifeline_agent_probes", "health probes by verdict", ["verdict"], registry=self.registry)
+        self.canaries = Counter("lifeline_agent_inference_probes", "canaries sent (inference probes)", ["verdict"],
+                                registry=self.registry)
+        self.budget = Gauge("lifeline_agent_inference_probe_budget_per_second", "inference probes/s the region may "
+                            "spend", registry=self.registry)
+        self.instances = Gauge("lifeline_agent_pool_instances", "pool instances", ["zone", "state"],
+                               registry=self.registry)
+        self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, *, registry: LeaseRegistry, http: httpx.AsyncClient,
+                 clock: Clock | None = None, driver: PoolDriver | None = None, shipper: EventShipper | None = None,
+                 snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
+                 budget: ProbeBudget | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.http = http
+        self.clock = clock or SystemClock()
+        self.driver = driver
+        self.shipper = shipper or EventShipper(None, None)
+        self.snapshots = snapshots
+        self.canary_records = canary_records or {}
+        self.prober = Prober(http, clock=self.clock)
+        self.budget = budget or ProbeBudget(self.clock, per_instance_per_s=settings.canary_per_instance_per_s,
+                                            jitter=settings.canary_jitter)
+        self.metrics = AgentMetrics()
+        self.instances: dict[str, Instance] = {}
+        self.actor = f"agent:{settings.region}"
+        self._pool_seq = 0
+
+    # -- desired state -------------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> RoutingSnapshot | None:
+        return self.snapshots.current if self.snapshots else None
+
+    def expected_versions(self) -> frozenset[str] | None:
+        """The versions the snapshot's aliases point to; None before any snapshot (no generation check)."""
+        if self.snapshot is None:
+            return None
+        return frozenset(a.version for m in self.snapshot.models.values() for a in m.aliases.values())
+
+    def expected_digests(self) -> dict[str, str]:
+        if self.snapshot is None:
+            return {}
+        return {v.version: v.weights_digest for m in self.snapshot.models.values() for v in m.versions.values()
+                if v.weights_digest}
+
+    def canary_for(self, version: str) -> CanaryRecord | None:
+        if self.snapshot is not None:
+            for model in self.snapshot.models.values():
+                entry = model.versions.get(version)
+                if entry is not None and entry.canary is not None:
+                    return entry.canary
+        return self.canary_records.get(version)
+
+    def desired_version(self) -> str | None:
+        pool = self.settings.pool
+        if pool is None:
+            return None
+        if self.snapshot is not None and pool.model in self.snapshot.models:
+            alias = self.snapshot.models[pool.model].aliases.get(pool.alias)
+            if alias is not None and alias.version in pool.versions:
+                return alias.version
+        return pool.fallback_version()
+
+    # -- the loop ------------------------------------------------------------------------------------
+    async def tick(self) -> None:
+        await self.observe()
+        await self.probe_health()
+        self.start_canaries()
+        await self.apply_leases()
+        await self.reconcile_pool()
+        self.export_metrics()
+
+    async def observe(self) -> None:
+        now = self.clock.now()
+        leases = {lease.instance_id: lease for lease in await self.registry.live()}
+        for instance_id, lease in leases.items():
+            if instance_id not in self.instances:
+                self.instances[instance_id] = Instance(instance_id, lease.url, lease.zone, lease.version,
+                                                       "registry", first_seen=now)
+        for instance_id, instance in list(self.instances.items()):
+            if instance.origin == "registry" and instance_id not in leases:
+                self._forget(instance_id)  # its own lease lapsed or was released: not ours to act on
+        known_urls = {i.url for i in self.instances.values()}
+        for engine in self.settings.renew_leases_for:
+            if engine.url.rstrip("/") not in known_urls:
+                await self._adopt(engine, now)
+
+    async def _adopt(self, engine: ExternalEngine, now: float) -> None:
+        url = engine.url.rstrip("/")
+        instance_id, version, zone = engine.instance_id, engine.version, engine.zone
+        if None in (instance_id, version, zone):
+            try:
+                response = await self.http.get(f"{url}/healthz/generation")
+                identity = EngineIdentity.model_validate_json(response.content) if response.is_success else None
+            except (httpx.TransportError, ValueError):
+                identity = None
+            if identity is None:
+                if instance_id is None or version is None:
+                    log.info("engine to lease for does not answer yet", url=url)
+                    return
+            else:
+                instance_id = instance_id or identity.instance_id
+                version = version or identity.model
+                zone = zone or identity.zone
+        if instance_id is None or version is None:
+            return
+        self.instances[instance_id] = Instance(instance_id, url, zone or "unknown", version, "external", now)
+
+    async def probe_health(self) -> None:
+        timeout = self.settings.probe_timeout.total_seconds()
+        versions, digests = self.expected_versions(), self.expected_digests()
+        targets = list(self.instances.values())
+
+        async def one(instance: Instance) -> ProbeResult:
+            try:
+                return await asyncio.wait_for(self.prober.health(instance.url, expected_versions=versions,
+                                                                 expected_digests=digests), timeout)
+            except TimeoutError:
+                return ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s")
+
+        for instance, result in zip(targets, await asyncio.gather(*(one(i) for i in targets)), strict=True):
+            instance.health = result
+            if result.identity is not None and result.identity.model != instance.version:
+                instance.version = result.identity.model
+            self.metrics.probes.labels(result.verdict.value).inc()
+            self.judge(instance)
+
+    def start_canaries(self) -> None:
+        admission, routine = [], []
+        for instance in self.instances.values():
+            if instance.canary_task is not None or self.canary_for(instance.version) is None:
+                continue
+            if instance.health is None or not instance.health.ok:
+                continue
+            unadmitted = (instance.state is InstanceState.COLD or
+                          (instance.origin == "external" and instance.lease is None and instance.canary is None))
+            (admission if unadmitted else routine).append(instance)
+        budgeted = [i for i in self.instances.values() if self.canary_for(i.version) is not None]
+        self.metrics.budget.set(self.budget.rate(len(budgeted)))
+        due = set(self.budget.due([i.instance_id for i in budgeted]))
+        for instance in admission + [i for i in routine if i.instance_id in due]:
+            instance.canary_task = asyncio.create_task(self._run_canary(instance),
+                                                       name=f"canary-{instance.instance_id}")
+
+    async def _run_canary(self, instance: Instance) -> None:
+        record = self.canary_for(instance.version)
+        try:
+            if record is None:
+                return
+            result = await self.prober.canary(instance.url, model=instance.version, record=record)
+            instance.canary = result
+            instance.canaries += 1
+            self.metrics.canaries.labels(result.verdict.value).inc()
+            self.judge(instance)
+            if instance.verdict in EJECT | {Verdict.DRAINING} and instance.lease is not None:
+                await self._release(instance)  # at once, not at the next tick
+        except Exception:  # a canary never takes the agent down
+            log.exception("canary failed", instance=instance.instance_id)
+        finally:
+            instance.canary_task = None
+
+    def judge(self, instance: Instance) -> None:
+        health, canary = instance.health, instance.canary
+        if health is None:
+            return
+        if not health.ok:
+            verdict, reason, level = health.verdict, health.reason, health.level
+        elif canary is not None and not canary.ok:
+            verdict, reason, level = canary.verdict, canary.reason, canary.level
+        else:
+            verdict, reason, level = Verdict.OK, (canary or health).reason, (canary or health).level
+        before = instance.verdict
+        instance.reason = reason
+        if verdict is before:
+            return
+        instance.verdict = verdict
+        if instance.state is InstanceState.COLD and verdict is not Verdict.OK and level != "canary":
+            return  # still loading: not a change anyone routes on
+        self.emit("probe.verdict", instance, f"{before or 'unprobed'} → {verdict}: {reason}",
+                  verdict=verdict.value, before=before.value if before else None, level=level,
+                  canary_probes=instance.canaries, seen_for_s=round(self.clock.now() - instance.first_seen, 3),
+                  origin=instance.origin, version=instance.version)
+
+    async def apply_leases(self) -> None:
+        for instance in list(self.instances.values()):
+            if not instance.agent_leased:
+                continue
+            if instance.lease is not None and instance.verdict not in KEEPS_LEASE:
+                await self._release(instance)
+            elif instance.lease is not None:
+                await self._renew(instance)
+            elif instance.origin == "external" and self._admitted(instance):
+                await self._register(instance)
+
+    def _admitted(self, instance: Instance) -> bool:
+        if instance.verdict is not Verdict.OK:
+            return False
+        record = self.canary_for(instance.version)
+        return record is None or (instance.canary is not None and instance.canary.ok)
+
+    async def _register(self, instance: Instance) -> None:
+        try:
+            instance.lease = await self.registry.register(Registration(
+                instance_id=instance.instance_id, url=instance.url, version=instance.version, zone=instance.zone,
+                region=self.settings.region))
+        except Exception as exc:
+            log.warning("lease not registered", instance=instance.instance_id, error=str(exc)[:200])
+            return
+        log.info("lease registered for", instance=instance.instance_id, generation=instance.lease.generation)
+
+    async def _renew(self, instance: Instance) -> None:
+        if instance.lease is None:
+            return
+        try:
+            instance.lease = await self.registry.renew(instance.instance_id, instance.lease.generation)
+        except LeaseExpired:
+            instance.lease = None
+            await self._register(instance)  # lapsed while the agent was slow; a new generation
+        except StaleGeneration:
+            log.warning("another writer holds this instance's lease; not renewing", instance=instance.instance_id)
+            instance.lease = None
+        except Exception as exc:  # registry away: the lease lapses on its own, which is the safe side
+            log.warning("lease not renewed", instance=instance.instance_id, error=str(exc)[:200])
+
+    async def _release(self, instance: Instance) -> None:
+        lease, instance.lease = instance.lease, None
+        if lease is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.registry.release(lease.instance_id, lease.generation)
+        log.info("lease released", instance=instance.instance_id, generation=lease.generation, verdict=instance.verdict)
+
+    # -- the pool ------------------------------------------------------------------------------------
+    async def reconcile_pool(self) -> None:
+        pool, driver = self.settings.pool, self.driver
+        if pool is None or driver is None:
+            return
+        now = self.clock.now()
+        desired = self.desired_version()
+        for instance in [i for i in self.instances.values() if i.origin == "pool"]:
+            if not driver.alive(instance.instance_id):
+                await self._lose(instance, "the process exited")
+            elif instance.state is InstanceState.COLD:
+                if self._admitted(instance):
+                    instance.state = transition(instance.state, PoolEvent.LOADED)
+                elif instance.canary is not None and instance.canary.verdict is Verdict.WRONG_OUTPUT:
+                    await self._lose(instance, f"admission canary failed: {instance.canary.reason}")
+                elif instance.started_at is not None and now - instance.started_at > pool.start_timeout.total_seconds():
+                    await self._lose(instance, f"not warm within {pool.start_timeout.total_seconds():g} s")
+            elif instance.verdict in EJECT:
+                await self._lose(instance, f"ejected: {instance.reason}")
+        mine = [i for i in self.instances.values() if i.origin == "pool"]
+        target = sum(z.serving for z in pool.zones.values())
+        serving = [i for i in mine if i.state is InstanceState.SERVING]
+        while len(serving) < target:
+            warm = [i for i in mine if i.state is InstanceState.WARM and i.version == desired
+                    and i.verdict is Verdict.OK]
+            if not warm:
+                break
+            short = {z: t.serving - sum(1 for i in serving if i.zone == z) for z, t in pool.zones.items()}
+            chosen = max(warm, key=lambda i: (short.get(i.zone, 0) > 0,
+                                              sum(1 for w in warm if w.zone == i.zone), i.instance_id))
+            for_zone = max(short, key=lambda z: short[z])
+            if not await self._promote(chosen, for_zone):
+                break
+            serving.append(chosen)
+        for zone, zone_target in pool.zones.items():
+            present = [i for i in mine if i.zone == zone and i.version == desired
+                       and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
+            for _ in range(zone_target.serving + zone_target.warm - len(present)):
+                await self._start(zone, desired)
+
+    async def _start(self, zone: str, version: str | None) -> None:
+        if self.driver is None or version is None:
+            return
+        self._pool_seq += 1
+        instance_id = f"{self.settings.region}-{zone}-{self._pool_seq}-{int(self.clock.wall())}"
+        started = await self.driver.start(instance_id=instance_id, zone=zone, version=version)
+        now = self.clock.now()
+        instance = Instance(instance_id, started.url, zone, version, "pool", first_seen=now,
+                            state=InstanceState.COLD, started_at=now)
+        self.instances[instance_id] = instance
+        self.emit("pool.started", instance, f"backfill {zone}: start {version} cold", state="cold")
+
+    async def _promote(self, instance: Instance, for_zone: str) -> bool:
+        instance.state = transition(instance.state or InstanceState.WARM, PoolEvent.PROMOTED)
+        await self._register(instance)
+        if instance.lease is None:
+            instance.state = transition(instance.state, PoolEvent.DEMOTED)
+            return False
+        self.emit("pool.promoted", instance, f"warm → serving in {instance.zone} for {for_zone}'s shortfall",
+                  state="serving", for_zone=for_zone)
+        return True
+
+    async def _lose(self, instance: Instance, reason: str) -> None:
+        was = instance.state
+        await self._release(instance)
+        if self.driver is not None:
+            await self.driver.stop(instance.instance_id, graceful=False)
+        if was is not None and was is not InstanceState.GONE:
+            instance.state = transition(was, PoolEvent.LOST)
+        self._forget(instance.instance_id)
+        self.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was))
+
+    def _forget(self, instance_id: str) -> None:
+        instance = self.instances.pop(instance_id, None)
+        if instance is not None and instance.canary_task is not None:
+            instance.canary_task.cancel()
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def emit(self, kind: str, instance: Instance, reason: str, **detail: str | int | float | bool | None) -> None:
+        self.shipper.emit(DataPlaneEvent(
+            kind=kind, routing_tier="l7", actor=self.actor, region=self.settings.region,  # type: ignore[arg-type]
+            instance_id=instance.instance_id, generation=instance.lease.generation if instance.lease else None,
+            reason=reason[:2000], at=self.clock.utcnow(), detail={"zone": instance.zone, **detail}))
+
+    def export_metrics(self) -> None:
+        self.metrics.leases.set(sum(1 for i in self.instances.values() if i.lease is not None))
+        if self.settings.pool is not None:
+            self.metrics.instances.clear()
+            for instance in self.instances.values():
+                if instance.origin == "pool" and instance.state is not None:
+                    self.metrics.instances.labels(instance.zone, instance.state.value).inc()
+
+    def status(self) -> dict:
+        """What the agent believes, for tests and `/agent/status`."""
+        return {"snapshot_version": self.snapshot.version if self.snapshot else None,
+                "instances": {i.instance_id: {"url": i.url, "zone": i.zone, "version": i.version, "origin": i.origin,
+                                              "state": i.state.value if i.state else None,
+                                              "verdict": i.verdict.value if i.verdict else None, "reason": i.reason,
+                                              "generation": i.lease.generation if i.lease else None,
+                                              "canaries": i.canaries}
+                              for i in self.instances.values()}}
+
+    async def close(self) -> None:
+        """Release every lease the agent holds (clean shutdown) and stop the pool's processes."""
+        for instance in self.instances.values():
+            if instance.canary_task is not None:
+                instance.canary_task.cancel()
+            await self._release(instance)
+        if self.driver is not None:
+            await self.driver.close()
+
+
+def load_canary_file(path) -> dict[str, CanaryRecord]:
+    raw = json.loads(path.read_text())
+    return {version: CanaryRecord.model_validate(record) for version, record in raw.items()}
+
+
+async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -> None:
+    """Build the agent from settings and run its loops until `stop` is set (or the process is signalled)."""
+    from contract.lease import RedisLeaseRegistry
+    from warm_pool.driver import LocalDriver
+
+    clock = SystemClock()
+    timeout = settings.probe_timeout.total_seconds()
+    http = httpx.AsyncClient(timeout=httpx.Timeout(connect=min(1.0, timeout), read=timeout, write=timeout, pool=timeout))
+    cp_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+    registry = RedisLeaseRegistry.from_url(settings.registry, region=settings.region, prefix=settings.registry_prefix,
+                                           ttl=settings.lease_ttl)
+    snapshots = None
+    if settings.controlplane_url:
+        snapshots = SnapshotClient(cp_http, settings.controlplane_url, token=settings.controlplane_token,
+                                   cache_path=settings.snapshot_cache)
+        snapshots.load_cache()
+    driver = None
+    if settings.pool is not None:
+        driver = LocalDriver(region=settings.region, versions=settings.pool.versions,
+                             state_dir=settings.pool.state_dir, engine_args=settings.pool.engine_args)
+    shipper = EventShipper(cp_http, settings.controlplane_url, token=settings.controlplane_token)
+    agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
+                  snapshots=snapshots,
+                  canary_records=load_canary_file(settings.canary_file) if settings.canary_file else {})
+    if settings.port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.port, addr="127.0.0.1", registry=agent.metrics.registry)
+    stop = stop or asyncio.Event()
+
+    async def every(seconds: float, work) -> None:
+        while not stop.is_set():
+            try:
+                await work()
+            except Exception:
+                log.exception("agent loop step failed", step=work.__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+
+    async def poll_snapshot() -> None:
+        if snapshots is not None:
+            await snapshots.poll()
+
+    try:
+        await asyncio.gather(every(settings.snapshot_poll_interval.total_seconds(), poll_snapshot),
+                             every(settings.probe_interval.total_seconds(), agent.tick),
+                             every(0.5, shipper.flush))
+    finally:
+        await agent.close()
+        await shipper.flush()
+        await registry.close()
+        await http.aclose()
+        await cp_http.aclose()
+
+
+def run_agent(settings: AgentSettings) -> None:
+    import signal
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop=stop)
+
+    asyncio.run(main())

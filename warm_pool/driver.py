@@ -1,0 +1,113 @@
+"""Pool drivers: what starts and stops instances. One interface; `local` runs engine processes here.
+
+    start(instance_id, zone, version) → PoolInstance   begin loading (the instance is COLD until it answers)
+    alive(instance_id) → bool                          the process / pod still exists
+    stop(instance_id, graceful)                        SIGTERM and wait (drain), or SIGKILL
+
+A `kubernetes` driver implements the same three calls by scaling one
+Deployment per region × zone × version and reading pod readiness; the agent
+does not know which driver it has. Instances the pool starts never register
+their own leases: the agent holds them, so promotion from warm to serving is
+a lease (a routing change), not a load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from common.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class PoolInstance:
+    instance_id: str
+    zone: str
+    version: str
+    url: str
+
+
+class PoolDriver(Protocol):
+    async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance: ...
+
+    def alive(self, instance_id: str) -> bool: ...
+
+    async def stop(self, instance_id: str, *, graceful: bool) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class _Process:
+    instance: PoolInstance
+    popen: subprocess.Popen
+    log_file: IO[bytes] = field(repr=False)
+
+
+class LocalDriver:
+    """`lifeline engine serve` processes on this machine, one port each (embedded default, demo, tests)."""
+
+    def __init__(self, *, region: str, versions: dict[str, Path], state_dir: Path,
+                 engine_args: list[str] | None = None, stop_timeout: float = 10.0) -> None:
+        self.region = region
+        self.versions = versions
+        self.state_dir = state_dir
+        self.engine_args = engine_args or []
+        self.stop_timeout = stop_timeout
+        self.processes: dict[str, _Process] = {}
+
+    async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance:
+        port = free_port()
+        directory = self.state_dir / instance_id
+        directory.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "lifeline.cli", "engine", "serve", "--model", str(self.versions[version]),
+               "--served-model-name", version, "--port", str(port), "--instance-id", instance_id,
+               "--zone", zone, "--region", self.region, "--state-dir", str(directory),
+               "--torch-threads", "1", *self.engine_args]
+        log_file = open(directory / "engine.log", "ab")  # noqa: SIM115 - closed in stop()
+        popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        instance = PoolInstance(instance_id, zone, version, f"http://127.0.0.1:{port}")
+        self.processes[instance_id] = _Process(instance, popen, log_file)
+        log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port)
+        return instance
+
+    def alive(self, instance_id: str) -> bool:
+        process = self.processes.get(instance_id)
+        return process is not None and process.popen.poll() is None
+
+    def pid(self, instance_id: str) -> int | None:
+        process = self.processes.get(instance_id)
+        return process.popen.pid if process else None
+
+    async def stop(self, instance_id: str, *, graceful: bool) -> None:
+        process = self.processes.pop(instance_id, None)
+        if process is None:
+            return
+        if process.popen.poll() is None:
+            process.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            for _ in range(int(self.stop_timeout / 0.05)):
+                if process.popen.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                process.popen.kill()
+                await asyncio.to_thread(process.popen.wait, 5)
+        process.log_file.close()
+
+    async def close(self) -> None:
+        for instance_id in list(self.processes):
+            await self.stop(instance_id, graceful=False)
