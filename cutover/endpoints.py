@@ -20,7 +20,7 @@ or ?routing_tier=….
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -48,19 +48,20 @@ from cutover.schemas import (
 from cutover.service import CutoverRuntime
 from cutover.states import CutoverState
 from cutover.tiers import Scope
+from cutover.zonal_shift import ExpiryLoop
 
 router = APIRouter(tags=["cutover"])
 
 
-def build_runtime(request: Request) -> CutoverRuntime:
-    """The app's runtime: `app.state.cutover_runtime` if the composition root set one, else the built-in l7 tier.
+def runtime_for(state: Any) -> CutoverRuntime:
+    """The app's runtime: `state.cutover_runtime` if the composition root set one, else the built-in l7 tier.
 
-    Drivers for other tiers come from `app.state.cutover_drivers` (a list of
-    `StepDriver`s, e.g. `TierDriverAdapter`s over cutover/drivers/*), the
-    policy from `app.state.cutover_policy`, and gateway reports from
-    `app.state.gateway_versions`, when present.
+    `state` is `app.state`. Drivers for other tiers come from
+    `state.cutover_drivers` (a list of `StepDriver`s, e.g.
+    `TierDriverAdapter`s over cutover/drivers/*), the policy from
+    `state.cutover_policy`, gateway reports from `state.gateway_versions`
+    and a capacity plan from `state.cutover_capacity`, when present.
     """
-    state = request.app.state
     runtime: CutoverRuntime | None = getattr(state, "cutover_runtime", None)
     if runtime is None:
         l7 = SnapshotL7Driver(
@@ -71,9 +72,21 @@ def build_runtime(request: Request) -> CutoverRuntime:
             factory=state.session_factory, clock=state.clock,
             drivers=[l7, *getattr(state, "cutover_drivers", [])],
             policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
+            capacity=getattr(state, "cutover_capacity", None),
         )
         state.cutover_runtime = runtime
     return runtime
+
+
+def build_runtime(request: Request) -> CutoverRuntime:
+    return runtime_for(request.app.state)
+
+
+def start_expiry_loop(state: Any) -> ExpiryLoop:
+    """For the control plane's lifespan: end due zonal shifts every `policy.expiry_interval`; `.stop()` on shutdown."""
+    loop = ExpiryLoop(lambda: runtime_for(state), interval=runtime_for(state).policy.expiry_interval)
+    loop.start()
+    return loop
 
 
 def _shift_read(shift: object) -> ZonalShiftRead:

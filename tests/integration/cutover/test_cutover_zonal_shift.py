@@ -158,3 +158,31 @@ def test_a_shift_left_half_done_by_a_crash_is_undone_at_expiry(
 
         assert service.get_or_raise(session, cutover_id=shift.cutover_id).state == "rolled_back"
     assert flows.rollback(runtime, cutover_id=shift.cutover_id, actor="op", reason="again").state == "rolled_back"
+
+
+def test_the_control_planes_expiry_loop_ends_due_shifts(
+    runtime: CutoverRuntime, clock: ManualClock
+) -> None:
+    import time
+    from types import SimpleNamespace
+
+    from cutover.endpoints import start_expiry_loop
+
+    shift = start(runtime, hours=1)
+    state = SimpleNamespace(cutover_runtime=CutoverRuntime(
+        factory=runtime.factory, clock=clock, drivers=runtime.drivers,
+        policy=type(runtime.policy)(expiry_interval=timedelta(milliseconds=20)),
+    ))
+    loop = start_expiry_loop(state)
+    try:
+        clock.advance(timedelta(hours=1))
+        deadline = time.monotonic() + 20
+        while True:
+            with session_scope(runtime.factory) as session:
+                if zonal_shift.get_or_raise(session, shift_id=shift.id).ended_at is not None:
+                    break
+            assert time.monotonic() < deadline, "the loop did not end the due shift"
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+    assert zone_weights(runtime)["eu-a"] == 100
