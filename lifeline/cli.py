@@ -13,6 +13,7 @@ from controlplane.cli import controlplane_app
 from engine.cli import engine_app, model_app
 from gateway.cli import gateway_app
 from lifeline.demo import demo
+from warm_pool.cli import agent_app, pool_app
 from weight_catalog.cli import catalog_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -21,6 +22,8 @@ app.add_typer(model_app, name="model", help="Build deterministic reference model
 app.add_typer(gateway_app, name="gateway", help="LLM-aware gateway: streams survive engine crashes.")
 app.add_typer(controlplane_app, name="controlplane", help="Central control plane (API, migrations, tokens).")
 app.add_typer(catalog_app, name="catalog", help="Weight-version catalog.")
+app.add_typer(pool_app, name="pool", help="Warm pools sized for the loss of a zone.")
+app.add_typer(agent_app, name="agent", help="Regional agent: probes, canaries, leases for stock engines, pool.")
 app.command("demo")(demo)
 
 if __name__ == "__main__":  # pragma: no cover

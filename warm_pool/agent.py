@@ -88,6 +88,8 @@ class AgentMetrics:
         self.instances = Gauge("lifeline_agent_pool_instances", "pool instances", ["zone", "state"],
                                registry=self.registry)
         self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
+        self.instance_canaries = Gauge("lifeline_agent_instance_canaries", "canaries one instance has answered",
+                                       ["instance"], registry=self.registry)
 
 
 class Agent:
@@ -235,6 +237,7 @@ class Agent:
             result = await self.prober.canary(instance.url, model=instance.version, record=record)
             instance.canary = result
             instance.canaries += 1
+            self.metrics.instance_canaries.labels(instance.instance_id).set(instance.canaries)
             self.metrics.canaries.labels(result.verdict.value).inc()
             self.judge(instance)
             if instance.verdict in EJECT | {Verdict.DRAINING} and instance.lease is not None:
