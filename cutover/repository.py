@@ -47,12 +47,19 @@ def last_ended_for_scope(session: Session, *, scope: str, exclude_id: int | None
 
 
 def holding_out(session: Session, *, exclude_id: int | None = None) -> Sequence[Cutover]:
-    """Cutovers that have taken (or are taking) their scope out of routing and were not rolled back."""
-    held = [CutoverState.EXECUTING, CutoverState.VERIFYING, CutoverState.COMPLETED]
-    query = select(Cutover).where(Cutover.target_state == "out", Cutover.state.in_([s.value for s in held]))
+    """Cutovers that hold their scope out of routing: `out`, in effect, not rolled back, not superseded.
+
+    An `out` cutover is superseded by a later `in` cutover of the same scope
+    that is in effect (the scope was put back without rolling the first back).
+    """
+    in_effect = [s.value for s in (CutoverState.EXECUTING, CutoverState.VERIFYING, CutoverState.COMPLETED)]
+    query = select(Cutover).where(Cutover.state.in_(in_effect))
     if exclude_id is not None:
         query = query.where(Cutover.id != exclude_id)
-    return session.scalars(query).all()
+    latest: dict[str, Cutover] = {}
+    for cutover in session.scalars(query.order_by(Cutover.id)):
+        latest[cutover.scope] = cutover
+    return [c for c in latest.values() if c.target_state == "out"]
 
 
 def compare_and_set(

@@ -319,3 +319,13 @@ def test_an_instance_is_ejected_and_readmitted_through_the_snapshot(runtime: Cut
     assert flows.rollback(runtime, cutover_id=cutover_id, actor="op", reason="back").state == "rolled_back"
     with session_scope(runtime.factory) as session:
         assert snapshot_service.build(session)["ejections"] == []
+
+
+def test_a_later_in_cutover_puts_the_scope_back_for_the_assertion(runtime: CutoverRuntime, clock: ManualClock) -> None:
+    flows.execute(runtime, cutover_id=plan(runtime), idempotency_key="out", actor="op")
+    clock.advance(timedelta(minutes=6))
+    back_in = plan(runtime, target=TargetState.IN)
+    assert flows.execute(runtime, cutover_id=back_in, idempotency_key="in", actor="op").state == "completed"
+    assert clusters(runtime) == {"c-eu-a": "active", "c-eu-b": "active", "c-us-a": "active"}
+    assert flows.execute(runtime, cutover_id=plan(runtime, scope=US), idempotency_key="us", actor="op").state == (
+        "completed")
