@@ -21,8 +21,8 @@ controlplane_app.add_typer(events_app, name="events")
 
 @controlplane_app.command()
 def serve(
-    port: Annotated[int | None, typer.Option(help="Port to listen on (LIFELINE_PORT).")] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind (LIFELINE_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (LIFELINE_CONTROLPLANE_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (LIFELINE_CONTROLPLANE_HOST).")] = None,
 ) -> None:
     """Serve the admin API under /api/v1 (OpenAPI at /docs)."""
     import uvicorn
@@ -40,8 +40,8 @@ def migrate(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
     downgrade: Annotated[bool, typer.Option("--downgrade", help="Downgrade to REVISION instead.")] = False,
 ) -> None:
-    """Upgrade the database (LIFELINE_DATABASE_URL) to the latest schema."""
-    from controlplane import db
+    """Upgrade the database (LIFELINE_CONTROLPLANE_DATABASE_URL) to the latest schema."""
+    from controlplane import schema as db
 
     settings = load_settings()
     url = settings.resolved_database_url()
@@ -54,7 +54,7 @@ def migrate(
 
 @token_app.command("create")
 def token_create(
-    role: Annotated[str, typer.Option(help="viewer | operator | admin")],
+    role: Annotated[str, typer.Option(help="viewer | operator | admin | gateway")],
     name: Annotated[str, typer.Option(help="What the token is for.")] = "bootstrap",
 ) -> None:
     """Create an API token and print it once. Bootstraps the first admin."""

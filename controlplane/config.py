@@ -1,7 +1,7 @@
 """Settings of the control-plane process, read once at start-up.
 
-Every key has the `LIFELINE_` prefix (`LIFELINE_DATABASE_URL`,
-`LIFELINE_DATA_DIR`, ...). A bad value stops start-up with pydantic's
+Every key has the `LIFELINE_CONTROLPLANE_` prefix (`LIFELINE_CONTROLPLANE_DATABASE_URL`,
+`LIFELINE_CONTROLPLANE_DATA_DIR`, ...). A bad value stops start-up with pydantic's
 message, which names the key.
 """
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class ControlPlaneSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LIFELINE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="LIFELINE_CONTROLPLANE_", extra="ignore")
 
     # Embedded default: one SQLite file under the data directory. Production
     # sets a postgresql+psycopg:// URL.
@@ -62,7 +62,7 @@ class ControlPlaneSettings(BaseSettings):
         if value is None:
             return None
         if not value.startswith(("sqlite", "postgresql")):
-            raise ValueError("LIFELINE_DATABASE_URL must be a sqlite:// or postgresql:// URL")
+            raise ValueError("LIFELINE_CONTROLPLANE_DATABASE_URL must be a sqlite:// or postgresql:// URL")
         if value.startswith("postgresql://"):
             # psycopg 3 is the installed driver; the bare scheme means psycopg2.
             value = "postgresql+psycopg://" + value.removeprefix("postgresql://")

@@ -1,6 +1,9 @@
 """Database engine, sessions and schema migrations.
 
-One `Base` for every domain's tables, so Alembic sees them all. Services
+One `Base` for every domain's tables. This is a shared piece that domains
+import, so it imports no domain and not Alembic: the registry of every
+table and the migration commands live at the composition root
+(`controlplane/schema.py`). Services
 never commit: the API commits once at the request boundary (see
 `get_db_session`) and the CLI commits once per command.
 
@@ -163,31 +166,3 @@ def get_db_session(request: Request) -> Iterator[Session]:
 # scope="function": commit before the response is sent, so a failed commit
 # is the client's error response, not a silent loss after a 2xx.
 DbSession = Annotated[Session, Depends(get_db_session, scope="function")]
-
-
-def alembic_config(url: str) -> Any:
-    """Alembic config found through the package path, so `migrate` works from any cwd."""
-    from alembic.config import Config
-
-    import migrations
-
-    # __path__, not __file__: an editable install made before migrations/ had
-    # an __init__.py maps it as a namespace package, which has no __file__.
-    script_dir = Path(next(iter(migrations.__path__)))
-    config = Config()
-    config.set_main_option("script_location", str(script_dir))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    config.attributes["configure_logging"] = False
-    return config
-
-
-def upgrade(url: str, revision: str = "head") -> None:
-    from alembic import command
-
-    command.upgrade(alembic_config(url), revision)
-
-
-def downgrade(url: str, revision: str = "base") -> None:
-    from alembic import command
-
-    command.downgrade(alembic_config(url), revision)

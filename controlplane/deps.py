@@ -1,4 +1,8 @@
-"""Request-scoped access to what create_app() built (clock, lease reader, settings)."""
+"""Request-scoped access to what create_app() built (clock, settings) and shared path types.
+
+A shared piece below every domain, so it names no domain's types; the
+topology domain has its own dependency for the lease reader.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from fastapi import Depends, Path, Request
 
 from common.clock import Clock
 from controlplane.config import ControlPlaneSettings
-from controlplane.topology.lease import LeaseReader
 from controlplane.types import MAX_ID, NAME_PATTERN
 
 
@@ -20,13 +23,8 @@ def get_settings(request: Request) -> ControlPlaneSettings:
     return request.app.state.settings
 
 
-def get_lease_reader(request: Request) -> LeaseReader:
-    return request.app.state.lease_reader
-
-
 ClockDep = Annotated[Clock, Depends(get_clock)]
 SettingsDep = Annotated[ControlPlaneSettings, Depends(get_settings)]
-LeaseReaderDep = Annotated[LeaseReader, Depends(get_lease_reader)]
 
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, min_length=1, max_length=128)]
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]

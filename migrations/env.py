@@ -4,10 +4,10 @@ from alembic import context
 
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import DatabaseTimeouts, build_engine
-from controlplane.models import Base
+from controlplane.schema import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata()
 
 
 def _url() -> str:

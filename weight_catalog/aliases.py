@@ -19,7 +19,7 @@ from common.clock import Clock
 from controlplane.errors import InvalidInput, LifelineError
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
-from controlplane.snapshot import service as snapshot_service
+from controlplane.routing_version import service as routing_version
 from weight_catalog import repository
 from weight_catalog.errors import (
     AliasConflict,
@@ -167,7 +167,7 @@ def _move(
     )
     session.add(move)
     session.flush()
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
     return move
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from common.clock import Clock
 from controlplane.event import service as event_service
-from controlplane.snapshot import service as snapshot_service
+from controlplane.routing_version import service as routing_version
 from weight_catalog import repository
 from weight_catalog.errors import IssueAlreadyResolved, IssueNotFound
 from weight_catalog.models import KnownIssue, Severity
@@ -48,7 +48,7 @@ def add_issue(
         after={"issue_id": issue.id, "severity": severity.value},
         clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)  # the snapshot lists open issues
+    routing_version.bump(session, clock=clock)  # the snapshot lists open issues
     return issue
 
 
@@ -79,5 +79,5 @@ def resolve_issue(session: Session, *, issue_id: int, resolution: str, actor: st
         after={"issue_id": issue.id, "open": False},
         clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
     return issue

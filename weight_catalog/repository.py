@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from weight_catalog.models import Alias, AliasMove, KnownIssue, Severity, WeightVersion
+from weight_catalog.models import Alias, AliasMove, KnownIssue, Severity, Shard, WeightVersion
 
 
 def get_version(session: Session, *, model: str, version: str) -> WeightVersion | None:
@@ -86,3 +86,16 @@ def version_labels(session: Session, ids: set[int]) -> dict[int, str]:
         return {}
     rows = session.execute(select(WeightVersion.id, WeightVersion.version).where(WeightVersion.id.in_(ids))).all()
     return {row[0]: row[1] for row in rows}
+
+
+def shard_digests_by_version(session: Session, version_ids: set[int]) -> dict[int, dict[str, str]]:
+    """Recorded sha256 of every file of the given versions: version id → path → digest."""
+    if not version_ids:
+        return {}
+    rows = session.execute(
+        select(Shard.version_id, Shard.path, Shard.sha256).where(Shard.version_id.in_(version_ids))
+    ).all()
+    digests: dict[int, dict[str, str]] = {}
+    for version_id, path, sha256 in rows:
+        digests.setdefault(version_id, {})[path] = sha256
+    return digests

@@ -228,5 +228,5 @@ def check_readable_by_api(location: str, roots: Sequence[Path]) -> None:
         raise InvalidLocation(f"{location!r} cannot be resolved (a symlink loop or a name too long)") from exc
     if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
         raise InvalidLocation(
-            f"{location!r} is outside LIFELINE_ARTIFACT_ROOTS; register it with `lifeline catalog register`"
+            f"{location!r} is outside LIFELINE_CONTROLPLANE_ARTIFACT_ROOTS; register it with `lifeline catalog register`"
         )

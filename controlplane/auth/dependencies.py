@@ -23,7 +23,9 @@ class Principal:
     role: Role
 
 
-def require(required: Role) -> Callable[..., Principal]:
+def require(required: Role, *also: Role) -> Callable[..., Principal]:
+    """A dependency admitting tokens whose role allows `required`, or is one of `also`."""
+
     def dependency(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -40,14 +42,19 @@ def require(required: Role) -> Callable[..., Principal]:
             raise Unauthenticated("the token is unknown or revoked")
         principal = Principal(actor=f"token:{token.name}#{token.id}", role=Role(token.role))
         request.state.actor = principal.actor
-        if not principal.role.allows(required):
-            raise Forbidden(f"role {principal.role} may not do this; it needs {required}")
+        if not (principal.role.allows(required) or principal.role in also):
+            needed = " or ".join([required.value, *(r.value for r in also)])
+            raise Forbidden(f"role {principal.role} may not do this; it needs {needed}")
         return principal
 
-    dependency.__name__ = f"require_{required.value}"
+    dependency.__name__ = "require_" + "_or_".join([required.value, *(r.value for r in also)])
     return dependency
 
 
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+# The snapshot: people who may read, and gateways, which route by it.
+SnapshotReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.GATEWAY))]
+# Data-plane reports: gateways only (admins too, to replay a report by hand).
+GatewayReporter = Annotated[Principal, Depends(require(Role.GATEWAY, Role.ADMIN))]

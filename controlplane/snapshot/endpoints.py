@@ -1,14 +1,14 @@
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 
-from controlplane.auth.dependencies import Viewer
+from contract.snapshot import RoutingSnapshot, etag_for, if_none_match_hits
+from controlplane.auth.dependencies import SnapshotReader
 from controlplane.db import DbSession
 from controlplane.deps import SettingsDep
-from contract.snapshot import if_none_match_hits
 from controlplane.snapshot import service
 
 router = APIRouter(tags=["snapshot"])
@@ -16,18 +16,24 @@ router = APIRouter(tags=["snapshot"])
 
 @router.get(
     "/snapshot",
-    responses={200: {"description": "the desired routing state"}, 304: {"description": "unchanged since If-None-Match"}},
+    response_model=RoutingSnapshot,
+    responses={304: {"description": "unchanged since If-None-Match"}},
 )
 def get_snapshot(
     session: DbSession,
-    _: Viewer,
+    _: SnapshotReader,
     settings: SettingsDep,
     if_none_match: Annotated[str | None, Header(max_length=200)] = None,
-) -> Any:
-    """Gateways poll this with If-None-Match and keep their last good copy when it fails."""
-    snapshot = service.build(session)
-    etag = service.etag_for(snapshot["version"])
-    headers = {"ETag": etag, "Cache-Control": f"max-age={int(settings.snapshot_max_age.total_seconds())}"}
+) -> Response:
+    """Gateways poll this with If-None-Match and keep their last good copy when it fails.
+
+    The tag is compared with the current version before the body is built,
+    so an unchanged poll reads one row. `W/"snapshot-N"`, lists and `*`
+    are honoured (RFC 9110 weak comparison).
+    """
+    max_age = f"max-age={int(settings.snapshot_max_age.total_seconds())}"
+    etag = etag_for(service.current_version(session))
     if if_none_match_hits(if_none_match, etag):
-        return Response(status_code=304, headers=headers)
-    return JSONResponse(snapshot, headers=headers)
+        return Response(status_code=304, headers={"ETag": etag, "Cache-Control": max_age})
+    snapshot = service.build_snapshot(session)  # may be newer than the version compared: labelled with its own
+    return JSONResponse(snapshot.model_dump(mode="json"), headers={"ETag": snapshot.etag, "Cache-Control": max_age})

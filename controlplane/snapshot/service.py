@@ -1,67 +1,78 @@
-"""Build the snapshot gateways route by, and advance its version.
+"""Assemble the routing snapshot gateways and agents apply: a `contract.snapshot.RoutingSnapshot`.
 
-Any change to desired routing state (alias moves, cluster create/update,
-drains, ejections and readmissions) or to what it shows about a version
-(a known issue opened or resolved) calls `bump` in the same transaction,
-so the version a gateway sees only grows and changes exactly when the
-content can have changed. `build` reads the counter *first*: content read
-afterwards can only be as new or newer than the version it is labelled
-with, so a gateway never caches stale content under a newer ETag.
+The snapshot domain sits above topology and the catalog and only reads
+them; they advance the version (`controlplane.routing_version`) in the
+same transaction as every change. `build` reads the version *first*:
+content read afterwards can only be as new or newer than the version it
+is labelled with, so a gateway never caches stale content under a newer
+ETag. The endpoint compares `If-None-Match` with the version before it
+calls `build`, so an unchanged poll costs one indexed read, not a
+snapshot.
+
+Each version an alias points at carries what a gateway needs to load and
+check it: location, semantic fingerprint, `weights_digest` over the
+recorded shard digests (`contract.identity.weights_digest`, what engines
+report), the sha256 of each tokenizer/template/config file the catalog
+recorded, and its open known issues.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from common.clock import Clock
-from controlplane.snapshot.models import SnapshotCounter
+from contract.identity import weights_digest
+from contract.snapshot import (
+    AliasEntry,
+    ClusterEntry,
+    EjectionEntry,
+    KnownIssueRef,
+    ModelEntry,
+    RoutingSnapshot,
+    VersionEntry,
+)
+from controlplane.routing_version import service as routing_version
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
+from weight_catalog import repository as catalog
 
-
-def bump(session: Session, *, clock: Clock) -> int:
-    session.execute(
-        update(SnapshotCounter)
-        .where(SnapshotCounter.id == 1)
-        .values(version=SnapshotCounter.version + 1, changed_at=clock.utcnow())
-    )
-    return current_version(session)
+# The files a gateway loads for a version (tokenizer, chat template, configs).
+GATEWAY_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+                 "generation_config.json")
 
 
 def current_version(session: Session) -> int:
-    return session.scalar(select(SnapshotCounter.version).where(SnapshotCounter.id == 1)) or 0
+    return routing_version.current_version(session)
 
 
-def etag_for(version: int) -> str:
-    return f'"snapshot-{version}"'
-
-
-def build(session: Session) -> dict[str, Any]:
-    from weight_catalog import repository as catalog_repository
-
-    counter = session.get(SnapshotCounter, 1)
-    version = counter.version if counter else 0
-    changed_at = counter.changed_at.isoformat() if counter and counter.changed_at else None
-
-    models: dict[str, Any] = {}
-    aliased = catalog_repository.aliases_with_versions(session)
-    open_issues = catalog_repository.open_issues_by_version(session, {v.id for _, v in aliased})
+def _models(session: Session) -> dict[str, dict[str, Any]]:
+    models: dict[str, dict[str, Any]] = {}
+    aliased = catalog.aliases_with_versions(session)
+    version_ids = {v.id for _, v in aliased}
+    open_issues = catalog.open_issues_by_version(session, version_ids)
+    digests = catalog.shard_digests_by_version(session, version_ids)
     for alias, weight_version in aliased:
         model = models.setdefault(alias.model, {"aliases": {}, "versions": {}})
-        model["aliases"][alias.name] = {"version": weight_version.version, "revision": alias.revision}
-        model["versions"][weight_version.version] = {
-            "fingerprint": weight_version.fingerprint,
-            "location": weight_version.location,
+        model["aliases"][alias.name] = AliasEntry(version=weight_version.version, revision=alias.revision)
+        recorded = digests.get(weight_version.id, {})
+        model["versions"][weight_version.version] = VersionEntry(
+            version=weight_version.version,
+            fingerprint=weight_version.fingerprint,
+            location=weight_version.location,
+            weights_digest=weights_digest(recorded),
+            files={name: recorded[name] for name in GATEWAY_FILES if name in recorded},
             # Open issues only, so a gateway or operator sees what is wrong
             # with what it routes to; resolved ones stay in the catalog.
-            "known_issues": [
-                {"id": issue.id, "severity": issue.severity, "summary": issue.title}
-                for issue in open_issues.get(weight_version.id, [])
-            ],
-        }
+            known_issues=[KnownIssueRef(id=i.id, severity=i.severity, summary=i.title)
+                          for i in open_issues.get(weight_version.id, [])],
+        )
+    return models
 
+
+def build_snapshot(session: Session) -> RoutingSnapshot:
+    version, changed_at = routing_version.current(session)  # first: see the module docstring
+    models = _models(session)
     clusters = session.scalars(select(ServingCluster).order_by(ServingCluster.name)).all()
     tier_weights: dict[str, dict[str, dict[str, int]]] = {}
     for cluster in clusters:
@@ -70,31 +81,26 @@ def build(session: Session) -> dict[str, Any]:
         zone = cluster.zone or "*"
         by_region[zone] = by_region.get(zone, 0) + (cluster.weight if routable else 0)
         models.setdefault(cluster.model, {"aliases": {}, "versions": {}})
-
     ejections = session.scalars(
         select(InstanceEjection).order_by(InstanceEjection.region, InstanceEjection.instance_id)
     ).all()
-    return {
-        "version": version,
-        "changed_at": changed_at,
-        "models": models,
-        "clusters": [
-            {
-                "name": c.name,
-                "region": c.region,
-                "zone": c.zone,
-                "model": c.model,
-                "endpoint": c.endpoint,
-                "weight": c.weight,
-                "state": c.state,
-            }
+    return RoutingSnapshot(
+        version=version,
+        changed_at=changed_at,
+        models={name: ModelEntry(**entry) for name, entry in models.items()},
+        clusters=[
+            ClusterEntry(name=c.name, region=c.region, zone=c.zone, model=c.model, endpoint=c.endpoint,
+                         weight=c.weight, state=c.state)
             for c in clusters
         ],
-        "tier_weights": tier_weights,
-        "drains": [c.name for c in clusters if c.state == ClusterState.DRAINING],
-        "ejected_clusters": [c.name for c in clusters if c.state == ClusterState.EJECTED],
-        "ejections": [
-            {"region": e.region, "instance_id": e.instance_id, "generation": e.generation, "reason": e.reason}
-            for e in ejections
-        ],
-    }
+        tier_weights=tier_weights,
+        drains=[c.name for c in clusters if c.state == ClusterState.DRAINING],
+        ejected_clusters=[c.name for c in clusters if c.state == ClusterState.EJECTED],
+        ejections=[EjectionEntry(region=e.region, instance_id=e.instance_id, generation=e.generation,
+                                 reason=e.reason) for e in ejections],
+    )
+
+
+def build(session: Session) -> dict[str, Any]:
+    """The snapshot as the JSON body gateways receive, for readers of that shape (cutover's L7 verify)."""
+    return build_snapshot(session).model_dump(mode="json")

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Query, Response
 
 from controlplane.auth.dependencies import Operator, Viewer
 from controlplane.db import DbSession
-from controlplane.deps import ClockDep, IdPath, LeaseReaderDep, NamePath
+from controlplane.deps import ClockDep, IdPath, NamePath
+from controlplane.topology.dependencies import LeaseReaderDep
 from controlplane.topology import repository, service
 from controlplane.topology.schemas import (
     ClusterCreate,

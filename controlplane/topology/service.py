@@ -16,7 +16,7 @@ from common.clock import Clock
 from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
-from controlplane.snapshot import service as snapshot_service
+from controlplane.routing_version import service as routing_version
 from controlplane.topology import repository
 from controlplane.topology.errors import (
     ClusterConflict,
@@ -151,7 +151,7 @@ def create_cluster(session: Session, *, spec: ClusterCreate, actor: str, clock: 
         session, kind="topology.cluster.create", actor=actor, reason="",
         scope=f"region:{spec.region}/cluster:{spec.name}", after=_cluster_state(cluster), clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
     return cluster
 
 
@@ -180,7 +180,7 @@ def update_cluster(session: Session, *, name: str, change: ClusterUpdate, actor:
         reason=change.reason, scope=f"region:{cluster.region}/cluster:{name}", before=before,
         after=_cluster_state(cluster), started_at=started_at, clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
     return cluster
 
 
@@ -214,7 +214,7 @@ def delete_cluster(
         session, kind="topology.cluster.delete", actor=actor, reason=reason,
         scope=f"region:{before['region']}/cluster:{name}", before=before, after=None, clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)  # it leaves the snapshot's cluster list
+    routing_version.bump(session, clock=clock)  # it leaves the snapshot's cluster list
 
 
 def eject_instance(
@@ -234,7 +234,7 @@ def eject_instance(
         scope=f"region:{region}/instance:{instance_id}", before={"ejected": False},
         after={"ejected": True, "generation": generation}, clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
     return ejection
 
 
@@ -249,7 +249,7 @@ def lift_ejection(session: Session, *, region: str, ejection_id: int, reason: st
         scope=f"region:{region}/instance:{ejection.instance_id}",
         before={"ejected": True, "generation": ejection.generation}, after={"ejected": False}, clock=clock,
     )
-    snapshot_service.bump(session, clock=clock)
+    routing_version.bump(session, clock=clock)
 
 
 def list_ejections(session: Session, *, region: str) -> Sequence[InstanceEjection]:

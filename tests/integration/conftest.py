@@ -20,7 +20,8 @@ from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
 from common.clock import ManualClock
 from controlplane.config import ControlPlaneSettings
-from controlplane.db import build_engine, build_session_factory, session_scope, upgrade
+from controlplane.db import build_engine, build_session_factory, session_scope
+from controlplane.schema import upgrade
 from tests.support.controlplane_testing import clean_tables, throwaway_database
 from controlplane.topology.lease import InMemoryLeaseReader
 
@@ -72,9 +73,10 @@ def client(
 
 @pytest.fixture
 def tokens(session_factory: Any, clock: ManualClock) -> dict[str, str]:
+    """One token per human role (ids 1-3: viewer, operator, admin)."""
     secrets = {}
     with session_scope(session_factory) as session:
-        for role in Role:
+        for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN):
             _, secrets[role.value] = auth_service.create_token(
                 session, name=f"test-{role.value}", role=role, created_by="test", clock=clock
             )
@@ -82,8 +84,18 @@ def tokens(session_factory: Any, clock: ManualClock) -> dict[str, str]:
 
 
 @pytest.fixture
-def as_role(tokens: dict[str, str]) -> Any:
+def gateway_token(tokens: dict[str, str], session_factory: Any, clock: ManualClock) -> str:
+    """A `gateway` role token, created after the human ones (id 4)."""
+    with session_scope(session_factory) as session:
+        _, secret = auth_service.create_token(session, name="test-gateway", role=Role.GATEWAY, created_by="test",
+                                              clock=clock)
+    return secret
+
+
+@pytest.fixture
+def as_role(tokens: dict[str, str], request: pytest.FixtureRequest) -> Any:
     def headers(role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {tokens[role]}"}
+        secret = request.getfixturevalue("gateway_token") if role == "gateway" else tokens[role]
+        return {"Authorization": f"Bearer {secret}"}
 
     return headers

@@ -58,9 +58,9 @@ def clean_tables(engine: Any) -> None:
     """
     from sqlalchemy import text
 
-    from controlplane.models import Base
+    from controlplane.schema import metadata
 
-    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    tables = [t.name for t in reversed(metadata().sorted_tables)]
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             # A session a test left open would block TRUNCATE forever; fail fast instead.

@@ -66,3 +66,80 @@ def test_gateway_and_control_plane_start_without_torch() -> None:
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- control plane: module-level layers --------------------------------------------------------------------------
+#
+# `controlplane/` holds shared pieces, domains and the composition root side by side (STYLE.md), and
+# `weight_catalog/` is one of its domains, so the rule is per module, not per package. Layers, lowest first; a
+# module may import `common`, `contract`, any lower layer and its own unit, never a higher layer nor another
+# unit of its own layer (topology and the catalog do not know each other).
+
+CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
+    # shared pieces (one unit: they may use each other): no domain, no Alembic
+    {"controlplane.config": "shared", "controlplane.db": "shared", "controlplane.errors": "shared",
+     "controlplane.types": "shared", "controlplane.deps": "shared"},
+    # who is asking
+    {"controlplane.auth": "auth"},
+    # what every writer uses: the event log, the routing-state version, audited CLI units of work, health
+    {"controlplane.event": "event", "controlplane.routing_version": "routing_version",
+     "controlplane.cli_support": "cli_support", "controlplane.health": "health"},
+    # the domains that hold routing state and data-plane reports
+    {"controlplane.topology": "topology", "weight_catalog": "weight_catalog",
+     "controlplane.gateway_report": "gateway_report"},
+    # reads topology and the catalog
+    {"controlplane.snapshot": "snapshot"},
+    # the composition root
+    {"controlplane.app": "root", "controlplane.api": "root", "controlplane.cli": "root", "controlplane.schema": "root",
+     "migrations": "root", "lifeline": "root"},
+]
+
+
+def _control_plane_unit(module: str) -> tuple[int, str] | None:
+    best: tuple[int, str, int] | None = None
+    for layer, units in enumerate(CONTROL_PLANE_LAYERS):
+        for prefix, unit in units.items():
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[2]):
+                best = (layer, unit, len(prefix))
+    return (best[0], best[1]) if best else None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _control_plane_files() -> list[tuple[str, Path]]:
+    files = []
+    for package in ("controlplane", "weight_catalog"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            if module != "controlplane":  # the package's own docstring-only __init__
+                files.append((module, path))
+    return files
+
+
+def test_control_plane_modules_import_only_downward() -> None:
+    offenders: dict[str, list[str]] = {}
+    for module, path in _control_plane_files():
+        own = _control_plane_unit(module)
+        assert own is not None, f"{module} has no control-plane layer; add it to CONTROL_PLANE_LAYERS"
+        for imported in _imported_modules(path):
+            target = _control_plane_unit(imported)
+            if target is None or target[1] == own[1]:
+                continue
+            if target[0] >= own[0]:
+                offenders.setdefault(module, []).append(imported)
+    assert offenders == {}
+
+
+def test_control_plane_imports_no_data_plane_internals() -> None:
+    offenders = {module: sorted(imported_packages(path) & {"engine", "gateway", "warm_pool", "holder"})
+                 for module, path in _control_plane_files()}
+    assert {m: p for m, p in offenders.items() if p} == {}

@@ -73,7 +73,7 @@ def test_failed_cli_mutations_are_audited(database_url: str, session_factory: An
 
     from lifeline.cli import app
 
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     runner = CliRunner()
     broken = tmp_path / "broken"
     broken.mkdir()

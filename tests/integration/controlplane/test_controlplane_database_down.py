@@ -123,7 +123,7 @@ def test_cli_says_database_unavailable_without_a_traceback(tmp_path: Path, monke
 
     from lifeline.cli import app
 
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
     for args in (["controlplane", "token", "list"], ["controlplane", "token", "revoke", "1"],
                  ["catalog", "promote", "llama", "prod", "v1"]):
         result = CliRunner().invoke(app, args)

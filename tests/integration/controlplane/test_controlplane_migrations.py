@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from controlplane.db import build_engine, downgrade, upgrade
-from controlplane.models import Base
+from controlplane.db import build_engine
+from controlplane.schema import downgrade, metadata, upgrade
+
 from tests.support.controlplane_testing import throwaway_database
 
 pytestmark = pytest.mark.integration
@@ -22,14 +23,14 @@ def test_migrations_upgrade_empty_database_to_head_and_back(backend: str, tmp_pa
             with engine.connect() as conn:
                 tables = set(inspect(conn).get_table_names())
                 counter = conn.exec_driver_sql("SELECT version FROM snapshot_counter WHERE id = 1").scalar()
-            assert set(Base.metadata.tables) <= tables
+            assert set(metadata().tables) <= tables
             assert counter == 0
             downgrade(url)
             with engine.connect() as conn:
                 assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
             upgrade(url)
             with engine.connect() as conn:
-                assert set(Base.metadata.tables) <= set(inspect(conn).get_table_names())
+                assert set(metadata().tables) <= set(inspect(conn).get_table_names())
         finally:
             engine.dispose()
 
@@ -74,8 +75,8 @@ def test_migrate_command_works_from_any_directory(tmp_path: Path, monkeypatch: p
     from lifeline.cli import app
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LIFELINE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("LIFELINE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("LIFELINE_CONTROLPLANE_DATABASE_URL", raising=False)
     result = CliRunner().invoke(app, ["controlplane", "migrate"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     token = CliRunner().invoke(app, ["controlplane", "token", "create", "--role", "admin"], catch_exceptions=False)

@@ -147,3 +147,52 @@ def test_snapshot_shows_open_known_issues_and_advances_when_one_opens_or_closes(
         (404, "version_not_found"), (422, "invalid_request"),
     ]
     assert client.get("/api/v1/snapshot", headers=viewer).json() == third
+
+
+def test_snapshot_is_the_contract_record_with_file_digests_and_weights_digest(
+    client: TestClient, as_role: Any, tmp_path: Path
+) -> None:
+    import hashlib
+
+    from contract.identity import weights_digest
+    from contract.snapshot import RoutingSnapshot
+
+    root = write_artifact(tmp_path / "v1", shards=2)
+    op = as_role("operator")
+    assert client.post("/api/v1/catalog/models/llama/versions", json={"version": "v1", "location": str(root)},
+                       headers=op).status_code == 201
+    assert client.post("/api/v1/catalog/models/llama/aliases/prod/promote", json={"version": "v1"},
+                       headers=op).status_code == 200
+    snapshot = RoutingSnapshot.model_validate(client.get("/api/v1/snapshot", headers=as_role("gateway")).json())
+    entry = snapshot.models["llama"].versions["v1"]
+    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.iterdir()}
+    assert entry.files == {name: on_disk[name] for name in ("tokenizer.json", "tokenizer_config.json",
+                                                           "config.json", "generation_config.json")}
+    assert entry.weights_digest == weights_digest(on_disk)
+    assert entry.weights_digest != weights_digest({})
+    assert snapshot.models["llama"].aliases["prod"].version == "v1"
+
+
+def test_an_unchanged_poll_is_answered_before_any_snapshot_is_built(
+    client: TestClient, as_role: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.snapshot import service
+
+    viewer = as_role("viewer")
+    etag = client.get("/api/v1/snapshot", headers=viewer).headers["etag"]
+    built: list[int] = []
+    real = service.build_snapshot
+    monkeypatch.setattr(service, "build_snapshot", lambda session: built.append(1) or real(session))
+    assert client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": etag}).status_code == 304
+    assert built == []
+    assert client.get("/api/v1/snapshot", headers=viewer).status_code == 200
+    assert built == [1]
+
+
+def test_a_gateway_token_reads_the_snapshot_and_nothing_else(client: TestClient, as_role: Any) -> None:
+    gateway = as_role("gateway")
+    assert client.get("/api/v1/snapshot", headers=gateway).status_code == 200
+    for method, path in [("GET", "/api/v1/regions"), ("GET", "/api/v1/events"), ("GET", "/api/v1/catalog/versions"),
+                         ("GET", "/api/v1/audit"), ("POST", "/api/v1/regions"), ("GET", "/api/v1/tokens")]:
+        response = client.request(method, path, headers=gateway, json={"name": "x"})
+        assert (response.status_code, response.json()["error"]["type"]) == (403, "forbidden"), path

@@ -179,7 +179,7 @@ def test_two_admins_revoking_each_other_at_once_leave_one_admin(session_factory:
 def test_cli_lists_and_revokes_tokens_and_audits_it(
     database_url: str, session_factory: Any, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     runner = CliRunner()
     listed = runner.invoke(app, ["controlplane", "token", "list", "--json"], catch_exceptions=False)
     assert listed.exit_code == 0, listed.output

@@ -99,7 +99,7 @@ def test_bad_locations_are_typed_422_inside_and_outside_the_roots(client: TestCl
 def test_cli_register_prints_the_error_without_a_traceback(
     database_url: str, session_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, breakage: str
 ) -> None:
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     root = write_artifact(tmp_path / "v1")
     BREAKAGES[breakage](root)
     result = bounded(lambda: CliRunner().invoke(app, ["catalog", "register", "llama", "v1", str(root)]))

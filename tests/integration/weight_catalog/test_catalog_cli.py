@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def lifeline(database_url: str, session_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     runner = CliRunner()
 
     def run(*args: str) -> Any:

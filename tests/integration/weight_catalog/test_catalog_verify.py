@@ -97,7 +97,7 @@ def test_cli_verify_reports_drift_and_records_it(database_url: str, session_fact
 
     from lifeline.cli import app
 
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     root = register(client, as_role, tmp_path, "v1", bare=True)
     gain_generation_config(root)
     result = CliRunner().invoke(app, ["catalog", "verify", "llama", "v1"])
