@@ -1,0 +1,110 @@
+"""The warm pool on real engine processes: SIGKILL the serving one; the warm one in the other zone takes over.
+
+The agent runs in the test's event loop (so the test can read what it
+believes) with the real `local` driver (`lifeline engine serve` processes)
+and the real Redis lease registry. The plan is one serving instance in z1
+and one warm in z2; killing z1's serving instance must leave it unroutable
+(its lease released, well within one TTL), promote z2's warm instance with
+a lease (a routing change, not a load), and backfill z1 to warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from common.clock import SystemClock
+from contract.lease import RedisLeaseRegistry
+from warm_pool.agent import Agent
+from warm_pool.driver import LocalDriver
+from warm_pool.events import EventShipper
+from warm_pool.settings import AgentSettings
+from warm_pool.states import InstanceState
+
+pytestmark = pytest.mark.e2e
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REGION = "r-pool"
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if result := await condition():
+            return result
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfills(
+        tiny_model: Path, tmp_path: Path) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    settings = AgentSettings(
+        region=REGION, registry=REDIS_URL, registry_prefix=prefix, lease_ttl=2.0, probe_interval=0.5,
+        probe_timeout=1.5, pool={"model": "tiny", "versions": {tiny_model.name: str(tiny_model)},
+                                 "state_dir": str(tmp_path / "pool"),
+                                 "zones": {"z1": {"serving": 1, "warm": 0}, "z2": {"serving": 0, "warm": 1}}})
+    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
+    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir)
+    shipper = EventShipper(None, None)
+    shipper.url = "kept"  # no control plane here: keep the events for the test to read
+    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
+    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
+
+    async def loop() -> None:
+        while True:
+            await agent.tick()
+            await asyncio.sleep(settings.probe_interval.total_seconds())
+
+    ticking = asyncio.create_task(loop())
+    try:
+        def in_state(state: InstanceState, zone: str) -> list[str]:
+            return [i.instance_id for i in agent.instances.values() if i.state is state and i.zone == zone]
+
+        async def leased() -> set[str]:
+            return {lease.instance_id for lease in await registry.live()}
+
+        async def settled() -> bool:
+            return bool(in_state(InstanceState.SERVING, "z1") and in_state(InstanceState.WARM, "z2"))
+
+        await until(settled, "z1 serving and z2 warm")
+        [victim] = in_state(InstanceState.SERVING, "z1")
+        [standby] = in_state(InstanceState.WARM, "z2")
+        assert await leased() == {victim}  # warm is loaded but not routable
+
+        os.kill(driver.pid(victim), signal.SIGKILL)
+
+        async def taken_over() -> bool:
+            return await leased() == {standby}
+
+        await until(taken_over, "the warm instance in z2 holds the only lease", timeout=30)
+        assert agent.instances[standby].state is InstanceState.SERVING
+        kinds = [(e.kind, e.instance_id) for e in shipper.buffer]
+        assert ("pool.lost", victim) in kinds and ("pool.promoted", standby) in kinds
+        promoted = next(e for e in shipper.buffer if e.kind == "pool.promoted")
+        assert promoted.routing_tier == "l7" and promoted.detail["for_zone"] == "z1"
+        assert promoted.generation is not None
+
+        async def backfilled() -> list[str]:
+            return in_state(InstanceState.WARM, "z1")
+
+        [replacement] = await until(backfilled, "z1 backfilled with a new warm instance")
+        assert replacement != victim
+        assert await leased() == {standby}
+    finally:
+        ticking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticking
+        await agent.close()
+        await registry.close()
+        await http.aclose()
