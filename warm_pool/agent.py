@@ -303,7 +303,12 @@ class Agent:
             instance.lease = await self.registry.renew(instance.instance_id, instance.lease.generation)
         except LeaseExpired:
             instance.lease = None
-            await self._register(instance)  # lapsed while the agent was slow; a new generation
+            if instance.origin == "pool":
+                # A reference engine stamps frames with its boot generation (1 for a fresh pool instance, as
+                # its first lease); a second lease would not match it, so a lapsed pool instance is replaced.
+                await self._lose(instance, "its lease lapsed")
+            else:
+                await self._register(instance)  # lapsed while the agent was slow; a new generation
         except StaleGeneration:
             log.warning("another writer holds this instance's lease; not renewing", instance=instance.instance_id)
             instance.lease = None

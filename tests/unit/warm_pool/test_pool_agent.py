@@ -245,3 +245,32 @@ async def test_pool_instance_with_wrong_output_is_never_warm_and_is_replaced(tmp
     lost = [e for e in shipper.buffer if e.kind == "pool.lost" and e.instance_id == bad]
     assert len(lost) == 1 and "admission canary failed: canary: token 0 is 0, recorded 5" in lost[0].reason
     assert sorted(i.state for i in agent.instances.values()) == [InstanceState.SERVING, InstanceState.WARM]
+
+
+async def test_pool_instance_whose_lease_lapsed_is_replaced_not_reregistered(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    await settle(agent, clock, 4)
+    [serving] = [i for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    clock.advance(5)  # the agent stalled past the TTL
+    await settle(agent, clock)
+    assert serving.instance_id not in agent.instances
+    assert registry.generations[serving.instance_id] == 1
+    assert any(e.kind == "pool.lost" and "lapsed" in e.reason for e in shipper.buffer)
+
+
+async def test_canary_record_on_the_snapshot_wins_over_the_file() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    fleet.engines["e1"].output = [1, 1]
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+
+    class Snapshots:
+        current = RoutingSnapshot.model_validate({"version": 1, "models": {"m": {
+            "aliases": {"prod": {"version": "v1", "revision": 1}},
+            "versions": {"v1": {"version": "v1", "fingerprint": "f", "location": "/x",
+                                "canary": {"prompt_token_ids": [3], "output_token_ids": [1, 1]}}}}}})
+
+    agent.snapshots = Snapshots()  # type: ignore[assignment]
+    await settle(agent, clock, 2)
+    assert [lease.instance_id for lease in await registry.live()] == ["e1"]  # the file's record would refuse it
