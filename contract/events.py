@@ -48,6 +48,8 @@ class LiveEndpoint(_Record):
     generation: int | None
     version: str
     zone: str
+    # when a request on this endpoint last finished successfully; the regional agent counts it as a probe
+    served_ok_at: datetime | None = None
 
 
 class GatewayReport(_Record):

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import httpx
@@ -147,6 +148,13 @@ class Agent:
             if alias is not None and alias.version in pool.versions:
                 return alias.version
         return pool.fallback_version()
+
+    def credit_served(self, served: dict[str, datetime]) -> None:
+        """Count a gateway-reported success (wall time) as a canary at that moment (monotonic)."""
+        now, wall = self.clock.now(), self.clock.utcnow()
+        for instance_id, at in served.items():
+            if instance_id in self.instances:
+                self.budget.note_served(instance_id, now - (wall - at).total_seconds())
 
     # -- the loop ------------------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -444,6 +452,7 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
     """Build the agent from settings and run its loops until `stop` is set (or the process is signalled)."""
     from contract.lease import RedisLeaseRegistry
     from warm_pool.driver import LocalDriver
+    from warm_pool.served import served_recently
 
     clock = SystemClock()
     timeout = settings.probe_timeout.total_seconds()
@@ -480,8 +489,10 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
                 await asyncio.wait_for(stop.wait(), seconds)
 
     async def poll_snapshot() -> None:
-        if snapshots is not None:
+        if snapshots is not None and settings.controlplane_url:
             await snapshots.poll()
+            agent.credit_served(await served_recently(cp_http, settings.controlplane_url, region=settings.region,
+                                                      token=settings.controlplane_token))
 
     try:
         await asyncio.gather(every(settings.snapshot_poll_interval.total_seconds(), poll_snapshot),

@@ -274,3 +274,17 @@ async def test_canary_record_on_the_snapshot_wins_over_the_file() -> None:
     agent.snapshots = Snapshots()  # type: ignore[assignment]
     await settle(agent, clock, 2)
     assert [lease.instance_id for lease in await registry.live()] == ["e1"]  # the file's record would refuse it
+
+
+async def test_instances_serving_real_traffic_are_not_canaried() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["busy"] = ScriptedEngine("busy")
+    fleet.engines["idle"] = ScriptedEngine("idle")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://busy,http://idle",
+                                          canary_per_instance_per_s=0.5)
+    await settle(agent, clock, 2)  # admission canaries: one each
+    for _ in range(60):  # 30 s at 0.5 s a tick; the gateways report busy's successes every tick
+        agent.credit_served({"busy": clock.utcnow()})
+        await settle(agent, clock)
+    assert fleet.engines["busy"].canaries == 1
+    assert fleet.engines["idle"].canaries >= 1 + 30 * 0.5 * 0.8 - 1

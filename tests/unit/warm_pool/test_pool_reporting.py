@@ -76,3 +76,28 @@ async def test_snapshot_client_keeps_the_last_good_one_on_disk(tmp_path: Path) -
     restarted = SnapshotClient(httpx.AsyncClient(), "http://cp", cache_path=cache)
     assert restarted.load_cache() is not None and restarted.current.version == 3
     assert json.loads(cache.read_text())["version"] == 3
+
+
+def report(replica: str, region: str, served: dict[str, str | None], *, stale: bool = False) -> dict:
+    return {"replica_id": replica, "region": region, "zone": "z1", "routing_source": "snapshot",
+            "reported_at": "2026-01-01T00:00:00Z", "stale": stale, "age_s": 1.0,
+            "live_endpoints": [{"instance_id": i, "generation": 1, "version": "v1", "zone": "z1", "served_ok_at": at}
+                               for i, at in served.items()]}
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+async def test_served_recently_takes_the_newest_success_of_fresh_reports(wrapped: bool) -> None:
+    from warm_pool.served import served_recently
+
+    rows = [report("gw-a", "r1", {"e1": "2026-01-01T00:00:05Z", "e2": None}),
+            report("gw-b", "r1", {"e1": "2026-01-01T00:00:09Z"}),
+            report("gw-c", "r1", {"e3": "2026-01-01T00:00:09Z"}, stale=True),
+            report("gw-d", "r2", {"e4": "2026-01-01T00:00:09Z"})]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["region"] == "r1"
+        return httpx.Response(200, json={"gateways": rows} if wrapped else rows)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        served = await served_recently(http, "http://cp", region="r1")
+    assert served == {"e1": datetime(2026, 1, 1, 0, 0, 9, tzinfo=UTC)}
