@@ -5,10 +5,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
-from controlplane.auth.dependencies import Viewer
+from contract.events import EventBatch
+from controlplane.auth.dependencies import GatewayReporter, Viewer
+from controlplane.auth.roles import Role
 from controlplane.db import DbSession
-from controlplane.event import service
+from controlplane.deps import ClockDep
+from controlplane.event import dataplane, service
 from controlplane.event.models import RoutingTier
 from controlplane.event.repository import EventFilter
 from controlplane.event.schemas import EventRead
@@ -69,3 +73,21 @@ def export_events(
     # A sync iterator, so Starlette pulls each page in a worker thread.
     lines = service.stream_jsonl(request.app.state.read_session_factory, flt)
     return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+class BatchAccepted(BaseModel):
+    recorded: int
+
+
+@router.post("/events/dataplane", status_code=202, response_model=BatchAccepted)
+def record_dataplane_events(body: EventBatch, session: DbSession, principal: GatewayReporter,
+                            clock: ClockDep) -> BatchAccepted:
+    """A gateway's automatic L7 actions, into the event log (`routing_tier`, actor `gateway:<replica>`).
+
+    The whole batch is written or none of it (422 if any event's actor is
+    not `gateway:<name>`); its `dropped` count becomes one
+    `dataplane.events_dropped` event.
+    """
+    recorded = dataplane.record_batch(session, batch=body, reported_by=principal.actor,
+                                      principal_is_gateway=principal.role is Role.GATEWAY, clock=clock)
+    return BatchAccepted(recorded=recorded)

@@ -1,0 +1,85 @@
+"""Store the last report of each gateway replica; read them back with staleness. Never commits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from common.clock import Clock
+from contract.events import GatewayReport
+from controlplane.errors import InvalidInput
+from controlplane.gateway_report.models import GatewayReportRow
+from controlplane.gateway_report.schemas import GatewayReportRead
+
+
+def _fields(report: GatewayReport) -> dict[str, object]:
+    return {
+        "region": report.region, "zone": report.zone, "routing_source": report.routing_source,
+        "snapshot_version": report.snapshot_version, "snapshot_applied_at": report.snapshot_applied_at,
+        "live_endpoints": [e.model_dump(mode="json") for e in report.live_endpoints],
+        "suppressed": report.suppressed, "ejected": report.ejected, "reported_at": report.reported_at,
+    }
+
+
+def store(session: Session, *, replica_id: str, report: GatewayReport, actor: str, clock: Clock) -> GatewayReportRow:
+    """Keep `report` as the replica's last one, unless a newer one (by `reported_at`) is already stored.
+
+    Reports are sent in the background and may arrive out of order after a
+    retry; an older one is acknowledged and dropped, so what is shown only
+    moves forward.
+    """
+    if report.replica_id != replica_id:
+        raise InvalidInput(f"the report names replica {report.replica_id!r}, the path {replica_id!r}",
+                           param="replica_id")
+    now = clock.utcnow()
+    row = session.get(GatewayReportRow, replica_id, with_for_update=True, populate_existing=True)
+    if row is None:
+        row = GatewayReportRow(replica_id=replica_id, received_at=now, reported_by=actor[:160], **_fields(report))
+        try:
+            with session.begin_nested():
+                session.add(row)
+                session.flush()
+            return row
+        except IntegrityError:  # the replica's first two reports raced; the other one is stored: update it
+            row = session.get(GatewayReportRow, replica_id, with_for_update=True, populate_existing=True)
+            assert row is not None
+    if report.reported_at < row.reported_at:
+        return row
+    for name, value in _fields(report).items():
+        setattr(row, name, value)
+    row.received_at = now
+    row.reported_by = actor[:160]
+    session.flush()
+    return row
+
+
+def read(row: GatewayReportRow, *, clock: Clock, stale_after: timedelta) -> GatewayReportRead:
+    age = (clock.utcnow() - row.received_at).total_seconds()
+    return GatewayReportRead(
+        replica_id=row.replica_id, region=row.region, zone=row.zone, routing_source=row.routing_source,  # type: ignore[arg-type]
+        snapshot_version=row.snapshot_version, snapshot_applied_at=row.snapshot_applied_at,
+        live_endpoints=row.live_endpoints, suppressed=row.suppressed, ejected=row.ejected,  # type: ignore[arg-type]
+        reported_at=row.reported_at, received_at=row.received_at, reported_by=row.reported_by,
+        age_s=round(age, 3), stale=age > stale_after.total_seconds(),
+    )
+
+
+def list_reports(session: Session, *, clock: Clock, stale_after: timedelta,
+                 region: str | None = None) -> list[GatewayReportRead]:
+    query = select(GatewayReportRow).order_by(GatewayReportRow.region, GatewayReportRow.replica_id)
+    if region is not None:
+        query = query.where(GatewayReportRow.region == region)
+    return [read(row, clock=clock, stale_after=stale_after) for row in session.scalars(query)]
+
+
+def applied_versions(session: Session, *, region: str, clock: Clock, stale_after: timedelta) -> dict[str, int | None]:
+    """Replica → the snapshot version it applied, for a cutover step's read-back.
+
+    A stale replica's version is None, never its last known one: a gateway
+    that stopped reporting has not been seen to apply anything since.
+    """
+    return {r.replica_id: None if r.stale else r.snapshot_version
+            for r in list_reports(session, clock=clock, stale_after=stale_after, region=region)}

@@ -1,0 +1,113 @@
+"""Gateways report what they applied and ship their automatic L7 actions; both databases."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from common.clock import ManualClock
+from contract.events import DataPlaneEvent, EventBatch, GatewayReport, LiveEndpoint
+
+pytestmark = pytest.mark.integration
+
+
+def report(replica: str, version: int | None, at: datetime, **extra: Any) -> dict[str, Any]:
+    return GatewayReport(
+        replica_id=replica, region="eu", zone="eu-a", snapshot_version=version, snapshot_applied_at=at,
+        routing_source="snapshot", reported_at=at, suppressed=1,
+        live_endpoints=[LiveEndpoint(instance_id="e1", generation=3, version="v1", zone="eu-a")], **extra,
+    ).model_dump(mode="json")
+
+
+def test_gateways_report_and_stale_reports_are_never_shown_as_current(
+    client: TestClient, as_role: Any, clock: ManualClock, session_factory: Any, settings: Any
+) -> None:
+    from controlplane.db import session_scope
+    from controlplane.gateway_report import service
+
+    gateway, viewer = as_role("gateway"), as_role("viewer")
+    assert client.put("/api/v1/gateways/gw-1", json=report("gw-1", 7, clock.utcnow()), headers=gateway).status_code == 200
+    clock.advance(timedelta(seconds=20))
+    assert client.put("/api/v1/gateways/gw-2", json=report("gw-2", 8, clock.utcnow()), headers=gateway).status_code == 200
+    shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
+    assert (shown["gw-1"]["snapshot_version"], shown["gw-1"]["stale"], shown["gw-1"]["age_s"]) == (7, False, 20.0)
+    assert shown["gw-1"]["live_endpoints"] == [{"instance_id": "e1", "generation": 3, "version": "v1", "zone": "eu-a"}]
+    assert shown["gw-1"]["reported_by"] == "token:test-gateway#4"
+    clock.advance(settings.gateway_report_stale_after - timedelta(seconds=10))  # gw-1 is now past the limit
+    shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
+    assert (shown["gw-1"]["stale"], shown["gw-2"]["stale"]) == (True, False)
+    with session_scope(session_factory) as session:
+        assert service.applied_versions(session, region="eu", clock=clock,
+                                        stale_after=settings.gateway_report_stale_after) == {"gw-1": None, "gw-2": 8}
+    assert client.get("/api/v1/gateways", params={"region": "us"}, headers=viewer).json() == []
+
+
+def test_a_newer_report_replaces_the_last_and_an_older_one_is_ignored(client: TestClient, as_role: Any,
+                                                                      clock: ManualClock) -> None:
+    gateway = as_role("gateway")
+    now = clock.utcnow()
+    client.put("/api/v1/gateways/gw-1", json=report("gw-1", 5, now), headers=gateway)
+    client.put("/api/v1/gateways/gw-1", json=report("gw-1", 6, now + timedelta(seconds=1)), headers=gateway)
+    late = client.put("/api/v1/gateways/gw-1", json=report("gw-1", 4, now - timedelta(seconds=1)), headers=gateway)
+    assert late.status_code == 200 and late.json()["snapshot_version"] == 6
+    assert [g["snapshot_version"] for g in client.get("/api/v1/gateways", headers=as_role("viewer")).json()] == [6]
+
+
+def test_bad_reports_are_refused_and_only_gateways_report(client: TestClient, as_role: Any, clock: ManualClock) -> None:
+    body = report("gw-1", 1, clock.utcnow())
+    mismatch = client.put("/api/v1/gateways/gw-2", json=body, headers=as_role("gateway"))
+    assert (mismatch.status_code, mismatch.json()["error"]["type"]) == (422, "invalid_request")
+    extra = client.put("/api/v1/gateways/gw-1", json={**body, "surprise": 1}, headers=as_role("gateway"))
+    assert extra.status_code == 422
+    for role in ("viewer", "operator"):
+        assert client.put("/api/v1/gateways/gw-1", json=body, headers=as_role(role)).status_code == 403
+    assert client.get("/api/v1/gateways", headers=as_role("gateway")).status_code == 403
+    assert client.get("/api/v1/gateways", headers=as_role("viewer")).json() == []
+
+
+def batch(*events: DataPlaneEvent, dropped: int = 0) -> dict[str, Any]:
+    return EventBatch(events=list(events), dropped=dropped).model_dump(mode="json")
+
+
+def event(kind: str, instance: str, at: datetime, actor: str = "gateway:gw-1", **detail: Any) -> DataPlaneEvent:
+    return DataPlaneEvent(kind=kind, actor=actor, region="eu", instance_id=instance, generation=3,  # type: ignore[arg-type]
+                          reason="connect refused", at=at, detail=detail)
+
+
+def test_dataplane_events_land_in_the_event_log_with_their_tier_actor_and_drops(
+    client: TestClient, as_role: Any, clock: ManualClock
+) -> None:
+    at = datetime(2025, 12, 31, 23, 59, tzinfo=UTC)
+    response = client.post("/api/v1/events/dataplane", headers=as_role("gateway"), json=batch(
+        event("instance.suppressed", "e1", at, consecutive_5xx=5), event("generation.fenced", "e2", at), dropped=3))
+    assert (response.status_code, response.json()) == (202, {"recorded": 3})
+    client.patch("/api/v1/clusters/none", json={"weight": 1, "reason": "x"}, headers=as_role("operator"))  # 404, no event
+    l7 = client.get("/api/v1/events", params={"routing_tier": "l7"}, headers=as_role("viewer")).json()
+    assert [(e["kind"], e["actor"], e["scope"], e["outcome"]) for e in l7] == [
+        ("instance.suppressed", "gateway:gw-1", "region:eu/instance:e1", "succeeded"),
+        ("generation.fenced", "gateway:gw-1", "region:eu/instance:e2", "succeeded"),
+        ("dataplane.events_dropped", "gateway:gw-1", "region:eu", "failed"),
+    ]
+    assert l7[0]["reason"] == "connect refused" and l7[0]["started_at"] == "2025-12-31T23:59:00Z"
+    assert l7[0]["after"] == {"generation": 3, "consecutive_5xx": 5, "reported_by": "token:test-gateway#4"}
+    assert l7[2]["after"]["dropped"] == 3
+    by_actor = client.get("/api/v1/events", params={"actor": "gateway:gw-1"}, headers=as_role("viewer")).json()
+    assert len(by_actor) == 3
+
+
+def test_a_batch_with_a_foreign_actor_is_refused_whole(client: TestClient, as_role: Any, clock: ManualClock) -> None:
+    at = clock.utcnow()
+    for actor in ("operator:alice", "gateway:", "agent:eu"):
+        response = client.post("/api/v1/events/dataplane", headers=as_role("gateway"),
+                               json=batch(event("instance.suppressed", "e1", at), event("instance.suppressed", "e2", at,
+                                                                                      actor=actor)))
+        assert (response.status_code, response.json()["error"]["type"]) == (422, "invalid_request"), actor
+    assert client.get("/api/v1/events", headers=as_role("viewer")).json() == []
+    for role in ("viewer", "operator"):
+        assert client.post("/api/v1/events/dataplane", headers=as_role(role), json=batch()).status_code == 403
+    assert client.get("/api/v1/events", headers=as_role("gateway")).status_code == 403
+    too_many = {"events": [batch(event("instance.suppressed", "e", at))["events"][0]] * 501, "dropped": 0}
+    assert client.post("/api/v1/events/dataplane", headers=as_role("gateway"), json=too_many).status_code == 422
