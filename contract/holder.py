@@ -14,6 +14,8 @@ requests the dead engine had in flight (the gateway continues those).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,6 +94,53 @@ class TenantView(BaseModel):
     takeovers: int
 
 
+class KVLayout(BaseModel):
+    """One KV block: keys and values of `block_tokens` positions for every layer,
+    shaped [2, num_layers, num_kv_heads, block_tokens, head_dim] in `dtype`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_tokens: int = Field(ge=1)
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    rope_theta: float  # position encoding: a block is only valid under the same one
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (2, self.num_layers, self.num_kv_heads, self.block_tokens, self.head_dim)
+
+    @property
+    def block_bytes(self) -> int:
+        itemsize = {"float64": 8, "float32": 4}[self.dtype]
+        return 2 * self.num_layers * self.num_kv_heads * self.block_tokens * self.head_dim * itemsize
+
+
+def kv_root_hash(weights_digest: str, layout: KVLayout) -> str:
+    """The chain's root: a block hash binds the weights, dtype, layout and position encoding (invariant 6)."""
+    material = json.dumps({"weights": weights_digest, "layout": layout.model_dump()}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def kv_block_hash(parent_hash: str, token_ids: list[int]) -> str:
+    """The hash of a block: its parent's hash and its own token ids, so it names the whole prefix."""
+    return hashlib.sha256(f"{parent_hash}:{','.join(map(str, token_ids))}".encode()).hexdigest()
+
+
+def kv_block_checksum(data: bytes | memoryview) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class KVPoolDescription(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    region: RegionView  # purpose "kv"; block i starts at i * layout.block_bytes
+    layout: KVLayout
+    num_blocks: int
+    root_hash: str
+
+
 class AttachResponse(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -101,6 +150,60 @@ class AttachResponse(BaseModel):
     heartbeat_interval_s: float
     lease_ttl_s: float
     weights: WeightsDescription
+    kv: KVPoolDescription | None = None  # absent when the holder keeps no KV pool
+
+
+class KVReserveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=0)
+    count: int = Field(ge=1, le=4096)
+
+
+class KVReserveResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    blocks: list[int]  # may be fewer than asked: the pool is full of committed or frozen blocks
+
+
+class KVCommitRequest(BaseModel):
+    """The tenant wrote a block's keys and values; the holder checksums and records it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=0)
+    block: int = Field(ge=0)
+    parent_hash: str
+    token_ids: list[int]
+
+
+class KVBlockRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    block: int
+    hash: str
+    checksum: str
+
+
+class KVCommitResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    committed: KVBlockRef  # another block, if the same prefix was already committed (this one is freed)
+
+
+class KVLookupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int]
+
+
+class KVLookupResponse(BaseModel):
+    """The longest chain of committed blocks the ledger vouches for, from the root."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    blocks: list[KVBlockRef]
+    discarded: list[int]  # blocks found with contents that no longer match their checksum
 
 
 class HeartbeatResponse(BaseModel):

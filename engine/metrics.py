@@ -34,5 +34,13 @@ class EngineMetrics:
             registry=r)
         self.holder_connected = Gauge(
             "lifeline_engine_holder_connected", "1 while the memory holder answers this engine's heartbeats", registry=r)
+        self.kv_reused_tokens = Counter(
+            "lifeline_engine_kv_reused_tokens", "Prompt positions restored from the holder's KV pool, not prefilled",
+            registry=r)
+        self.kv_published_blocks = Counter(
+            "lifeline_engine_kv_published_blocks", "KV blocks committed to the holder's pool", registry=r)
+        self.kv_discarded_blocks = Counter(
+            "lifeline_engine_kv_discarded_blocks", "KV blocks found inconsistent with their checksum and not used",
+            registry=r)
         self.holder_fallbacks = Counter(
             "lifeline_engine_holder_fallbacks", "Starts that wanted the holder and loaded from disk instead", registry=r)

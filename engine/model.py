@@ -134,12 +134,19 @@ class LlamaModel:
     # -- passes ------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], cache: KVCache) -> torch.Tensor:
-        """Run the whole prompt into an empty cache; return the last position's logits."""
+        """Run the prompt into the cache after the positions it already holds; the last position's logits.
+
+        A cache that already holds a prefix (KV blocks restored from the holder, engine.kv_pool)
+        is extended: the new positions attend to the held ones through an explicit causal mask.
+        """
         s = self.shape
         count = len(token_ids)
-        if cache.length != 0 or count > cache.capacity:
-            raise ValueError("prefill needs an empty cache large enough for the prompt")
-        positions = torch.arange(count)
+        start = cache.length
+        if count == 0 or start + count > cache.capacity:
+            raise ValueError("prefill needs at least one token and a cache large enough for the prompt")
+        positions = torch.arange(start, start + count)
+        end = start + count
+        mask = None if start == 0 else torch.ones(count, end, dtype=torch.bool).tril(diagonal=start)
         x = self.w["model.embed_tokens.weight"][torch.tensor(token_ids)]
         for layer in range(s.num_layers):
             p = f"model.layers.{layer}."
@@ -147,15 +154,21 @@ class LlamaModel:
             q = self._rope(q.transpose(0, 1), positions)  # [heads, T, d]
             k = self._rope(k.transpose(0, 1), positions)
             v = v.transpose(0, 1)
-            cache.keys[layer, :, :count] = k
-            cache.values[layer, :, :count] = v
+            cache.keys[layer, :, start:end] = k
+            cache.values[layer, :, start:end] = v
             # 4-D inputs let torch pick its fused CPU kernel; 3-D ones fall back to the math path.
-            attn = F.scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
-            )[0]
+            if mask is None:
+                attn = F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
+                )[0]
+            else:
+                attn = F.scaled_dot_product_attention(
+                    q.unsqueeze(0), cache.keys[layer, :, :end].unsqueeze(0), cache.values[layer, :, :end].unsqueeze(0),
+                    attn_mask=mask, enable_gqa=True,
+                )[0]
             x = x + attn.transpose(0, 1).reshape(count, -1) @ self.w[p + "self_attn.o_proj.weight"].T
             x = x + self._mlp(self._rms_norm(x, p + "post_attention_layernorm.weight"), p)
-        cache.length = count
+        cache.length = end
         return self._logits(x[-1])
 
     @torch.inference_mode()

@@ -25,6 +25,7 @@ from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
 from engine.boot_generation import next_boot_generation
 from engine.faults import FaultInjector
 from engine.holder_client import HolderTenancy, HolderUnavailable, attach, check_compatible, map_weights
+from engine.kv_pool import HolderKVPool
 from engine.lifecycle import EngineStatus, InvalidTransition, LifecycleEvent, transition
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
@@ -76,17 +77,19 @@ class WeightsOrigin:
     map_s: float = 0.0  # building tensor views over the region
     load_s: float = 0.0  # reading and converting shards, and hashing them (disk only)
     tenancy: HolderTenancy | None = None
+    kv_pool: HolderKVPool | None = None
 
     def body(self) -> dict:
         tenancy = self.tenancy
         return {"source": self.source, "holder_url": self.holder_url, "fallback_reason": self.fallback_reason,
                 "region_id": self.region_id, "holder_epoch": self.holder_epoch, "takeover": self.takeover,
                 "holder_connected": bool(tenancy and tenancy.connected and not tenancy.superseded),
+                "kv_pool": bool(self.kv_pool and self.kv_pool.enabled),
                 "attach_s": round(self.attach_s, 6), "map_s": round(self.map_s, 6), "load_s": round(self.load_s, 6)}
 
 
-def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int,
-                 clock: Clock) -> tuple[LlamaModel, str, WeightsOrigin]:
+def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int, clock: Clock,
+                 metrics: EngineMetrics) -> tuple[LlamaModel, str, WeightsOrigin]:
     assert settings.holder is not None  # noqa: S101 - checked by the caller
     started = clock.now()
     attached = attach(settings.holder, settings.instance_id, generation)
@@ -98,6 +101,12 @@ def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int,
     origin = WeightsOrigin(source="holder", holder_url=settings.holder, region_id=attached.weights.region.region_id,
                            holder_epoch=attached.holder_epoch, takeover=attached.takeover,
                            attach_s=attached_at - started, map_s=clock.now() - attached_at, tenancy=tenancy)
+    if attached.kv is not None:
+        unfit = HolderKVPool.fits(attached.kv, model.shape, dtype)
+        if unfit is None:
+            origin.kv_pool = HolderKVPool(settings.holder, settings.instance_id, generation, attached.kv, metrics)
+        else:
+            log.warning("holder's kv pool not used", reason=unfit)
     return model, attached.weights.weights_digest, origin
 
 
@@ -107,7 +116,7 @@ def load_weights_for(settings: EngineSettings, dtype: torch.dtype, generation: i
     reason = None
     if settings.holder:
         try:
-            model, digest, origin = _from_holder(settings, dtype, generation, clock)
+            model, digest, origin = _from_holder(settings, dtype, generation, clock, metrics)
         except HolderUnavailable as exc:
             reason = str(exc)
             metrics.holder_fallbacks.inc()
@@ -195,7 +204,8 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
     model, digest, origin = await asyncio.to_thread(load_weights_for, settings, dtype, boot_generation, metrics, clock)
     faults = FaultInjector(fault_settings, metrics, model)
     scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
-                          max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock)
+                          max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock,
+                          kv_pool=origin.kv_pool)
     runtime = EngineRuntime(
         settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
         model=model, scheduler=scheduler, metrics=metrics, faults=faults,

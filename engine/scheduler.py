@@ -20,6 +20,7 @@ import torch
 
 from common.clock import Clock, SystemClock
 from engine.hooks import EngineHooks, NoFaults
+from engine.kv_pool import HolderKVPool
 from engine.metrics import EngineMetrics
 from engine.model import KVCache, LlamaModel
 from engine.sampling import SamplingParams, sample_token
@@ -58,6 +59,7 @@ class Sequence:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
     cache: KVCache | None = None
+    kv_chain: list[str] = field(default_factory=list)  # hashes of the KV blocks published or restored
     cancelled: bool = False
     finished: bool = False
     not_before: float = 0.0
@@ -70,13 +72,14 @@ class Sequence:
 class Scheduler:
     def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
                  max_prefill_tokens: int = 2048, hooks: EngineHooks | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, kv_pool: HolderKVPool | None = None) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.hooks: EngineHooks = hooks or NoFaults()
         self.clock: Clock = clock or SystemClock()
+        self.kv_pool = kv_pool
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._wake = threading.Condition()
@@ -163,8 +166,12 @@ class Scheduler:
             if prefilled and len(seq.prompt_ids) > budget:
                 break
             seq.cache = self.model.new_cache(len(seq.prompt_ids) + seq.max_tokens)
-            logits = self.model.prefill(seq.prompt_ids, seq.cache)
-            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
+            if self.kv_pool is not None:
+                seq.kv_chain = self.kv_pool.restore(seq.prompt_ids, seq.cache)
+            reused = seq.cache.length
+            logits = self.model.prefill(seq.prompt_ids[reused:], seq.cache)
+            self._publish(seq)
+            self.metrics.prompt_tokens.inc(len(seq.prompt_ids) - reused)
             self.metrics.ttft.observe(self.clock.now() - seq.arrived_at)
             self._emit(seq, logits)
             prefilled.append(seq)
@@ -173,7 +180,13 @@ class Scheduler:
         if decoding:
             logits = self.model.decode([s.output_ids[-1] for s in decoding], [s.cache for s in decoding])
             for seq, row in zip(decoding, logits, strict=True):
+                self._publish(seq)
                 self._emit(seq, row)
+
+    def _publish(self, seq: Sequence) -> None:
+        """Hand every KV block this sequence has filled to the holder's pool (engine.kv_pool)."""
+        if self.kv_pool is not None and seq.cache is not None:
+            self.kv_pool.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> None:
         position = len(seq.prompt_ids) + len(seq.output_ids)

@@ -115,6 +115,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         finally:
             await app.state.drainer.step_down()
             runtime.scheduler.stop()
+            if runtime.weights_origin.kv_pool is not None:
+                await asyncio.to_thread(runtime.weights_origin.kv_pool.close)
             if tenancy is not None:
                 await asyncio.to_thread(tenancy.release)
             log.info("engine stopped")

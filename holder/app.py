@@ -39,6 +39,7 @@ def create_app(settings: HolderSettings, *, clock: Clock | None = None) -> FastA
         app.state.holder = holder
         await asyncio.to_thread(holder.open)
         weights = await asyncio.to_thread(holder.ensure_weights)
+        await asyncio.to_thread(holder.ensure_kv_pool)
         log.info("holder ready", epoch=holder.epoch, region=weights.region.region_id, bytes=weights.region.size,
                  shm_dir=str(holder.shm_dir))
         watcher = asyncio.create_task(_watch_leases(holder))

@@ -34,6 +34,8 @@ def serve(
     dtype: Annotated[Optional[str], _opt("dtype")] = None,
     lease_ttl: Annotated[Optional[float], _opt("lease_ttl")] = None,
     heartbeat_interval: Annotated[Optional[float], _opt("heartbeat_interval")] = None,
+    kv_blocks: Annotated[Optional[int], _opt("kv_blocks")] = None,
+    kv_block_tokens: Annotated[Optional[int], _opt("kv_block_tokens")] = None,
     log_level: Annotated[Optional[str], _opt("log_level")] = None,
 ) -> None:
     """Hold a model's weights in shared memory for engines to attach to; keep a ledger of every allocation."""

@@ -4,6 +4,9 @@
     POST /v1/tenants/{tenant_id}/heartbeat        GenerationBody → HeartbeatResponse
     POST /v1/tenants/{tenant_id}/confirm          GenerationBody → TenantView
     POST /v1/tenants/{tenant_id}/release          GenerationBody → TenantView
+    POST /v1/tenants/{tenant_id}/kv/reserve       KVReserveRequest → KVReserveResponse
+    POST /v1/tenants/{tenant_id}/kv/commit        KVCommitRequest → KVCommitResponse
+    POST /v1/kv/lookup                            KVLookupRequest → KVLookupResponse
     GET  /v1/tenants                              [TenantView]
     GET  /v1/weights                              WeightsDescription
     GET  /v1/state                                epoch, replay report, regions, tenants
@@ -19,7 +22,21 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from common.request_body import parse_json_body
-from contract.holder import AttachRequest, AttachResponse, GenerationBody, HeartbeatResponse, TenantView, WeightsDescription
+from contract.holder import (
+    AttachRequest,
+    AttachResponse,
+    GenerationBody,
+    HeartbeatResponse,
+    KVBlockRef,
+    KVCommitRequest,
+    KVCommitResponse,
+    KVLookupRequest,
+    KVLookupResponse,
+    KVReserveRequest,
+    KVReserveResponse,
+    TenantView,
+    WeightsDescription,
+)
 from holder.errors import HolderError
 from holder.service import MemoryHolder
 
@@ -61,6 +78,25 @@ async def release(tenant_id: str, request: Request, holder: Holder) -> TenantVie
     return holder.release(tenant_id, body.generation)
 
 
+@router.post("/v1/tenants/{tenant_id}/kv/reserve", response_model=KVReserveResponse)
+async def kv_reserve(tenant_id: str, request: Request, holder: Holder) -> KVReserveResponse:
+    body = parse_json_body(await request.body(), KVReserveRequest, BadRequest)
+    return KVReserveResponse(blocks=holder.kv_reserve(tenant_id, body.generation, body.count))
+
+
+@router.post("/v1/tenants/{tenant_id}/kv/commit", response_model=KVCommitResponse)
+async def kv_commit(tenant_id: str, request: Request, holder: Holder) -> KVCommitResponse:
+    body = parse_json_body(await request.body(), KVCommitRequest, BadRequest)
+    ref: KVBlockRef = holder.kv_commit(tenant_id, body.generation, body.block, body.parent_hash, body.token_ids)
+    return KVCommitResponse(committed=ref)
+
+
+@router.post("/v1/kv/lookup", response_model=KVLookupResponse)
+async def kv_lookup(request: Request, holder: Holder) -> KVLookupResponse:
+    body = parse_json_body(await request.body(), KVLookupRequest, BadRequest)
+    return holder.kv_lookup(body.token_ids)
+
+
 @router.get("/v1/tenants", response_model=list[TenantView])
 async def tenants(holder: Holder) -> list[TenantView]:
     return holder.tenants()
@@ -74,7 +110,8 @@ async def weights(holder: Holder) -> WeightsDescription:
 @router.get("/v1/state")
 async def state(holder: Holder) -> dict:
     return {"epoch": holder.epoch, "replay": asdict(holder.replay) if holder.replay else None,
-            "regions": holder.regions(), "tenants": [t.model_dump() for t in holder.tenants()]}
+            "regions": holder.regions(), "tenants": [t.model_dump() for t in holder.tenants()],
+            "kv": holder.kv_summary()}
 
 
 @router.get("/healthz/live")

@@ -3,7 +3,9 @@
     HolderError (500 holder_error)
     ├── UnknownTenant (404 unknown_tenant): heartbeat/confirm/release before attach
     ├── TenantSuperseded (409 tenant_superseded): a newer generation holds this tenant id
-    └── HolderNotReady (503 holder_not_ready): still replaying or loading
+    ├── HolderNotReady (503 holder_not_ready): still replaying or loading
+    ├── KVPoolAbsent (404 kv_pool_absent): started with --kv-blocks 0
+    └── KVConflict (409 kv_conflict): a commit of a block not reserved, or out of chain order
 """
 
 from __future__ import annotations
@@ -30,3 +32,13 @@ class TenantSuperseded(HolderError):
 class HolderNotReady(HolderError):
     status_code = 503
     error_type = NOT_READY_ERROR_TYPE
+
+
+class KVPoolAbsent(HolderError):
+    status_code = 404
+    error_type = "kv_pool_absent"
+
+
+class KVConflict(HolderError):
+    status_code = 409
+    error_type = "kv_conflict"

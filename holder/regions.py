@@ -15,6 +15,16 @@ Region ids are handed out in ledger order and never reused, so the mapping
 a replay rebuilds is the one the holder had, in the same allocation order.
 Records that do not fit the state (a seal for an unknown region, a second
 seal) are counted in `anomalies` and otherwise ignored.
+
+KV blocks (the pool region's fixed-size slots) have their own records:
+
+    free ──kv_reserve(tenant, generation)──► RESERVED ──kv_commit(hash, checksum)──► COMMITTED
+      ▲                                         │                                       │
+      └─────────────────kv_free(reason)─────────┴───────────────────────────────────────┘
+
+A committed block is immutable and named by its hash chain; its checksum is
+checked again on every lookup, and a block that fails is freed — the prefix
+is re-prefilled (a miss), never read (a misuse).
 """
 
 from __future__ import annotations
@@ -47,6 +57,23 @@ class RegionRecord:
     freed_reason: str | None = None
 
 
+class KVBlockState(StrEnum):
+    RESERVED = "reserved"
+    COMMITTED = "committed"
+
+
+@dataclass
+class KVBlockRecord:
+    block: int
+    owner: str  # tenant id
+    generation: int
+    state: KVBlockState = KVBlockState.RESERVED
+    hash: str | None = None
+    parent_hash: str | None = None
+    checksum: str | None = None
+    seq: int = 0  # order of commit: the oldest committed block is evicted first
+
+
 @dataclass
 class TenantRecord:
     tenant_id: str
@@ -61,6 +88,9 @@ class LedgerState:
     next_region_id: int = 1
     regions: dict[int, RegionRecord] = field(default_factory=dict)  # allocation order
     tenants: dict[str, TenantRecord] = field(default_factory=dict)
+    kv_blocks: dict[int, KVBlockRecord] = field(default_factory=dict)  # absent: free
+    kv_by_hash: dict[str, int] = field(default_factory=dict)
+    kv_commits: int = 0
     anomalies: list[str] = field(default_factory=list)
 
     def live_regions(self) -> list[RegionRecord]:
@@ -137,7 +167,37 @@ def _release(state: LedgerState, record: dict[str, Any]) -> None:
         current.state = TenantState.RELEASED
 
 
-_HANDLERS = {"boot": _boot, "reserve": _reserve, "seal": _seal, "free": _free, "attach": _attach,
+def _kv_reserve(state: LedgerState, record: dict[str, Any]) -> None:
+    tenant, generation = record["tenant"], int(record["generation"])
+    for block in record["blocks"]:
+        current = state.kv_blocks.get(block)
+        if current is not None and not (current.owner == tenant and current.state is KVBlockState.RESERVED):
+            state.anomalies.append(f"kv block {block} reserved while {current.state} by {current.owner}")
+            continue
+        state.kv_blocks[block] = KVBlockRecord(block, tenant, generation)
+
+
+def _kv_commit(state: LedgerState, record: dict[str, Any]) -> None:
+    block = state.kv_blocks.get(int(record["block"]))
+    if block is None or block.state is not KVBlockState.RESERVED or block.owner != record["tenant"]:
+        state.anomalies.append(f"kv commit of block {record['block']} that {record['tenant']} has not reserved")
+        return
+    state.kv_commits += 1
+    block.state, block.hash, block.parent_hash = KVBlockState.COMMITTED, record["hash"], record["parent_hash"]
+    block.checksum, block.seq, block.generation = record["checksum"], state.kv_commits, int(record["generation"])
+    state.kv_by_hash[block.hash] = block.block
+
+
+def _kv_free(state: LedgerState, record: dict[str, Any]) -> None:
+    block = state.kv_blocks.pop(int(record["block"]), None)
+    if block is None:
+        state.anomalies.append(f"kv free of block {record['block']} that is free")
+        return
+    if block.hash is not None and state.kv_by_hash.get(block.hash) == block.block:
+        del state.kv_by_hash[block.hash]
+
+
+_HANDLERS = {"kv_reserve": _kv_reserve, "kv_commit": _kv_commit, "kv_free": _kv_free, "boot": _boot, "reserve": _reserve, "seal": _seal, "free": _free, "attach": _attach,
              "confirm": _confirm, "release": _release}
 
 

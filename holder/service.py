@@ -24,6 +24,7 @@ restart rebuilds exactly what was acknowledged.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +32,28 @@ from typing import Any
 
 from common.clock import Clock
 from common.logs import get_logger
+import numpy as np
+
 from contract.holder import (
     AttachResponse,
     HeartbeatResponse,
+    KVBlockRef,
+    KVLayout,
+    KVLookupResponse,
+    KVPoolDescription,
     RegionView,
     TenantState,
     TenantView,
     TensorSpec,
     WeightsDescription,
+    kv_block_checksum,
+    kv_block_hash,
+    kv_root_hash,
 )
 from holder import store
-from holder.errors import HolderNotReady, TenantSuperseded, UnknownTenant
+from holder.errors import HolderNotReady, KVConflict, KVPoolAbsent, TenantSuperseded, UnknownTenant
 from holder.ledger import Ledger
-from holder.regions import LedgerState, RegionRecord, RegionStatus, TenantRecord, rebuild
+from holder.regions import KVBlockState, LedgerState, RegionRecord, RegionStatus, TenantRecord, rebuild
 from holder.settings import HolderSettings
 
 log = get_logger(__name__)
@@ -71,6 +81,8 @@ class MemoryHolder:
         self.state = LedgerState()
         self.epoch = 0
         self.weights: WeightsDescription | None = None
+        self.kv: KVPoolDescription | None = None
+        self._kv_bytes: np.memmap | None = None  # the pool, read-only: the holder only checksums blocks
         self.replay: ReplayReport | None = None
         self._last_heartbeat: dict[str, float] = {}  # tenant id → clock.now() of its last renewal
         self._announced_frozen: set[tuple[str, int]] = set()  # log dedup only, never consulted for decisions
@@ -146,6 +158,136 @@ class MemoryHolder:
             self.weights = self._describe(region)
             return self.weights
 
+    # -- the KV pool -------------------------------------------------------------------
+    def ensure_kv_pool(self) -> KVPoolDescription | None:
+        """Adopt the pool region for these weights and layout, or reserve a new (zeroed) one."""
+        if self.settings.kv_blocks == 0:
+            return None
+        weights = self.ready_weights()
+        config = json.loads((Path(weights.model_dir) / "config.json").read_text())
+        heads = config["num_attention_heads"]
+        layout = KVLayout(
+            block_tokens=self.settings.kv_block_tokens, num_layers=config["num_hidden_layers"],
+            num_kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads, dtype=weights.dtype,
+            rope_theta=float(config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+        meta = {"weights_digest": weights.weights_digest, "layout": layout.model_dump(),
+                "num_blocks": self.settings.kv_blocks}
+        with self._lock:
+            region = next((r for r in self.state.live_regions() if r.purpose == "kv" and r.meta == meta
+                           and r.status is RegionStatus.SEALED), None)
+            if region is None:
+                for stale in list(self.state.kv_blocks):  # blocks of a pool that is gone or of other weights
+                    self._record({"op": "kv_free", "block": stale, "reason": "pool region replaced"})
+                region_id = self.state.next_region_id
+                path = self.shm_dir / f"region-{region_id:06d}.bin"
+                size = layout.block_bytes * self.settings.kv_blocks
+                self._record({"op": "reserve", "region": region_id, "path": str(path), "size": size, "purpose": "kv",
+                              "owner": "holder", "tensors": [], "meta": meta})
+                store.create_region_file(path, size)
+                self._record({"op": "seal", "region": region_id, "checksum": store.PER_BLOCK, "epoch": self.epoch})
+                region = self.state.regions[region_id]
+                log.info("kv pool reserved", region=region_id, blocks=self.settings.kv_blocks, bytes=size)
+            else:
+                log.info("kv pool adopted", region=region.region_id, committed=len(self.state.kv_by_hash))
+            view = RegionView(region_id=region.region_id, path=region.path, size=region.size, purpose="kv",
+                              owner="holder", epoch=region.epoch or self.epoch, checksum=store.PER_BLOCK, tensors=[])
+            self.kv = KVPoolDescription(region=view, layout=layout, num_blocks=self.settings.kv_blocks,
+                                        root_hash=kv_root_hash(weights.weights_digest, layout))
+            self._kv_bytes = np.memmap(region.path, dtype=np.uint8, mode="r")
+            return self.kv
+
+    def _block_checksum(self, block: int) -> str:
+        assert self.kv is not None and self._kv_bytes is not None  # noqa: S101
+        size = self.kv.layout.block_bytes
+        return kv_block_checksum(memoryview(self._kv_bytes[block * size:(block + 1) * size]))
+
+    def _ready_kv(self) -> KVPoolDescription:
+        if self.kv is None:
+            raise KVPoolAbsent("this holder keeps no KV pool (--kv-blocks 0)")
+        return self.kv
+
+    def kv_reserve(self, tenant_id: str, generation: int, count: int) -> list[int]:
+        """Blocks for a tenant to write: its own uncommitted ones from a dead generation first (the
+        takeover), then free ones in id order, then the oldest committed blocks of tenants that are
+        not frozen. A frozen tenant's blocks are never handed to anyone else."""
+        kv = self._ready_kv()
+        with self._lock:
+            tenant = self._current(tenant_id)
+            self._check_generation(tenant, generation)
+            blocks = self.state.kv_blocks
+            chosen = [b.block for b in blocks.values() if b.owner == tenant_id and b.state is KVBlockState.RESERVED
+                      and b.generation < generation][:count]
+            chosen += [i for i in range(kv.num_blocks) if i not in blocks][:count - len(chosen)]
+            if len(chosen) < count:
+                frozen = {t.tenant_id for t in map(self._view, self.state.tenants.values()) if t.frozen}
+                evictable = sorted((b for b in blocks.values() if b.state is KVBlockState.COMMITTED
+                                    and b.owner not in frozen), key=lambda b: b.seq)
+                for victim in evictable[:count - len(chosen)]:
+                    self._record({"op": "kv_free", "block": victim.block, "reason": "evicted"})
+                    chosen.append(victim.block)
+            if chosen:
+                self._record({"op": "kv_reserve", "tenant": tenant_id, "generation": generation, "blocks": chosen})
+            return chosen
+
+    def kv_commit(self, tenant_id: str, generation: int, block: int, parent_hash: str,
+                  token_ids: list[int]) -> KVBlockRef:
+        kv = self._ready_kv()
+        with self._lock:
+            tenant = self._current(tenant_id)
+            self._check_generation(tenant, generation)
+            record = self.state.kv_blocks.get(block)
+            if record is None or record.owner != tenant_id or record.state is not KVBlockState.RESERVED \
+                    or record.generation != generation:
+                raise KVConflict(f"block {block} is not reserved by {tenant_id!r} generation {generation}")
+            if len(token_ids) != kv.layout.block_tokens:
+                raise KVConflict(f"a block holds {kv.layout.block_tokens} tokens, not {len(token_ids)}")
+            if parent_hash != kv.root_hash and parent_hash not in self.state.kv_by_hash:
+                raise KVConflict("the parent block is not committed (evicted or discarded): commit the chain in order")
+            block_hash = kv_block_hash(parent_hash, token_ids)
+            existing = self.state.kv_by_hash.get(block_hash)
+            if existing is not None:
+                self._record({"op": "kv_free", "block": block, "reason": "duplicate of a committed block"})
+                held = self.state.kv_blocks[existing]
+                return KVBlockRef(block=existing, hash=block_hash, checksum=held.checksum or "")
+            checksum = self._block_checksum(block)
+            self._record({"op": "kv_commit", "tenant": tenant_id, "generation": generation, "block": block,
+                          "hash": block_hash, "parent_hash": parent_hash, "tokens": token_ids, "checksum": checksum})
+            return KVBlockRef(block=block, hash=block_hash, checksum=checksum)
+
+    def kv_lookup(self, token_ids: list[int]) -> KVLookupResponse:
+        """The longest chain of committed blocks for this prefix whose bytes still match their checksum."""
+        kv = self._ready_kv()
+        size = kv.layout.block_tokens
+        found, discarded = [], []
+        with self._lock:
+            parent = kv.root_hash
+            for start in range(0, len(token_ids) - size + 1, size):
+                block_hash = kv_block_hash(parent, token_ids[start:start + size])
+                block = self.state.kv_by_hash.get(block_hash)
+                if block is None:
+                    break
+                record = self.state.kv_blocks[block]
+                if self._block_checksum(block) != record.checksum:
+                    self._record({"op": "kv_free", "block": block, "reason": "checksum mismatch"})
+                    discarded.append(block)
+                    log.warning("kv block discarded", block=block, reason="checksum mismatch")
+                    break
+                found.append(KVBlockRef(block=block, hash=block_hash, checksum=record.checksum or ""))
+                parent = block_hash
+        return KVLookupResponse(blocks=found, discarded=discarded)
+
+    def kv_summary(self) -> dict[str, Any]:
+        with self._lock:
+            blocks = self.state.kv_blocks.values()
+            return {"blocks": self.kv.num_blocks if self.kv else 0,
+                    "reserved": sum(b.state is KVBlockState.RESERVED for b in blocks),
+                    "committed": sum(b.state is KVBlockState.COMMITTED for b in blocks),
+                    "committed_blocks": [{"block": b.block, "hash": b.hash, "parent_hash": b.parent_hash,
+                                          "owner": b.owner, "generation": b.generation}
+                                         for b in sorted(blocks, key=lambda b: b.seq)
+                                         if b.state is KVBlockState.COMMITTED]}
+
     def _reserve_weights(self, model_dir: Path, meta: dict[str, Any]) -> RegionRecord:
         shapes = store.model_tensor_shapes(model_dir)
         specs, size = store.plan_layout([(name, self.settings.dtype, shape) for name, shape in shapes])
@@ -218,7 +360,7 @@ class MemoryHolder:
             log.info("tenant attached", tenant=tenant_id, generation=generation, takeover=takeover, state=tenant.state)
             return AttachResponse(holder_epoch=self.epoch, tenant=self._view(tenant), takeover=takeover,
                                   heartbeat_interval_s=self.settings.heartbeat_interval.total_seconds(),
-                                  lease_ttl_s=self.settings.lease_ttl.total_seconds(), weights=weights)
+                                  lease_ttl_s=self.settings.lease_ttl.total_seconds(), weights=weights, kv=self.kv)
 
     def heartbeat(self, tenant_id: str, generation: int) -> HeartbeatResponse:
         with self._lock:
@@ -249,6 +391,9 @@ class MemoryHolder:
         with self._lock:
             tenant = self._current(tenant_id)
             self._check_generation(tenant, generation)
+            for block in [b.block for b in self.state.kv_blocks.values()
+                          if b.owner == tenant_id and b.state is KVBlockState.RESERVED]:
+                self._record({"op": "kv_free", "block": block, "reason": "tenant released"})
             self._record({"op": "release", "tenant": tenant_id, "generation": generation})
             self._last_heartbeat.pop(tenant_id, None)
             log.info("tenant released", tenant=tenant_id, generation=generation)
@@ -289,3 +434,4 @@ class MemoryHolder:
                     self._free(region, "holder shut down cleanly")
             self._ledger.close()
             self._ledger = None
+            self._kv_bytes = None

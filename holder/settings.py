@@ -34,6 +34,8 @@ class HolderSettings(BaseSettings):
     dtype: Literal["float64", "float32"] = Field("float64", description="hold weights in the engines' compute dtype")
     lease_ttl: Seconds = Field(timedelta(seconds=2.5), description="a tenant silent this long is dead; its blocks freeze")
     heartbeat_interval: Seconds = Field(timedelta(seconds=1), description="how often tenants are told to renew")
+    kv_blocks: int = Field(0, ge=0, description="KV blocks in the pool (0: hold weights only)")
+    kv_block_tokens: int = Field(16, ge=1, description="token positions per KV block")
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -27,9 +27,9 @@ class Fleet:
         self.engines: list[EngineProcess] = []
         self.shm_dir = Path("/dev/shm") / f"lifeline-test-{workdir.name}-{time.monotonic_ns()}"
 
-    def start_holder(self, *, port: int | None = None) -> HolderProcess:
+    def start_holder(self, *, port: int | None = None, extra_args: list[str] | None = None) -> HolderProcess:
         holder = HolderProcess(self.model, port or free_port(), self.workdir / "holder-state", self.shm_dir,
-                               self.workdir / f"holder-{len(self.holders)}.log")
+                               self.workdir / f"holder-{len(self.holders)}.log", extra_args=extra_args or [])
         self.holders.append(holder)
         holder.start()
         holder.wait_ready()
