@@ -20,6 +20,7 @@ or ?routing_tier=….
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -32,7 +33,7 @@ from controlplane.types import Reason
 from cutover import flows, zonal_shift
 from cutover import service as cutover_service
 from cutover.errors import BreakGlassNeedsAdmin
-from cutover.l7 import SnapshotL7Driver
+from cutover.l7 import ReportedGatewayVersions, SnapshotL7Driver
 from cutover.policy import CutoverPolicy
 from cutover.schemas import (
     CutoverPlanRequest,
@@ -59,14 +60,19 @@ def runtime_for(state: Any) -> CutoverRuntime:
     `state` is `app.state`. Drivers for other tiers come from
     `state.cutover_drivers` (a list of `StepDriver`s, e.g.
     `TierDriverAdapter`s over cutover/drivers/*), the policy from
-    `state.cutover_policy`, gateway reports from `state.gateway_versions`
-    and a capacity plan from `state.cutover_capacity`, when present.
+    `state.cutover_policy` and a capacity plan from `state.cutover_capacity`,
+    when present. The l7 tier confirms through the gateways' reports
+    (`state.gateway_versions`, else the reports in the database).
     """
     runtime: CutoverRuntime | None = getattr(state, "cutover_runtime", None)
     if runtime is None:
+        gateways = getattr(state, "gateway_versions", None) or ReportedGatewayVersions(
+            state.read_session_factory, clock=state.clock,
+            stale_after=getattr(state.settings, "gateway_report_stale_after", timedelta(seconds=30)),
+        )
         l7 = SnapshotL7Driver(
             state.session_factory, read_factory=state.read_session_factory, clock=state.clock, sleep=time.sleep,
-            gateways=getattr(state, "gateway_versions", None),
+            gateways=gateways,
         )
         runtime = CutoverRuntime(
             factory=state.session_factory, clock=state.clock,
@@ -98,8 +104,6 @@ def _shift_read(shift: object) -> ZonalShiftRead:
 @router.post("/cutovers", status_code=201, response_model=PlanRead)
 def plan_cutover(body: CutoverPlanRequest, request: Request, session: DbSession, principal: Operator) -> PlanRead:
     """Plan a cutover: every step with the state its tier shows now and the one it would show after. Changes no routing."""
-    from datetime import timedelta
-
     runtime = build_runtime(request)
     scope = Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region)
     cutover, violations = cutover_service.plan(

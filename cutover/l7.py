@@ -15,11 +15,12 @@ snapshot's tier weight for its zone drops to zero) or ejects an instance
 generation; "in" makes the cluster active again or lifts the ejection.
 
 Verification reads the snapshot back (its version and the cluster's or
-ejection's entry) and then, when gateway reports are available, waits
-until every reporting gateway of the region has applied that version or a
-newer one (`GatewayVersionReader`). Without reports it verifies by the
-snapshot version alone and says so in the evidence: the change is in what
-gateways fetch, not proven to be in what they route by.
+ejection's entry) and then waits until every gateway of the region that
+reports fresh has applied that version or a newer one
+(`ReportedGatewayVersions` over the gateways' reports). Without a fresh
+report it verifies by the snapshot version alone and says so in the
+evidence: the change is in what gateways fetch, not proven to be in what
+they route by.
 """
 
 from __future__ import annotations
@@ -49,6 +50,32 @@ class GatewayVersionReader(Protocol):
 class NoGatewayReports:
     def applied_versions(self, region: str) -> dict[str, int | None] | None:
         return None
+
+
+class ReportedGatewayVersions:
+    """The gateways' own reports (`PUT /api/v1/gateways/{replica}`, controlplane.gateway_report).
+
+    Only replicas whose last report is fresh count: a stale replica is dead
+    or cut off, and waiting for it would fail — and roll back — exactly the
+    cutover that evacuates a failing region. Stale replicas are named in the
+    evidence (`gateways_stale`) as unconfirmed. No fresh replica in the
+    region: None, and the step verifies by the snapshot version alone.
+    """
+
+    def __init__(self, read_factory: sessionmaker[Session], *, clock: Clock, stale_after: timedelta) -> None:
+        self.read_factory = read_factory
+        self.clock = clock
+        self.stale_after = stale_after
+        self.last_stale: list[str] = []
+
+    def applied_versions(self, region: str) -> dict[str, int | None] | None:
+        from controlplane.gateway_report import service as reports
+
+        with session_scope(self.read_factory) as session:
+            found = reports.list_reports(session, clock=self.clock, stale_after=self.stale_after, region=region)
+        self.last_stale = sorted(r.replica_id for r in found if r.stale)
+        fresh = {r.replica_id: r.snapshot_version for r in found if not r.stale}
+        return fresh or None
 
 
 class SnapshotL7Driver:
@@ -179,8 +206,12 @@ class SnapshotL7Driver:
             in_snapshot = self._in_snapshot(snapshot, expected)
             reports = self.gateways.applied_versions(region)
             evidence: dict[str, Any] = {"snapshot_version": version, "in_snapshot": in_snapshot, "polls": polls}
+            if getattr(self.gateways, "last_stale", None):
+                evidence["gateways_stale"] = list(self.gateways.last_stale)  # type: ignore[attr-defined]
             if reports is None:
                 evidence["gateway_reports"] = "unavailable: verified by the snapshot version alone"
+                if not isinstance(self.gateways, NoGatewayReports):
+                    evidence["gateway_reports"] = "no fresh gateway report in the region: verified by the snapshot version alone"
                 caught_up = True
             else:
                 evidence["gateway_versions"] = reports
