@@ -13,7 +13,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.health import router as health_router
-from controlplane.topology.lease import LeaseReader, NoLeaseRegistry, RedisLeaseReader
+from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLeaseRegistry, RedisLeaseReader
 
 
 def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
@@ -21,8 +21,10 @@ def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
         return NoLeaseRegistry()
     import redis
 
-    client = redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0, decode_responses=True)
-    return RedisLeaseReader(client, prefix=settings.lease_key_prefix)
+    # Both timeouts: a registry that accepts and never answers must not hold a worker thread.
+    client = redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                                  decode_responses=True)
+    return GuardedLeaseReader(RedisLeaseReader(client, prefix=settings.lease_key_prefix))
 
 
 def create_app(

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from controlplane.errors import Conflict, NotFound
+from controlplane.errors import Conflict, LifelineError, NotFound
 
 
 class RegionNotFound(NotFound):
@@ -39,3 +39,10 @@ class ClusterInService(Conflict):
     """Only a cluster already out of routing (state `ejected`) may be deleted."""
 
     error_type = "cluster_in_service"
+
+
+class LeaseRegistryUnavailable(LifelineError):
+    """The regions' lease registry (Redis) is down or silent: observed instances are unknown, not absent."""
+
+    status_code = 503
+    error_type = "lease_registry_unavailable"

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from contract.lease import Lease, RedisLeaseReader
+from controlplane.topology.errors import LeaseRegistryUnavailable
 
-__all__ = ["InMemoryLeaseReader", "LeaseReader", "NoLeaseRegistry", "RedisLeaseReader"]
+__all__ = ["GuardedLeaseReader", "InMemoryLeaseReader", "LeaseReader", "NoLeaseRegistry", "RedisLeaseReader"]
 
 
 class LeaseReader(Protocol):
@@ -41,3 +42,25 @@ class NoLeaseRegistry:
 
     def list_instances(self, region: str) -> list[Lease]:
         return []
+
+
+class GuardedLeaseReader:
+    """A Redis reader whose failures are a typed 503, never a 500 nor "no instances".
+
+    A region delete must not pass its live-instance guard because the
+    registry did not answer, so a failed read raises
+    `LeaseRegistryUnavailable` rather than returning an empty list.
+    """
+
+    def __init__(self, inner: RedisLeaseReader) -> None:
+        self.inner = inner
+
+    def list_instances(self, region: str) -> list[Lease]:
+        import redis
+
+        try:
+            return self.inner.list_instances(region)
+        except redis.RedisError as exc:
+            raise LeaseRegistryUnavailable(
+                f"the lease registry did not answer ({type(exc).__name__}); retry shortly", retry_after_s=1
+            ) from exc

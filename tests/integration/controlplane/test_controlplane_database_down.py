@@ -130,3 +130,46 @@ def test_cli_says_database_unavailable_without_a_traceback(tmp_path: Path, monke
         assert result.exit_code == 1, result.output
         assert "error: database_unavailable:" in result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("state", ["down", "silent"])
+def test_a_lease_registry_that_is_down_or_silent_is_a_typed_503_not_an_empty_region(
+    database_url: str, session_factory: Any, tokens: dict[str, str], tmp_path: Path, silent_server: SilentServer,
+    state: str
+) -> None:
+    port = silent_server.port if state == "silent" else free_port()
+    settings = ControlPlaneSettings(database_url=database_url, data_dir=tmp_path,
+                                    lease_redis_url=f"redis://127.0.0.1:{port}/0")
+    with TestClient(create_app(settings, clock=ManualClock()), raise_server_exceptions=False) as client:
+        op = {"Authorization": f"Bearer {tokens['operator']}"}
+        assert client.post("/api/v1/regions", json={"name": "eu"}, headers=op).status_code == 201
+        for method, path in [("GET", "/api/v1/regions/eu/instances"), ("DELETE", "/api/v1/regions/eu?reason=gone")]:
+            response = bounded(lambda m=method, p=path: client.request(m, p, headers=op))
+            assert (response.status_code, response.json()["error"]["type"]) == (503, "lease_registry_unavailable")
+        assert client.get("/api/v1/regions/eu", headers=op).status_code == 200  # the delete changed nothing
+
+
+def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(tmp_path: Path) -> None:
+    import sqlite3
+
+    from controlplane.schema import upgrade
+
+    url = f"sqlite:///{tmp_path / 'cp.sqlite3'}"
+    upgrade(url)
+    settings = ControlPlaneSettings(database_url=url, data_dir=tmp_path,
+                                    database_statement_timeout=timedelta(milliseconds=200))
+    holder = sqlite3.connect(tmp_path / "cp.sqlite3", isolation_level=None)
+    with TestClient(create_app(settings, clock=ManualClock()), raise_server_exceptions=False) as client:
+        from controlplane.auth import service
+        from controlplane.auth.roles import Role
+        from controlplane.db import session_scope
+
+        with session_scope(client.app.state.session_factory) as session:
+            _, secret = service.create_token(session, name="op", role=Role.OPERATOR, created_by="t", clock=ManualClock())
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            response = client.post("/api/v1/regions", json={"name": "eu"}, headers={"Authorization": f"Bearer {secret}"})
+            assert_database_unavailable(response)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
