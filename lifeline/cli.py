@@ -12,6 +12,7 @@ import typer
 from controlplane.cli import controlplane_app
 from engine.cli import engine_app, model_app
 from gateway.cli import gateway_app
+from holder.cli import holder_app
 from lifeline.demo import demo
 from warm_pool.cli import agent_app, pool_app
 from weight_catalog.cli import catalog_app
@@ -24,6 +25,7 @@ app.add_typer(controlplane_app, name="controlplane", help="Central control plane
 app.add_typer(catalog_app, name="catalog", help="Weight-version catalog.")
 app.add_typer(pool_app, name="pool", help="Warm pools sized for the loss of a zone.")
 app.add_typer(agent_app, name="agent", help="Regional agent: probes, canaries, leases for stock engines, pool.")
+app.add_typer(holder_app, name="holder", help="Memory holder: weights and KV blocks that outlive the engine.")
 app.command("demo")(demo)
 
 if __name__ == "__main__":  # pragma: no cover
