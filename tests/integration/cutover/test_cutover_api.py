@@ -16,12 +16,10 @@ from cutover.endpoints import router as cutover_router
 from cutover.service import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
-    cutover_tables,
     policy,
     read_factory,
     runtime,
     scripted,
-    session_factory,
     topology_two_regions,
 )
 

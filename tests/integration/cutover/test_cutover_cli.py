@@ -12,8 +12,6 @@ from controlplane.db import session_scope
 from controlplane.topology import service as topology
 from cutover.cli import cutover_app, zonal_shift_app
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
-    cutover_tables,
-    session_factory,
     topology_two_regions,
 )
 
@@ -22,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_reg
 
 @pytest.fixture
 def cli(database_url: str, session_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("LIFELINE_DATABASE_URL", database_url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
     runner = CliRunner()
 
     def run(app: Any, *args: str) -> Any:

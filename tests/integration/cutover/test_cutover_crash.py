@@ -29,8 +29,6 @@ from controlplane.db import session_scope
 from cutover import service as cutover_service
 from lifeline.processes import free_port, wait_for_http_ok
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
-    cutover_tables,
-    session_factory,
     topology_two_regions,
 )
 

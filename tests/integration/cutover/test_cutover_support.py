@@ -20,23 +20,6 @@ from cutover.models import CutoverTier, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.service import CutoverRuntime
 from cutover.tiers import Scope, StepCheck
-from tests.support.controlplane_testing import clean_tables
-
-
-@pytest.fixture(scope="session")
-def cutover_tables(db_engine: Any) -> None:
-    # Until the cutover migration is in the chain the suite builds from, create the tables here.
-    from controlplane.db import Base
-    from cutover import models  # noqa: F401 - registers the tables on Base.metadata
-
-    Base.metadata.create_all(db_engine, tables=[Base.metadata.tables[n] for n in
-                                                ("cutovers", "cutover_steps", "cutover_gate", "zonal_shifts")])
-
-
-@pytest.fixture
-def session_factory(db_engine: Any, cutover_tables: None) -> Any:
-    clean_tables(db_engine)
-    return build_session_factory(db_engine)
 
 
 @pytest.fixture

@@ -30,12 +30,10 @@ from cutover.tiers import Scope
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     SimulatedCrash,
-    cutover_tables,
     policy,
     read_factory,
     runtime,
     scripted,
-    session_factory,
     topology_two_regions,
 )
 

@@ -19,12 +19,10 @@ from cutover.policy import aware
 from cutover.service import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
-    cutover_tables,
     policy,
     read_factory,
     runtime,
     scripted,
-    session_factory,
     topology_two_regions,
 )
 
