@@ -79,6 +79,7 @@ def runtime_for(state: Any) -> CutoverRuntime:
             drivers=[l7, *getattr(state, "cutover_drivers", [])],
             policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
             capacity=getattr(state, "cutover_capacity", None),
+            read_factory=state.read_session_factory,
         )
         state.cutover_runtime = runtime
     return runtime

@@ -34,6 +34,12 @@ class CutoverRuntime:
     drivers: Sequence[StepDriver]
     policy: CutoverPolicy = field(default_factory=CutoverPolicy)
     capacity: CapacityPlan | None = None
+    # For polling reads (the expiry loop): DEFERRED on SQLite, so they never take the write lock.
+    read_factory: sessionmaker[Session] | None = None
+
+    @property
+    def reads(self) -> sessionmaker[Session]:
+        return self.read_factory or self.factory
 
     def drivers_for(self, tier: CutoverTier) -> list[StepDriver]:
         return [d for d in self.drivers if d.tier == tier]

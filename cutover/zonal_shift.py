@@ -148,7 +148,7 @@ def cancel(runtime: CutoverRuntime, *, shift_id: int, actor: str, reason: str) -
 def expire_due(runtime: CutoverRuntime, now: datetime | None = None) -> list[int]:
     """End every active shift whose expiry has passed; returns the ids ended. Safe to call from any replica."""
     now = now or runtime.clock.utcnow()
-    with session_scope(runtime.factory) as session:
+    with session_scope(runtime.reads) as session:
         due = list(repository.due_zonal_shifts(session, now=now))
     ended = []
     for shift in due:
