@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from controlplane.auth.audit import AuditMiddleware
 from common.clock import Clock, SystemClock
+from controlplane.body_limit import BodyLimitMiddleware
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
@@ -56,6 +57,8 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     install_error_handlers(app)
+    # The last added is outermost: an oversized body is refused before anything parses it, and audited.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(AuditMiddleware)
     app.include_router(build_api_router())
 

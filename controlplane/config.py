@@ -35,6 +35,8 @@ class ControlPlaneSettings(BaseSettings):
     lease_key_prefix: str = "lifeline"
     # How long a gateway may cache a snapshot before it asks again.
     snapshot_max_age: timedelta = timedelta(seconds=5)
+    # Request bodies over this are refused with 413 request_too_large.
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     # A gateway report received longer ago than this is shown as stale.
     gateway_report_stale_after: timedelta = timedelta(seconds=30)
     # Block size and parallelism for shard hashing in the weight catalog.

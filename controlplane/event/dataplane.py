@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from common.clock import Clock
 from contract.events import DataPlaneEvent, EventBatch
 from controlplane.errors import InvalidInput
+from controlplane.types import first_nul
 from controlplane.event import service
 from controlplane.event.models import RoutingTier
 
@@ -45,6 +46,9 @@ def _check_actor(actor: str, *, principal_is_gateway: bool) -> None:
 def record_batch(session: Session, *, batch: EventBatch, reported_by: str, principal_is_gateway: bool,
                  clock: Clock) -> int:
     """Write every event of the batch (and its drop count); the number of rows written."""
+    nul = first_nul(batch.model_dump(mode="json"))
+    if nul:
+        raise InvalidInput(f"{nul} contains a NUL byte", param=nul)
     for event in batch.events:
         _check_actor(event.actor, principal_is_gateway=principal_is_gateway)
     for event in batch.events:

@@ -13,6 +13,10 @@ from contract.events import GatewayReport
 from controlplane.errors import InvalidInput
 from controlplane.gateway_report.models import GatewayReportRow
 from controlplane.gateway_report.schemas import GatewayReportRead
+from controlplane.types import first_nul
+
+# How far ahead of ours a gateway's clock may be before its reports are refused.
+MAX_CLOCK_SKEW = timedelta(minutes=5)
 
 
 def _fields(report: GatewayReport) -> dict[str, object]:
@@ -34,7 +38,14 @@ def store(session: Session, *, replica_id: str, report: GatewayReport, actor: st
     if report.replica_id != replica_id:
         raise InvalidInput(f"the report names replica {report.replica_id!r}, the path {replica_id!r}",
                            param="replica_id")
+    nul = first_nul(report.model_dump(mode="json"))
+    if nul:
+        raise InvalidInput(f"{nul} contains a NUL byte", param=nul)
     now = clock.utcnow()
+    if report.reported_at > now + MAX_CLOCK_SKEW:
+        # Ordering is by reported_at; one from the far future would shadow every later report.
+        raise InvalidInput(f"reported_at {report.reported_at.isoformat()} is more than {MAX_CLOCK_SKEW} ahead of "
+                           "the control plane's clock; fix the gateway's clock", param="reported_at")
     row = session.get(GatewayReportRow, replica_id, with_for_update=True, populate_existing=True)
     if row is None:
         row = GatewayReportRow(replica_id=replica_id, received_at=now, reported_by=actor[:160], **_fields(report))

@@ -78,6 +78,7 @@ def test_gateway_and_control_plane_start_without_torch() -> None:
 CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
     # shared pieces (one unit: they may use each other): no domain, no Alembic
     {"controlplane.config": "shared", "controlplane.db": "shared", "controlplane.errors": "shared",
+     "controlplane.body_limit": "shared",
      "controlplane.types": "shared", "controlplane.deps": "shared"},
     # who is asking
     {"controlplane.auth": "auth"},

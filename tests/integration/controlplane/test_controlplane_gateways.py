@@ -15,11 +15,12 @@ pytestmark = pytest.mark.integration
 
 
 def report(replica: str, version: int | None, at: datetime, **extra: Any) -> dict[str, Any]:
-    return GatewayReport(
-        replica_id=replica, region="eu", zone="eu-a", snapshot_version=version, snapshot_applied_at=at,
-        routing_source="snapshot", reported_at=at, suppressed=1,
-        live_endpoints=[LiveEndpoint(instance_id="e1", generation=3, version="v1", zone="eu-a")], **extra,
-    ).model_dump(mode="json")
+    fields: dict[str, Any] = {
+        "replica_id": replica, "region": "eu", "zone": "eu-a", "snapshot_version": version,
+        "snapshot_applied_at": at, "routing_source": "snapshot", "reported_at": at, "suppressed": 1,
+        "live_endpoints": [LiveEndpoint(instance_id="e1", generation=3, version="v1", zone="eu-a")],
+    }
+    return GatewayReport(**{**fields, **extra}).model_dump(mode="json")
 
 
 def test_gateways_report_and_stale_reports_are_never_shown_as_current(
@@ -34,7 +35,8 @@ def test_gateways_report_and_stale_reports_are_never_shown_as_current(
     assert client.put("/api/v1/gateways/gw-2", json=report("gw-2", 8, clock.utcnow()), headers=gateway).status_code == 200
     shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
     assert (shown["gw-1"]["snapshot_version"], shown["gw-1"]["stale"], shown["gw-1"]["age_s"]) == (7, False, 20.0)
-    assert shown["gw-1"]["live_endpoints"] == [{"instance_id": "e1", "generation": 3, "version": "v1", "zone": "eu-a"}]
+    assert [(e["instance_id"], e["generation"], e["version"], e["zone"]) for e in shown["gw-1"]["live_endpoints"]] == [
+        ("e1", 3, "v1", "eu-a")]
     assert shown["gw-1"]["reported_by"] == "token:test-gateway#4"
     clock.advance(settings.gateway_report_stale_after - timedelta(seconds=10))  # gw-1 is now past the limit
     shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
@@ -111,3 +113,36 @@ def test_a_batch_with_a_foreign_actor_is_refused_whole(client: TestClient, as_ro
     assert client.get("/api/v1/events", headers=as_role("gateway")).status_code == 403
     too_many = {"events": [batch(event("instance.suppressed", "e", at))["events"][0]] * 501, "dropped": 0}
     assert client.post("/api/v1/events/dataplane", headers=as_role("gateway"), json=too_many).status_code == 422
+
+
+def test_nul_bytes_and_far_future_reports_are_refused_the_same_on_both_databases(
+    client: TestClient, as_role: Any, clock: ManualClock
+) -> None:
+    gateway = as_role("gateway")
+    at = clock.utcnow()
+    nul_event = event("instance.suppressed", "e1", at, note="a\x00b")
+    response = client.post("/api/v1/events/dataplane", headers=gateway, json=batch(nul_event))
+    assert (response.status_code, response.json()["error"]["param"]) == (422, "events[0].detail.note")
+    nul_report = client.put("/api/v1/gateways/gw-1", json=report("gw-1", 1, at, zone="a\x00"), headers=gateway)
+    assert (nul_report.status_code, nul_report.json()["error"]["param"]) == (422, "zone")
+    future = client.put("/api/v1/gateways/gw-1", json=report("gw-1", 1, at + timedelta(days=365)), headers=gateway)
+    assert (future.status_code, future.json()["error"]["param"]) == (422, "reported_at")
+    assert client.get("/api/v1/events", headers=as_role("viewer")).json() == []
+    assert client.get("/api/v1/gateways", headers=as_role("viewer")).json() == []
+
+
+def test_an_oversized_body_is_refused_with_413_and_audited(client: TestClient, as_role: Any) -> None:
+    huge = b'{"name": "eu", "description": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+    response = client.post("/api/v1/regions", content=huge, headers={**as_role("operator"),
+                                                                      "Content-Type": "application/json"})
+    assert (response.status_code, response.json()["error"]["type"]) == (413, "request_too_large")
+
+    def chunks() -> Any:
+        for _ in range(10):
+            yield b"x" * (1024 * 1024)
+
+    chunked = client.post("/api/v1/regions", content=chunks(), headers=as_role("operator"))
+    assert chunked.status_code == 413
+    assert client.get("/api/v1/regions", headers=as_role("viewer")).json() == []
+    audit = client.get("/api/v1/audit", headers=as_role("admin")).json()
+    assert [(a["actor"], a["status_code"]) for a in audit] == [("token:test-operator#2", 413)] * 2
