@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 # The cutover driver tests run real BIND9, BIRD 2 and HAProxy (Debian packages;
 # ExaBGP and dnspython come from PyPI through pyproject). Skipped when present;
 # `apt-get update` runs once, only when something is missing.
-SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy
+# deploy/'s tests render the overlays with kubectl (Debian's kubernetes-client)
+# and lint them with checkov, kept in its own venv: its pins would downgrade
+# boto3 and packaging in .venv.
+SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy kubectl:kubernetes-client
+CHECKOV_VENV := .lifeline/tools/checkov
 
 .PHONY: install system-deps demo test bench
 install: $(STAMP)
@@ -31,6 +35,8 @@ system-deps:
 	  $$sudo apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
+	@[ -x $(CHECKOV_VENV)/bin/checkov ] || { echo "installing checkov into $(CHECKOV_VENV)"; \
+	  $(PY) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30; }
 
 demo: $(STAMP)
 	$(BIN)/lifeline demo
