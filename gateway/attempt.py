@@ -52,9 +52,9 @@ class Attempt:
         }
         recovery = deps.settings.recovery
         prefill = len(self.payload["prompt"]) / recovery.prefill_tokens_per_s
-        floor = max(remaining, 0.01)
-        self.first_token_timeout = min(recovery.first_token_timeout.total_seconds() + prefill, floor)
-        self.stall_timeout = min(recovery.stall_timeout.total_seconds(), floor)
+        left = max(remaining, 0.01)  # never wait past the request's deadline
+        self.first_token_timeout = min(recovery.first_token_timeout.total_seconds() + prefill, left)
+        self.stall_timeout = min(recovery.stall_timeout.total_seconds(), left)
 
     async def tokens(self) -> AsyncIterator[Opened | EngineToken]:
         """`Opened`, then each new token; raises `EngineFailure`, `EngineRejected` or `RecoveryImpossible("diverged")`."""
