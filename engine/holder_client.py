@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -82,14 +81,6 @@ def map_weights(description: WeightsDescription) -> dict[str, torch.Tensor]:
         array = mapped[spec.offset:spec.offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
         weights[spec.name] = torch.from_numpy(array)
     return weights
-
-
-@dataclass
-class HeldWeights:
-    weights: dict[str, torch.Tensor]
-    attached: AttachResponse
-    attach_s: float
-    map_s: float
 
 
 class HolderTenancy:

@@ -37,13 +37,8 @@ from contract.holder import (
     TenantView,
     WeightsDescription,
 )
-from holder.errors import HolderError
+from holder.errors import BadRequest
 from holder.service import MemoryHolder
-
-
-class BadRequest(HolderError):
-    status_code = 400
-    error_type = "bad_request"
 
 
 def _holder(request: Request) -> MemoryHolder:

@@ -1,6 +1,7 @@
 """Errors the holder answers with, in the one Lifeline shape (`common.errors`).
 
     HolderError (500 holder_error)
+    ├── BadRequest (400 bad_request): a body that is not the documented JSON
     ├── UnknownTenant (404 unknown_tenant): heartbeat/confirm/release before attach
     ├── TenantSuperseded (409 tenant_superseded): a newer generation holds this tenant id
     ├── HolderNotReady (503 holder_not_ready): still replaying or loading
@@ -42,3 +43,8 @@ class KVPoolAbsent(HolderError):
 class KVConflict(HolderError):
     status_code = 409
     error_type = "kv_conflict"
+
+
+class BadRequest(HolderError):
+    status_code = 400
+    error_type = "bad_request"
