@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.settings import RecoveryStrategy
+from gateway.stream_request import StreamRequest
+
+
+def continuation_refused(request: StreamRequest) -> str | None:
+    """Why a stream with committed tokens cannot be continued from them (a resume), or None if it can."""
+    decision = decide(strategy=request.strategy, resumable=request.resumable, migrations=0, max_migrations=1,
+                      deadline_remaining=1.0, min_deadline_remaining=0.0, committed=1, stateful=request.stateful)
+    return None if decision.migrate or decision.reason != "not_resumable" else decision.message
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
 from gateway.engine_client import DRAINING, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
-from gateway.policy import decide
+from gateway.policy import continuation_refused, decide
 from gateway.router import Endpoint
 from gateway.settings import RecoveryStrategy
 from gateway.stream_request import StreamRequest
@@ -158,6 +158,8 @@ class StreamSession:
             deps.metrics.requests.labels(outcome=outcome).inc()
 
     async def _drive(self) -> AsyncIterator[Frame | object]:
+        if self.committed and (refusal := continuation_refused(self.request)):
+            raise RecoveryImpossible("not_resumable", refusal)  # a client resume of a stream that cannot continue
         while not self.finished:
             endpoint = await self._acquire()
             attempt = Attempt(self.deps, endpoint, self.request, self.committed,

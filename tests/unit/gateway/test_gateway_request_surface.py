@@ -96,3 +96,18 @@ async def test_a_stateful_stream_may_still_move_before_its_first_token(tiny_mode
     frames = await frames_of((await h.session(max_tokens=2, prefer="a", stateful=True)).run())
     assert [t for f in frames for t in f.token_ids] == [5, 6] and not any(f.kind == "error" for f in frames)
     assert h.engines.payloads[1][1]["prompt"] == [1, 2, 3]  # the grammar starts afresh with the same prompt
+
+
+async def test_a_client_resume_of_a_stateful_stream_ends_not_resumable(tiny_model):
+    """A client that reconnects after a hang-up must not get a continuation whose grammar restarted."""
+    from gateway.recovery import StreamSession
+    from gateway.token_log import Frame
+
+    h = Harness(tiny_model, ["a"])
+    await h.register()
+    session = await h.session(max_tokens=4, stateful=True)
+    frames = [Frame(seq=0, kind="token", epoch=1, token_ids=(5,), text="x")]
+    resumed = StreamSession.from_log(h.deps, session.request, h.tokenizer, epoch=1, frames=frames, migrations=0)
+    out = await frames_of(resumed.run())
+    assert [f.kind for f in out] == ["token", "error"] and out[1].error["type"] == "not_resumable"
+    assert h.engines.payloads == []  # nothing was sent to an engine
