@@ -182,3 +182,28 @@ def test_a_planned_engine_shutdown_migrates_without_the_retry_budget(cluster_fac
     assert result.error is None and result.token_ids == expected and result.done
     assert c.gateway.metric("lifeline_gateway_migrations_total", {"reason": "engine_draining"}) == 1
     leaving.process.wait(timeout=60)
+
+
+def test_a_huge_prompt_does_not_stall_streams_or_lease_renewals(cluster, expected):
+    """A 3.5 MB prompt is tokenized off the event loop: a concurrent stream finishes without a stall
+    migration, and the engine's lease renewals (TTL 2 s, through this gateway) never lapse, so its
+    generation is unchanged. A 10 MB body is refused with 413 before it is read."""
+    generation = cluster.gateway.leases()["steady"]
+    outcome: dict[str, object] = {}
+
+    def stream_meanwhile() -> None:
+        outcome["result"] = stream(cluster.gateway.url, GREEDY, {"X-Lifeline-Prefer-Instance": "steady"})
+
+    streamer = threading.Thread(target=stream_meanwhile)
+    streamer.start()
+    huge = {"model": "tiny", "prompt": "the standby region takes over " * 120_000, "max_tokens": 4}
+    response = httpx.post(f"{cluster.gateway.url}/v1/completions", json=huge, timeout=120)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"  # over the context
+    streamer.join(timeout=120)
+    result = outcome["result"]
+    assert result.error is None and result.token_ids == expected["greedy"]
+    assert set(result.epochs) == {0}  # never migrated: no stall
+    assert cluster.gateway.leases()["steady"] == generation  # renewals kept going
+    too_big = httpx.post(f"{cluster.gateway.url}/v1/completions", content=b"x" * (10 * 1024 * 1024),
+                         headers={"content-type": "application/json"}, timeout=60)
+    assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "request_too_large"
