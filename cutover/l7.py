@@ -196,6 +196,8 @@ class SnapshotL7Driver:
         started = self.clock.now()
         deadline = started + timeout.total_seconds()
         region = expected["target"]["region"]
+        # Bounded by polls as well as by the clock: a clock that does not move (a test's) cannot make it spin forever.
+        max_polls = int(timeout.total_seconds() / self.poll_interval_s) + 2
         polls = 0
         while True:
             polls += 1
@@ -222,6 +224,6 @@ class SnapshotL7Driver:
             evidence["time_to_effect_s"] = round(now - started, 6)
             if in_snapshot and caught_up:
                 return StepCheck(True, observed, evidence)
-            if now >= deadline:
+            if now >= deadline or polls >= max_polls:
                 return StepCheck(False, observed, evidence)
             self.sleep(min(self.poll_interval_s, max(0.0, deadline - now)))
