@@ -40,9 +40,16 @@ def create_app(
     engine = build_engine(settings.resolved_database_url(), timeouts=settings.database_timeouts())
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        engine.dispose()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from cutover.endpoints import start_expiry_loop
+
+        # Zonal shifts end by themselves at expiry, in every control-plane process (state in the DB).
+        expiry = start_expiry_loop(app.state)
+        try:
+            yield
+        finally:
+            expiry.stop()
+            engine.dispose()
 
     app = FastAPI(
         title="Lifeline control plane",
