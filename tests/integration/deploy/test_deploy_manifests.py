@@ -411,4 +411,10 @@ def test_each_region_gateway_and_agent_config_loads_with_its_environment(rendere
         assert settings.snapshot_cache is not None
         mounts = {m["mountPath"] for m in agent["volumeMounts"]}
         assert str(settings.snapshot_cache.parent) in mounts
-        assert str(gateway.routing.cache_path.parent) in {m["mountPath"] for m in container(by_name["gateway"], "gateway")["volumeMounts"]}
+        gateway_mounts = {m["mountPath"]: m for m in container(by_name["gateway"], "gateway")["volumeMounts"]}
+        assert str(gateway.routing.cache_path.parent) in gateway_mounts
+        # catalog locations on the models volume: the gateways read tokenizers where the engines read weights
+        assert gateway_mounts["/models"]["readOnly"] is True
+        claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod_spec(by_name["gateway"])["volumes"]}
+        assert claims[gateway_mounts["/models"]["name"]] == "lifeline-models"
+        assert any(d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "lifeline-models" for d in docs)
