@@ -11,7 +11,8 @@ completions to the gateway back to back, and records:
     promote         kill → the warm instance holds a lease (registered by the agent)
     time-to-effect  promotion → the first completion the gateway answers (lease → gateway → engine)
     service RTO     kill → the first completion answered after the kill failed (fault → new requests succeed)
-    backfill        kill → a new instance in z1 is warm again (a cold start: load + admission)
+    backfill        kill → a new instance in z1 is warm again (a cold start: load + admission); the agent
+                    then gives z1 its serving share back and demotes z2's instance, before the next round
 
     .venv/bin/python -m bench.pool [--rounds 5] [--write docs/benchmarks.md]
 """
@@ -92,13 +93,12 @@ async def run(rounds: int, workdir: Path) -> dict[str, list[float]]:
     ticking = asyncio.create_task(loop())
     try:
         for _ in range(rounds):
-            async def ready() -> bool:
-                return bool(zone_state("z1", InstanceState.SERVING) or zone_state("z2", InstanceState.SERVING)) and \
-                    bool(zone_state("z1", InstanceState.WARM) or zone_state("z2", InstanceState.WARM))
+            async def ready() -> bool:  # the plan's layout (after a round: backfilled and rebalanced)
+                return len(zone_state("z1", InstanceState.SERVING)) == 1 and len(zone_state("z2", InstanceState.WARM)) == 1
             await wait(ready)
             await wait(answered)
-            serving = [i for i in agent.instances.values() if i.state is InstanceState.SERVING][0]
-            standby = [i for i in agent.instances.values() if i.state is InstanceState.WARM][0]
+            serving = agent.instances[zone_state("z1", InstanceState.SERVING)[0]]
+            standby = agent.instances[zone_state("z2", InstanceState.WARM)[0]]
             killed_at = time.monotonic()
             os.kill(driver.pid(serving.instance_id), signal.SIGKILL)
 
@@ -110,7 +110,9 @@ async def run(rounds: int, workdir: Path) -> dict[str, list[float]]:
 
             detect, promote = await asyncio.gather(wait(unleased), wait(promoted))
             effect = await wait(answered)
-            backfilled = await wait(lambda: _true(zone_state(serving.zone, InstanceState.WARM)))
+            backfilled = await wait(lambda: _true(  # warm, and at once serving again (rebalanced in the same tick)
+                set(zone_state("z1", InstanceState.WARM) + zone_state("z1", InstanceState.SERVING))
+                - {serving.instance_id}))
             results["detect"].append(detect - killed_at)
             results["promote"].append(promote - killed_at)
             results["time-to-effect"].append(effect - promote)

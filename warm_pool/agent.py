@@ -72,6 +72,7 @@ class Instance:
     lease: Lease | None = None  # held by the agent
     canaries: int = 0
     canary_task: asyncio.Task | None = None
+    unleasable: str | None = None  # why a lease can never route to it (a generation it cannot match)
 
     @property
     def agent_leased(self) -> bool:
@@ -113,6 +114,7 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.actor = f"agent:{settings.region}"
         self._pool_seq = 0
+        self._draining: set[asyncio.Task] = set()
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -285,7 +287,7 @@ class Agent:
                 await self._release(instance)
             elif instance.lease is not None:
                 await self._renew(instance)
-            elif instance.origin == "external" and self._admitted(instance):
+            elif instance.origin == "external" and self._admitted(instance) and instance.unleasable is None:
                 await self._register(instance)
 
     def _admitted(self, instance: Instance) -> bool:
@@ -303,6 +305,15 @@ class Agent:
             log.warning("lease not registered", instance=instance.instance_id, error=str(exc)[:200])
             return
         log.info("lease registered for", instance=instance.instance_id, generation=instance.lease.generation)
+        identity = instance.health.identity if instance.health else None
+        if identity is not None and identity.generation != instance.lease.generation:
+            # The engine stamps its frames with its own generation (X-Lifeline-Generation); a lease under
+            # another one would have the gateway drop every frame as stale. Never route to it.
+            instance.unleasable = (f"engine stamps generation {identity.generation}; "
+                                   f"its lease would be {instance.lease.generation}")
+            await self._release(instance)
+            log.warning("lease refused: generations disagree", instance=instance.instance_id,
+                        reason=instance.unleasable)
 
     async def _renew(self, instance: Instance) -> None:
         if instance.lease is None:
@@ -365,11 +376,55 @@ class Agent:
             if not await self._promote(chosen, for_zone):
                 break
             serving.append(chosen)
+        await self._rebalance(mine, desired)
         for zone, zone_target in pool.zones.items():
             present = [i for i in mine if i.zone == zone and i.version == desired
                        and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
             for _ in range(zone_target.serving + zone_target.warm - len(present)):
                 await self._start(zone, desired)
+
+    async def _rebalance(self, mine: list[Instance], desired: str | None) -> None:
+        """One move a tick: a zone short of serving takes its own warm instance, an over-served zone retires one.
+
+        Serving where the plan put it matters for the next loss: the plan's replay assumes each zone
+        holds its share of the in-flight sequences. Promote first, then demote, so capacity never dips;
+        the retired instance drains (its streams finish or migrate) and is backfilled warm.
+        """
+        pool = self.settings.pool
+        if pool is None:
+            return
+        count = {z: sum(1 for i in mine if i.zone == z and i.state is InstanceState.SERVING) for z in pool.zones}
+        short = [z for z, t in pool.zones.items() if count[z] < t.serving]
+        over = sorted((z for z, t in pool.zones.items() if count[z] > t.serving),
+                      key=lambda z: count[z] - pool.zones[z].serving, reverse=True)
+        for zone in short:
+            warm = [i for i in mine if i.zone == zone and i.state is InstanceState.WARM and i.version == desired
+                    and i.verdict is Verdict.OK]
+            if not warm or not over:
+                continue
+            victim = next(i for i in mine if i.zone == over[0] and i.state is InstanceState.SERVING)
+            if not await self._promote(warm[0], zone):
+                return
+            await self._retire(victim, f"{zone} serves its own share again")
+            return
+
+    async def _retire(self, instance: Instance, reason: str) -> None:
+        """Serving → draining → gone, and backfill replaces it warm.
+
+        Not demoted to warm: the reference engine keeps the generation of its one lease, and a second
+        lease would carry another, so an instance is leased once in its life. The drain (SIGTERM: stop
+        taking requests, finish or hand back in-flight ones) runs in the background.
+        """
+        await self._release(instance)
+        instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DRAIN)
+        self.emit("pool.stopped", instance, f"{instance.zone}: serving → draining: {reason}", state="draining")
+        if self.driver is not None:
+            task = asyncio.create_task(self.driver.stop(instance.instance_id, graceful=True),
+                                       name=f"drain-{instance.instance_id}")
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+        instance.state = transition(instance.state, PoolEvent.STOPPED)
+        self._forget(instance.instance_id)
 
     async def _start(self, zone: str, version: str | None) -> None:
         if self.driver is None or version is None:
@@ -388,6 +443,8 @@ class Agent:
         await self._register(instance)
         if instance.lease is None:
             instance.state = transition(instance.state, PoolEvent.DEMOTED)
+            if instance.unleasable is not None:
+                await self._lose(instance, instance.unleasable)
             return False
         self.emit("pool.promoted", instance, f"warm → serving in {instance.zone} for {for_zone}'s shortfall",
                   state="serving", for_zone=for_zone)
@@ -439,6 +496,8 @@ class Agent:
             if instance.canary_task is not None:
                 instance.canary_task.cancel()
             await self._release(instance)
+        if self._draining:
+            await asyncio.gather(*self._draining, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
 

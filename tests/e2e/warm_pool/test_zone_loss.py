@@ -7,7 +7,7 @@ by the registry. With greedy streams running through the gateway — half of
 them pinned to z1's serving instance — every engine of z1 is SIGKILLed. The
 gateway migrates the z1 streams (request recovery, token-identical), the
 agent promotes z2's warm instance (service recovery: z2 alone serves the
-plan's N) and backfills z1.
+plan's N), backfills z1 and, once z1 is warm, restores the plan's layout.
 """
 
 from __future__ import annotations
@@ -115,16 +115,17 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
         migrated = [r for r in results if max(c.get("lifeline", {}).get("epoch", 0) for c in r.chunks) >= 1]
         assert len(migrated) >= 2  # the z1 streams moved; the test would prove nothing otherwise
 
-        async def recovered() -> bool:
-            return {lease.instance_id for lease in await registry.live()} == {z2_serving, z2_warm}
+        async def promoted() -> bool:
+            return z2_warm in {lease.instance_id for lease in await registry.live()}
 
-        await until(recovered, "z2's warm instance promoted; z2 alone serves the plan's N", timeout=30)
+        await until(promoted, "z2's warm instance promoted: z2 alone serves the plan's N", timeout=30)
         assert any(e.kind == "pool.promoted" and e.instance_id == z2_warm for e in shipper.buffer)
 
-        async def backfilled() -> bool:
-            return len(ids("z1", InstanceState.WARM)) == 2
+        async def restored() -> bool:  # the plan's layout again, with new instances in z1
+            leases = {lease.instance_id for lease in await registry.live()}
+            return await built() and not set(z1) & set(agent.instances) and not set(z1) & leases
 
-        await until(backfilled, "z1 backfilled to its serving + warm count, warm")
+        await until(restored, "z1 backfilled; one serving and one warm per zone again")
     finally:
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):

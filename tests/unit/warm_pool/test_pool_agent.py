@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from contract.canary import CanaryRecord
 from contract.lease import Lease, LeaseExpired, Registration, StaleGeneration
 from contract.snapshot import RoutingSnapshot
 from warm_pool.agent import Agent
+from warm_pool.budget import ProbeBudget
 from warm_pool.driver import PoolInstance
 from warm_pool.events import EventShipper
 from warm_pool.probe import Verdict
@@ -140,9 +142,11 @@ def make_agent(fleet: Fleet, clock: ManualClock, **settings) -> tuple[Agent, Mem
     registry = MemoryRegistry(clock)
     shipper = EventShipper(None, None)
     shipper.url = "kept"  # keep events in the buffer for the test to read
-    agent = Agent(AgentSettings(region="r1", **settings), registry=registry,
-                  http=httpx.AsyncClient(transport=fleet.transport()), clock=clock, shipper=shipper,
-                  canary_records={"v1": RECORD}, driver=settings.get("pool") and FakeDriver(fleet))
+    agent_settings = AgentSettings(region="r1", **settings)
+    budget = ProbeBudget(clock, per_instance_per_s=agent_settings.canary_per_instance_per_s, rng=random.Random(0))
+    agent = Agent(agent_settings, registry=registry, http=httpx.AsyncClient(transport=fleet.transport()), clock=clock,
+                  shipper=shipper, canary_records={"v1": RECORD}, driver=settings.get("pool") and FakeDriver(fleet),
+                  budget=budget)
     return agent, registry, shipper
 
 
@@ -167,10 +171,22 @@ async def test_external_engine_gets_a_lease_after_its_canary_and_loses_it_on_wro
     assert await registry.live() == []
 
 
+class StockVllm(ScriptedEngine):
+    """vLLM's surface: /health and the completions API, no /healthz/* and no generation header."""
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/healthz/"):
+            return httpx.Response(404) if self.live else super().handle(request)
+        if request.url.path == "/health":
+            return httpx.Response(200) if self.live else super().handle(request)
+        return super().handle(request)
+
+
 async def test_engine_that_stops_answering_loses_its_lease_at_the_next_probe() -> None:
     clock, fleet = ManualClock(), Fleet()
-    fleet.engines["e1"] = ScriptedEngine("e1")
-    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    fleet.engines["e1"] = StockVllm("e1")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for=[
+        {"url": "http://e1", "instance_id": "e1", "version": "v1", "zone": "z1"}])
     await settle(agent, clock, 2)
     generation = (await registry.live())[0].generation
     fleet.engines["e1"].live = False
@@ -220,10 +236,40 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     assert [lease.instance_id for lease in await registry.live()] == [promoted.instance_id]
     kinds = [(e.kind, e.detail.get("zone")) for e in shipper.buffer if e.kind.startswith("pool.")]
     assert ("pool.lost", "z1") in kinds and ("pool.promoted", "z2") in kinds
-    # z1 is backfilled cold, becomes warm; the region keeps serving 1 + warm 1
+    # z1 is backfilled cold, becomes warm and takes its serving share back; z2's instance is retired
+    # (leased once in its life) and z2 backfilled warm
+    await settle(agent, clock, 6)
+    assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
+        ("z1", InstanceState.SERVING), ("z2", InstanceState.WARM)]
+    [z1_serving] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    assert [lease.instance_id for lease in await registry.live()] == [z1_serving]
+    assert promoted.instance_id not in agent.instances and promoted.instance_id in agent.driver.stopped
+    assert [e.instance_id for e in shipper.buffer if e.kind == "pool.stopped"] == [promoted.instance_id]
+
+
+async def test_pool_puts_serving_where_the_plan_says_when_the_other_zone_loads_first(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    original_start = agent.driver.start
+
+    async def z1_loads_late(**kwargs):
+        instance = await original_start(**kwargs)
+        if kwargs["zone"] == "z1":
+            fleet.engines[instance.instance_id].live = False
+            loading.append(instance.instance_id)
+        return instance
+
+    loading: list[str] = []
+    agent.driver.start = z1_loads_late
+    agent.driver.alive = lambda instance_id: instance_id in fleet.engines  # loading is alive, just not answering
     await settle(agent, clock, 3)
     assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
-        ("z1", InstanceState.WARM), ("z2", InstanceState.SERVING)]
+        ("z1", InstanceState.COLD), ("z2", InstanceState.SERVING)]  # z2 serves z1's share meanwhile
+    fleet.engines[loading[0]].live = True
+    await settle(agent, clock, 6)
+    assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
+        ("z1", InstanceState.SERVING), ("z2", InstanceState.WARM)]
+    assert [lease.instance_id for lease in await registry.live()] == [loading[0]]
 
 
 async def test_pool_instance_with_wrong_output_is_never_warm_and_is_replaced(tmp_path: Path) -> None:
@@ -238,7 +284,7 @@ async def test_pool_instance_with_wrong_output_is_never_warm_and_is_replaced(tmp
         return instance
 
     agent.driver.start = corrupt_first
-    await settle(agent, clock, 6)
+    await settle(agent, clock, 10)
     bad = agent.driver.started[0].instance_id
     assert bad in agent.driver.stopped
     assert bad not in {lease.instance_id for lease in await registry.live()}
@@ -282,9 +328,24 @@ async def test_instances_serving_real_traffic_are_not_canaried() -> None:
     fleet.engines["idle"] = ScriptedEngine("idle")
     agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://busy,http://idle",
                                           canary_per_instance_per_s=0.5)
-    await settle(agent, clock, 2)  # admission canaries: one each
+    await settle(agent, clock, 2)  # admission canaries (and perhaps a first routine one)
+    before = fleet.engines["busy"].canaries
     for _ in range(60):  # 30 s at 0.5 s a tick; the gateways report busy's successes every tick
         agent.credit_served({"busy": clock.utcnow()})
         await settle(agent, clock)
-    assert fleet.engines["busy"].canaries == 1
+    assert fleet.engines["busy"].canaries == before
     assert fleet.engines["idle"].canaries >= 1 + 30 * 0.5 * 0.8 - 1
+
+
+async def test_reference_engine_is_not_leased_under_a_generation_it_does_not_stamp() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")  # /healthz/generation says 1, and so do its frames
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    assert (await registry.live())[0].generation == 1
+    fleet.engines["e1"].live = False
+    await settle(agent, clock)
+    fleet.engines["e1"].live = True
+    await settle(agent, clock, 3)
+    assert await registry.live() == []  # generation 2 would have the gateway drop every frame
+    assert agent.instances["e1"].unleasable == "engine stamps generation 1; its lease would be 2"
