@@ -566,7 +566,11 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
 
 
 def run_agent(settings: AgentSettings) -> None:
+    import logging
     import signal
+
+    # httpx logs every request at INFO: several probes per instance per second would drown the events
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async def main() -> None:
         stop = asyncio.Event()
