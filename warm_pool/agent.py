@@ -277,7 +277,8 @@ class Agent:
         self.emit("probe.verdict", instance, f"{before or 'unprobed'} → {verdict}: {reason}",
                   verdict=verdict.value, before=before.value if before else None, level=level,
                   canary_probes=instance.canaries, seen_for_s=round(self.clock.now() - instance.first_seen, 3),
-                  origin=instance.origin, version=instance.version)
+                  origin=instance.origin, version=instance.version,
+                  changes_routing=_routing_class(before) != _routing_class(verdict))
 
     async def apply_leases(self) -> None:
         for instance in list(self.instances.values()):
@@ -417,7 +418,8 @@ class Agent:
         """
         await self._release(instance)
         instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DRAIN)
-        self.emit("pool.stopped", instance, f"{instance.zone}: serving → draining: {reason}", state="draining")
+        self.emit("pool.stopped", instance, f"{instance.zone}: serving → draining: {reason}", state="draining",
+                  changes_routing=True)
         if self.driver is not None:
             task = asyncio.create_task(self.driver.stop(instance.instance_id, graceful=True),
                                        name=f"drain-{instance.instance_id}")
@@ -436,7 +438,8 @@ class Agent:
         instance = Instance(instance_id, started.url, zone, version, "pool", first_seen=now,
                             state=InstanceState.COLD, started_at=now)
         self.instances[instance_id] = instance
-        self.emit("pool.started", instance, f"backfill {zone}: start {version} cold", state="cold")
+        self.emit("pool.started", instance, f"backfill {zone}: start {version} cold", state="cold",
+                  changes_routing=False)
 
     async def _promote(self, instance: Instance, for_zone: str) -> bool:
         instance.state = transition(instance.state or InstanceState.WARM, PoolEvent.PROMOTED)
@@ -447,7 +450,7 @@ class Agent:
                 await self._lose(instance, instance.unleasable)
             return False
         self.emit("pool.promoted", instance, f"warm → serving in {instance.zone} for {for_zone}'s shortfall",
-                  state="serving", for_zone=for_zone)
+                  state="serving", for_zone=for_zone, changes_routing=True)
         return True
 
     async def _lose(self, instance: Instance, reason: str) -> None:
@@ -458,7 +461,8 @@ class Agent:
         if was is not None and was is not InstanceState.GONE:
             instance.state = transition(was, PoolEvent.LOST)
         self._forget(instance.instance_id)
-        self.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was))
+        self.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was),
+                  changes_routing=was is InstanceState.SERVING)
 
     def _forget(self, instance_id: str) -> None:
         instance = self.instances.pop(instance_id, None)
@@ -500,6 +504,14 @@ class Agent:
             await asyncio.gather(*self._draining, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
+
+
+def _routing_class(verdict: Verdict | None) -> str:
+    """What a gateway does with a verdict: the event says whether that changed (routing_tier l7 either way)."""
+    if verdict is None or verdict in EJECT:
+        return "out"
+    return {Verdict.OVERLOADED: "de-weighted", Verdict.DRAINING: "no new sessions",
+            Verdict.OLD_GENERATION: "no new sessions"}.get(verdict, "routed")
 
 
 def load_canary_file(path) -> dict[str, CanaryRecord]:

@@ -165,7 +165,7 @@ async def test_external_engine_gets_a_lease_after_its_canary_and_loses_it_on_wro
     assert await registry.live() == []
     [event] = [e for e in shipper.buffer if e.kind == "probe.verdict" and e.detail["verdict"] == "wrong_output"]
     assert "token 1 is 9, recorded 6" in event.reason
-    assert event.routing_tier == "l7" and event.actor == "agent:r1"
+    assert event.routing_tier == "l7" and event.actor == "agent:r1" and event.detail["changes_routing"] is True
     # never readmitted while the canary stays wrong
     await settle(agent, clock, 30)
     assert await registry.live() == []
@@ -236,6 +236,8 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     assert [lease.instance_id for lease in await registry.live()] == [promoted.instance_id]
     kinds = [(e.kind, e.detail.get("zone")) for e in shipper.buffer if e.kind.startswith("pool.")]
     assert ("pool.lost", "z1") in kinds and ("pool.promoted", "z2") in kinds
+    assert {e.kind: e.detail["changes_routing"] for e in shipper.buffer if e.kind.startswith("pool.")} == {
+        "pool.started": False, "pool.lost": True, "pool.promoted": True}
     # z1 is backfilled cold, becomes warm and takes its serving share back; z2's instance is retired
     # (leased once in its life) and z2 backfilled warm
     await settle(agent, clock, 6)
