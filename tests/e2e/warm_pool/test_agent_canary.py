@@ -3,7 +3,8 @@
 Two reference engines the agent holds leases for (`--renew-leases-for`, as
 for stock vLLM), a canary recorded from the healthy one, the Redis lease
 registry and the control-plane stand-in (`bench/controlplane_standin.py`)
-that collects the agent's events. One engine starts with
+that serves the snapshot (alias → version, the catalog's weights digest)
+and collects the agent's events. One engine starts with
 `--fault-corrupt-weights` and must never be leased; the other is corrupted
 in memory while it serves and must lose its lease within two canary rounds,
 with an event that says why.
@@ -81,12 +82,20 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
     canary_file = tmp_path / "canaries.json"
     canary_file.write_text(json.dumps({version: record.model_dump(mode="json")}))
 
+    # the snapshot names the version under alias prod with the catalog's weights digest (generation check)
+    identity = httpx.get(f"{healthy.url}/healthz/generation", timeout=5).json()
+    httpx.post(f"{standin.url}/_standin/snapshot", timeout=5, json={"version": 1, "models": {"tiny": {
+        "aliases": {"prod": {"version": version, "revision": 1}},
+        "versions": {version: {"version": version, "fingerprint": "f", "location": "/nowhere",
+                               "weights_digest": identity["weights_digest"]}}}}}).raise_for_status()
+
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     metrics_port = free_port()
     config = tmp_path / "agent.yaml"
+    snapshot_cache = tmp_path / "snapshot.json"
     config.write_text(yaml.safe_dump({
         "registry_prefix": prefix, "lease_ttl": 2.0, "probe_interval": 0.5, "probe_timeout": 1.5,
-        "canary_per_instance_per_s": 0.5}))
+        "canary_per_instance_per_s": 0.5, "snapshot_cache": str(snapshot_cache)}))
     log_path = tmp_path / "agent.log"
     with open(log_path, "ab") as log:
         agent = subprocess.Popen([
@@ -101,6 +110,7 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
             return {lease.instance_id for lease in reader.list_instances(REGION)}
 
         until(lambda: leased() == {"wp-healthy"}, "the healthy engine holds a lease")
+        assert json.loads(snapshot_cache.read_text())["version"] == 1  # the last good snapshot, on disk
 
         def verdict(instance_id: str, value: str) -> dict | None:
             return next((e for e in standin.events() if e["kind"] == "probe.verdict"
