@@ -78,7 +78,7 @@ def test_gateway_and_control_plane_start_without_torch() -> None:
 CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
     # shared pieces (one unit: they may use each other): no domain, no Alembic
     {"controlplane.config": "shared", "controlplane.db": "shared", "controlplane.errors": "shared",
-     "controlplane.body_limit": "shared",
+     "controlplane.body_limit": "shared", "controlplane.statement_deadline": "shared",
      "controlplane.types": "shared", "controlplane.deps": "shared"},
     # who is asking
     {"controlplane.auth": "auth"},
@@ -144,3 +144,12 @@ def test_control_plane_imports_no_data_plane_internals() -> None:
     offenders = {module: sorted(imported_packages(path) & {"engine", "gateway", "warm_pool", "holder"})
                  for module, path in _control_plane_files()}
     assert {m: p for m, p in offenders.items() if p} == {}
+
+
+def test_every_top_level_package_is_installed() -> None:
+    """A package missing from pyproject's list works from the repository root and nowhere else."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert sorted(p for p in packages if f"{p}*" not in include) == []
