@@ -46,8 +46,7 @@ from cutover.driver import (
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
 from cutover.drivers.dns import EXTERNAL_TTL_S, Rfc2136Driver, Route53Driver
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
-from tests.support.controlplane_testing import MotoServer
-from tests.support.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
+from lifeline.daemons import MotoServer, BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
 
 HEADING = "## Cutover drivers (bench/cutover_drivers.py)"
 TIMEOUT = timedelta(seconds=10)

@@ -20,7 +20,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from controlplane.config import ControlPlaneSettings
-from tests.support.controlplane_testing import MotoServer
+from lifeline.daemons import MotoServer
 
 pytestmark = pytest.mark.integration
 

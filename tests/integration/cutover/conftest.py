@@ -22,7 +22,7 @@ from cutover.driver import AnycastState, AnycastTarget, L7Target
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
 from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
-from tests.support.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
+from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
 
 # The seed's dual TTL: the external record moves at cutover, the internal one does not.
 REGION_A = "192.0.2.10"

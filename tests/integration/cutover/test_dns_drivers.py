@@ -19,8 +19,7 @@ from cutover.driver import (
 from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S, Rfc2136Driver, Route53Driver
 from lifeline.processes import free_port
 from tests.integration.cutover.conftest import REGION_A, REGION_B
-from tests.support.controlplane_testing import MotoServer
-from tests.support.daemons import BindServer
+from lifeline.daemons import MotoServer, BindServer
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract.snapshot import VersionEntry
 from gateway.artifacts import ArtifactLoader, ArtifactVerificationFailed
-from tests.support.controlplane_testing import MotoServer
+from lifeline.daemons import MotoServer
 from tests.support.snapshot_artifacts import write_version
 
 pytestmark = pytest.mark.integration

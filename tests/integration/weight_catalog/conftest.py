@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Any]:
     """moto's S3 emulator over real HTTP, one process for the session."""
-    from tests.support.controlplane_testing import MotoServer
+    from lifeline.daemons import MotoServer
 
     server = MotoServer()
     server.start()

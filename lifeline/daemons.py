@@ -1,4 +1,4 @@
-"""Real routing daemons on loopback for the cutover driver tests.
+"""Real daemons on loopback for the cutover drivers' tests, benchmarks and the demo.
 
 BIND9 (authoritative, RFC 2136 with TSIG), BIRD 2 (the observing BGP
 router), ExaBGP (one announcing speaker per zone) and HAProxy (runtime API
@@ -6,8 +6,9 @@ over TCP), each started in the foreground in its own temp dir on spare
 loopback ports and stopped by pid. The settings are the ones
 ../shared/ENVIRONMENT-NOTES.md found necessary on this kind of machine.
 
-A daemon that is not installed fails the test with the package to install
-(`make test` and `.ci/run` install them); it never skips. Every wait is
+A daemon that is not installed raises `DaemonMissing` naming the package to
+install (`make test` and `.ci/run` install them), so a test fails, never skips.
+`MotoServer` is moto's AWS emulator (S3, Route 53) as a real HTTP server. Every wait is
 bounded and raises with the daemon's log tail.
 """
 
@@ -25,10 +26,13 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from lifeline.processes import free_port
+
+
+class DaemonMissing(RuntimeError):
+    """A daemon the caller needs is not installed; the message names the package (CI installs it)."""
 
 
 def require_binary(name: str, package: str) -> str:
@@ -36,7 +40,7 @@ def require_binary(name: str, package: str) -> str:
     found = shutil.which(name) or next(
         (str(p) for p in (Path("/usr/sbin") / name, Path("/usr/bin") / name) if p.exists()), None)
     if found is None:
-        pytest.fail(f"{name} is not installed: `apt-get install -y {package}` "
+        raise DaemonMissing(f"{name} is not installed: `apt-get install -y {package}` "
                     f"(make test and .ci/run install it)", pytrace=False)
     return found
 
@@ -299,7 +303,7 @@ class ExaBgpSpeaker(DaemonProcess):
     def start(self) -> ExaBgpSpeaker:
         exabgp = shutil.which("exabgp") or str(Path(sys.executable).with_name("exabgp"))
         if not Path(exabgp).exists():
-            pytest.fail("exabgp is not installed: `pip install exabgp` (a dependency in pyproject.toml)",
+            raise DaemonMissing("exabgp is not installed: `pip install exabgp` (a dependency in pyproject.toml)",
                         pytrace=False)
         self.workdir.mkdir(parents=True, exist_ok=True)
         for fifo in (self.command_fifo, self.ack_fifo):
@@ -327,3 +331,50 @@ class ExaBgpSpeaker(DaemonProcess):
         self.spawn([exabgp, str(self.workdir / "exabgp.conf")], env=env)
         self.wait_until(lambda: self.router.established(self.peer), "Established with BIRD", timeout=30)
         return self
+
+class MotoServer:
+    """moto's S3 emulator as a real HTTP server in a child process."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        executable = Path(sys.executable).with_name("moto_server")
+        self.process = subprocess.Popen(
+            [str(executable), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("moto_server did not listen in time")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
