@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from controlplane.cli import controlplane_app
+from cutover.cli import cutover_app, zonal_shift_app
 from engine.cli import engine_app, model_app
 from gateway.cli import gateway_app
 from holder.cli import holder_app
@@ -23,6 +24,8 @@ app.add_typer(model_app, name="model", help="Build deterministic reference model
 app.add_typer(gateway_app, name="gateway", help="LLM-aware gateway: streams survive engine crashes.")
 app.add_typer(controlplane_app, name="controlplane", help="Central control plane (API, migrations, tokens).")
 app.add_typer(catalog_app, name="catalog", help="Weight-version catalog.")
+app.add_typer(cutover_app, name="cutover", help="Tiered cutovers (l7, mesh, anycast, dns): plan, execute, roll back.")
+app.add_typer(zonal_shift_app, name="zonal-shift", help="Take a zone out of routing until an expiry (at most 72 h).")
 app.add_typer(pool_app, name="pool", help="Warm pools sized for the loss of a zone.")
 app.add_typer(agent_app, name="agent", help="Regional agent: probes, canaries, leases for stock engines, pool.")
 app.add_typer(holder_app, name="holder", help="Memory holder: weights and KV blocks that outlive the engine.")
