@@ -2,19 +2,36 @@
 
 Field names and defaults follow vLLM so the gateway talks to this engine and
 to vLLM with the same code. The engine serves one choice per request.
+
+It implements none of the constrained-decoding fields (`logit_bias`,
+`response_format`, `guided_*`, penalties): a request that sets one to
+anything but its no-op value is refused with a 400 naming the field, never
+served as if the field were absent.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
 
-from contract.openai import ChatMessage, SamplingFields
+from pydantic import Field, ValidationInfo, field_validator
+
+from contract.openai import ChatMessage, ConstrainedDecodingFields, SamplingFields
+
+_NO_OP = {name: field.default for name, field in ConstrainedDecodingFields.model_fields.items()}
 
 
-class EngineSampling(SamplingFields):
+class EngineSampling(SamplingFields, ConstrainedDecodingFields):
     model: str | None = None
     max_tokens: int | None = None
     n: int = Field(1, ge=1, le=1, description="the reference engine serves one choice per request")
+
+    @field_validator(*_NO_OP)
+    @classmethod
+    def _not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
+        if value != _NO_OP[info.field_name] and not (info.field_name == "response_format" and value.type == "text"):
+            raise ValueError("the reference engine does not implement constrained decoding; "
+                             "serve such requests from vLLM")
+        return value
 
 
 class CompletionRequest(EngineSampling):

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.request_body import parse_json_body
+from engine.errors import BadRequest
+from engine.protocol import ChatCompletionRequest, CompletionRequest
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("logit_bias", {"5": 10.0}),
+    ("response_format", {"type": "json_object"}),
+    ("guided_regex", "[a-z]+"),
+    ("guided_choice", ["yes", "no"]),
+    ("presence_penalty", 0.5),
+    ("repetition_penalty", 1.2),
+])
+def test_constrained_decoding_is_refused_naming_the_field(field: str, value: object) -> None:
+    body = json.dumps({"prompt": "hi", field: value}).encode()
+    with pytest.raises(BadRequest) as refused:
+        parse_json_body(body, CompletionRequest, BadRequest)
+    assert refused.value.param == field
+
+
+def test_no_op_values_are_served() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"},
+            "presence_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
+    parsed = parse_json_body(json.dumps(body).encode(), ChatCompletionRequest, BadRequest)
+    assert parsed.constraint_fields() == {}
