@@ -1,0 +1,60 @@
+"""Drill errors, each with its HTTP status and stable type.
+
+    LifelineError
+    ├── NotFound (404): drill_not_found, drill_run_not_found
+    ├── Conflict (409): invalid_transition, drill_run_changed, approval_required,
+    │                   definition_exists, stop_condition_tripped (inside the runner only)
+    └── InvalidInput (422): outside_blast_radius, unsupported_drill
+"""
+
+from __future__ import annotations
+
+from controlplane.errors import Conflict, InvalidInput, NotFound
+
+
+class DrillNotFound(NotFound):
+    error_type = "drill_not_found"
+
+
+class DrillRunNotFound(NotFound):
+    error_type = "drill_run_not_found"
+
+
+class InvalidTransition(Conflict):
+    """The run's state machine has no such edge from its current state."""
+
+    error_type = "invalid_transition"
+
+
+class DrillRunChanged(Conflict):
+    """Another actor changed the run between our read and our compare-and-set."""
+
+    error_type = "drill_run_changed"
+
+
+class ApprovalRequired(Conflict):
+    """Zone and region drills start only after an operator approved the run."""
+
+    error_type = "approval_required"
+
+
+class DefinitionExists(Conflict):
+    error_type = "definition_exists"
+
+
+class OutsideBlastRadius(InvalidInput):
+    """The fault target is not named by the drill's blast radius, or the cap would be exceeded."""
+
+    error_type = "outside_blast_radius"
+
+
+class UnsupportedDrill(InvalidInput):
+    """No runner exists for this scope and fault (yet); the run is refused rather than faked."""
+
+    error_type = "unsupported_drill"
+
+
+class StopConditionTripped(Conflict):
+    """Raised inside the runner when a stop condition fires; the run is aborted and rolled back."""
+
+    error_type = "stop_condition_tripped"

@@ -1,0 +1,444 @@
+"""Runs an instance drill on a fleet: steady traffic, one fault inside the blast radius, measure, report.
+
+Promise measured: request recovery and semantic recovery (ARCHITECTURE "three
+promises"). Steady synthetic streaming traffic goes through the gateway with
+the official `openai` client, alternating greedy and seeded requests, each
+compared token by token with an undisturbed run made just before. The fault
+lands once `traffic.fault_after_tokens` tokens have reached the client, on
+one instance the blast radius names:
+
+    sigkill          the fleet kills the process (SIGKILL; the pool driver in production)
+    hang             the engine's fault admin: POST /admin/faults {"hang_after_tokens": now}
+    corrupt_weights  the engine's fault admin: POST /admin/faults {"corrupt_weights": true}
+
+Lifeline recovers on its own (the gateway migrates the streams); the runner
+only watches. Stop conditions (error rate, TTFT p99) are checked every time a
+request finishes; one crossed stops the traffic, rolls the fault back
+(faults cleared; a killed or corrupted instance restarted) and aborts the run.
+After the traffic, the fault is rolled back the same way, a canary (the
+greedy request, straight to each instance) measures RTO_quality, the
+`routing.tier` events written since the drill began are read back in order,
+and the run ends `passed` or `failed` with its report.
+
+A fault target outside the blast radius is refused before anything is
+touched (`OutsideBlastRadius`), and the run is aborted with that reason.
+
+Each state change is its own unit of work (commit per step, like cutover
+flows), so `GET /api/v1/drills/runs/{id}` shows `running` while traffic flows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from common.clock import Clock
+from common.logs import get_logger
+from controlplane.db import session_scope
+from controlplane.drill import measure, service
+from controlplane.drill.errors import OutsideBlastRadius, UnsupportedDrill
+from controlplane.drill.measure import RequestTrace
+from controlplane.drill.schemas import BlastRadius, StopConditions, Targets, Traffic
+from controlplane.drill.states import DrillFault, DrillRunEvent, DrillRunState, DrillScope
+
+log = get_logger(__name__)
+
+RUNNER_ACTOR = "drill-runner"
+
+
+class Fleet(Protocol):
+    """The serving fleet a drill acts on: local processes here, the pool driver in production."""
+
+    gateway_url: str
+
+    def instance_ids(self) -> list[str]: ...
+
+    def engine_url(self, instance_id: str) -> str: ...
+
+    def served_model(self, instance_id: str) -> str:
+        """The model name the engine itself answers to (for the canary, sent straight to it)."""
+
+    def kill(self, instance_id: str) -> None:
+        """SIGKILL the instance's process."""
+
+    def restart(self, instance_id: str) -> None:
+        """Bring the instance back (new generation) and wait until it is routable again."""
+
+
+class EventReader(Protocol):
+    def last_id(self) -> int: ...
+
+    def events_after(self, after_id: int) -> list[dict[str, Any]]: ...
+
+
+class HttpEventReader:
+    """Reads the control plane's event log over GET /api/v1/events (viewer token)."""
+
+    def __init__(self, controlplane_url: str, token: str, *, timeout: float = 5.0) -> None:
+        self.url = controlplane_url.rstrip("/") + "/api/v1/events"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.timeout = timeout
+
+    def _page(self, after_id: int) -> list[dict[str, Any]]:
+        response = httpx.get(self.url, params={"after_id": after_id, "limit": 1000}, headers=self.headers,
+                             timeout=self.timeout)
+        response.raise_for_status()
+        return sorted(response.json(), key=lambda e: e["id"])
+
+    def last_id(self) -> int:
+        return max((e["id"] for e in self.events_after(0)), default=0)
+
+    def events_after(self, after_id: int) -> list[dict[str, Any]]:
+        """Every event after `after_id`, oldest first, a page of 1000 at a time."""
+        out: list[dict[str, Any]] = []
+        while page := self._page(after_id):
+            out.extend(page)
+            after_id = page[-1]["id"]
+        return out
+
+
+@dataclass
+class DrillOutcome:
+    run_id: int
+    state: DrillRunState
+    report: dict[str, Any]
+
+
+@dataclass
+class _Live:
+    traces: list[RequestTrace] = field(default_factory=list)
+    tokens_seen: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def check_blast_radius(radius: BlastRadius, targets: list[str]) -> None:
+    """Refuse any target the blast radius does not name, and more targets than its cap."""
+    outside = [t for t in targets if not radius.allows_instance(t)]
+    if outside:
+        raise OutsideBlastRadius(f"fault target(s) {outside} are outside the blast radius {radius.instances}")
+    if len(set(targets)) > radius.max_instances:
+        raise OutsideBlastRadius(f"{len(set(targets))} targets exceed the blast radius cap of {radius.max_instances}")
+
+
+class InstanceDrillRunner:
+    """One instance drill run, start to report. `run()` is blocking (a Celery task or a CLI command calls it)."""
+
+    def __init__(self, *, factory: sessionmaker[Session], fleet: Fleet, clock: Clock,
+                 events: EventReader | None = None, model: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep, canary_timeout: float = 60.0,
+                 report_dir: Any = None) -> None:
+        self.factory = factory
+        self.fleet = fleet
+        self.clock = clock
+        self.events = events
+        self.model = model
+        self.sleep = sleep
+        self.canary_timeout = canary_timeout
+        self.report_dir = report_dir
+
+    # -- orchestration ------------------------------------------------------
+    def run(self, run_id: int, *, target: str | None = None) -> DrillOutcome:
+        with session_scope(self.factory) as session:
+            run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
+            definition = run.definition
+            scope, fault = DrillScope(definition.scope), DrillFault(definition.fault)
+            radius = BlastRadius.model_validate(definition.blast_radius)
+            stops = StopConditions.model_validate(definition.stop_conditions)
+            targets = Targets.model_validate(definition.targets)
+            traffic = Traffic.model_validate(definition.traffic)
+            model_name = self.model or definition.model
+            meta = {"drill": definition.name, "version": definition.version, "run": run.id, "model": definition.model,
+                    "scope": scope.value, "fault": fault.value, "region": definition.region,
+                    "expected_tier": definition.expected_tier, "blast_radius": radius.model_dump(mode="json"),
+                    "stop_conditions": stops.model_dump(mode="json")}
+        if scope != DrillScope.INSTANCE or fault not in (DrillFault.SIGKILL, DrillFault.HANG,
+                                                          DrillFault.CORRUPT_WEIGHTS):
+            raise UnsupportedDrill(f"no runner for a {scope} drill with fault {fault} on the local fleet yet")
+        victim = target or next((i for i in radius.instances if i in self.fleet.instance_ids()), None)
+        try:
+            if victim is None:
+                raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
+            check_blast_radius(radius, [victim])
+        except OutsideBlastRadius as refused:
+            with session_scope(self.factory) as session:
+                service.abort(session, run_id=run_id, reason=f"refused: {refused}", actor=RUNNER_ACTOR,
+                              clock=self.clock)
+            raise
+        with session_scope(self.factory) as session:
+            service.start(session, run_id=run_id, fault_target=victim, actor=RUNNER_ACTOR, clock=self.clock)
+
+        try:
+            return self._drive(run_id, meta, model_name, victim, fault, stops, targets, traffic)
+        except Exception as error:
+            log.error("drill_failed", run=run_id, error=repr(error))
+            self._roll_back(victim, fault)
+            with session_scope(self.factory) as session:
+                run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
+                if run.state == DrillRunState.RUNNING:
+                    service.advance(session, run=run, event=DrillRunEvent.ERROR, clock=self.clock,
+                                    failure=repr(error)[:2000])
+            raise
+
+    def _drive(self, run_id: int, meta: dict[str, Any], model_name: str, victim: str, fault: DrillFault,
+               stops: StopConditions, targets: Targets, traffic: Traffic) -> DrillOutcome:
+        first_event = self.events.last_id() if self.events is not None else 0
+        baselines = {mode: self._baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
+        expected = {mode: trace.token_ids for mode, trace in baselines.items()}
+        baseline_ttft = [t.ttft for t in baselines.values() if t.ttft is not None]
+        live = _Live()
+        fault_at: float | None = None
+        fault_wall: float | None = None
+        tripped: str | None = None
+
+        def one(index: int) -> None:
+            if live.stop.is_set():
+                return
+            mode = "greedy" if index % 2 == 0 else "seeded"
+            trace = RequestTrace(index=index, sampling=mode, started_at=self.clock.now())
+            with live.lock:
+                live.traces.append(trace)
+            self._stream(model_name, traffic, mode, trace, live, prefer=victim)
+
+        with ThreadPoolExecutor(max_workers=traffic.concurrency, thread_name_prefix="drill-traffic") as pool:
+            futures = [pool.submit(one, i) for i in range(traffic.requests)]
+            while not all(f.done() for f in futures):
+                if fault_at is None and live.tokens_seen >= traffic.fault_after_tokens:
+                    fault_at, fault_wall = self.clock.now(), self.clock.wall()
+                    self._inject(victim, fault)
+                with live.lock:
+                    snapshot = list(live.traces)
+                tripped = tripped or self._stop_condition(stops, snapshot)
+                if tripped:
+                    live.stop.set()
+                    break
+                self.sleep(0.02)
+            if tripped:
+                for future in futures:
+                    future.cancel()  # not started yet: never sent; in flight: finish (the gateway bounds them)
+        if fault_at is None:  # traffic ended before the threshold: fault now so the drill still drills
+            fault_at, fault_wall = self.clock.now(), self.clock.wall()
+            self._inject(victim, fault)
+
+        self._roll_back(victim, fault)
+        traces = sorted(live.traces, key=lambda t: t.index)
+        report = self._report(meta, victim, traces, expected, fault_at, fault_wall, first_event, targets,
+                              baseline_ttft, tripped, model_name, traffic)
+        with session_scope(self.factory) as session:
+            if tripped:
+                run = service.abort(session, run_id=run_id, reason=f"stop condition: {tripped}", actor=RUNNER_ACTOR,
+                                    clock=self.clock, report=report)
+                return DrillOutcome(run_id, DrillRunState(run.state), report)
+            run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
+            run = service.advance(session, run=run, event=DrillRunEvent.FAULT_CLEARED, clock=self.clock)
+        with session_scope(self.factory) as session:
+            run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
+            event = DrillRunEvent.PASS if report["passed"] else DrillRunEvent.FAIL
+            run = service.advance(session, run=run, event=event, clock=self.clock, report=report,
+                                  failure=None if report["passed"] else "; ".join(report["follow_ups"])[:2000])
+            return DrillOutcome(run_id, DrillRunState(run.state), report)
+
+    # -- traffic ------------------------------------------------------------
+    def _client(self) -> Any:
+        import openai  # the official client: the drill speaks to the gateway as any customer does
+
+        return openai.OpenAI(base_url=self.fleet.gateway_url.rstrip("/") + "/v1", api_key="drill",
+                             max_retries=0, timeout=120.0)
+
+    @staticmethod
+    def _body(traffic: Traffic, mode: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_tokens": traffic.max_tokens, "temperature": 0.0}
+        extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
+        if mode == "seeded":
+            body.update(temperature=1.0, top_p=0.95, seed=traffic.seed)
+        return {**body, "extra_body": extra}
+
+    def _baseline(self, model_name: str, traffic: Traffic, mode: str) -> RequestTrace:
+        """The undisturbed run every drill request is compared with, token by token."""
+        trace = RequestTrace(index=-1, sampling=mode, started_at=self.clock.now())
+        self._stream(model_name, traffic, mode, trace, _Live(), prefer=None)
+        if trace.error:
+            raise RuntimeError(f"the undisturbed {mode} run failed: {trace.error}")
+        return trace
+
+    def _stream(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
+                prefer: str | None) -> None:
+        headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
+        try:
+            stream = self._client().completions.create(model=model_name, prompt=traffic.prompt, stream=True,
+                                                       extra_headers=headers, **self._body(traffic, mode))
+            for chunk in stream:
+                now = self.clock.now()
+                lifeline = (chunk.model_extra or {}).get("lifeline") or {}
+                for choice in chunk.choices:
+                    ids = (choice.model_extra or {}).get("token_ids") or []
+                    for token_id in ids:
+                        trace.token_times.append(now)
+                        trace.token_ids.append(int(token_id))
+                    if ids:
+                        with live.lock:
+                            live.tokens_seen += len(ids)
+                        if "seq" in lifeline:
+                            trace.seqs.append(int(lifeline["seq"]))
+                        if "epoch" in lifeline:
+                            trace.epochs.append(int(lifeline["epoch"]))
+            if len(trace.token_ids) < traffic.max_tokens:
+                trace.error = f"stream ended after {len(trace.token_ids)} of {traffic.max_tokens} tokens"
+        except Exception as error:  # openai.APIError and transport errors alike: the request is lost
+            trace.error = f"{type(error).__name__}: {error}"[:500]
+        finally:
+            trace.ended_at = self.clock.now()
+
+    # -- fault and rollback ---------------------------------------------------
+    def _inject(self, victim: str, fault: DrillFault) -> None:
+        log.warning("drill_fault_injected", instance=victim, fault=fault.value)
+        if fault == DrillFault.SIGKILL:
+            self.fleet.kill(victim)
+            return
+        url = self.fleet.engine_url(victim) + "/admin/faults"
+        if fault == DrillFault.HANG:
+            sent = httpx.get(url, timeout=5.0).raise_for_status().json().get("tokens_sent", 0)
+            body = {"hang_after_tokens": sent}
+        else:
+            body = {"corrupt_weights": True}
+        httpx.post(url, json=body, timeout=5.0).raise_for_status()
+
+    def _roll_back(self, victim: str, fault: DrillFault) -> None:
+        """Put the victim back as it was: faults cleared; a killed or corrupted process restarted."""
+        if fault == DrillFault.HANG:
+            try:
+                httpx.post(self.fleet.engine_url(victim) + "/admin/faults", json={}, timeout=5.0).raise_for_status()
+                return
+            except httpx.HTTPError as error:
+                log.warning("drill_rollback_clear_failed", instance=victim, error=repr(error))
+        self.fleet.restart(victim)
+
+    # -- stop conditions ----------------------------------------------------
+    @staticmethod
+    def _stop_condition(stops: StopConditions, traces: list[RequestTrace]) -> str | None:
+        return stop_condition_tripped(stops, traces)
+
+    # -- measuring ----------------------------------------------------------
+    def _canary(self, model_name: str, traffic: Traffic, expected: list[int]) -> float | None:
+        """Until every serving instance answers the greedy request as the undisturbed run did; when (clock.now)."""
+        deadline = self.clock.now() + self.canary_timeout
+        body = {"model": model_name, "prompt": traffic.prompt, "max_tokens": traffic.max_tokens,
+                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+        while self.clock.now() < deadline:
+            passed = True
+            for instance in self.fleet.instance_ids():
+                try:
+                    response = httpx.post(self.fleet.engine_url(instance) + "/v1/completions",
+                                          json={**body, "model": self.fleet.served_model(instance)}, timeout=30.0)
+                    ok = response.status_code == 200 and response.json()["choices"][0]["token_ids"] == expected
+                except (httpx.HTTPError, KeyError, ValueError):
+                    ok = False
+                passed = passed and ok
+            if passed:
+                return self.clock.now()
+            self.sleep(0.2)
+        return None
+
+    def _report(self, meta: dict[str, Any], victim: str, traces: list[RequestTrace], expected: dict[str, list[int]],
+                fault_at: float, fault_wall: float, first_event: int, targets: Targets, baseline_ttft: list[float],
+                tripped: str | None, model_name: str, traffic: Traffic) -> dict[str, Any]:
+        comparisons = [measure.compare_tokens(expected[t.sampling], t.token_ids, t.seqs) for t in traces
+                       if not t.error]
+        lost = [t for t in traces if t.error]
+        quality_at = None if tripped else self._canary(model_name, traffic, expected["greedy"])
+        events = self.events.events_after(first_event) if self.events is not None else []
+        routing_events = [e for e in events if e.get("routing_tier")]
+        detection = None
+        event_offsets = []
+        for event in routing_events:
+            offset = datetime.fromisoformat(event["started_at"]).timestamp() - fault_wall
+            event_offsets.append((round(offset, 4), f"{event['routing_tier']} {event['kind']}"))
+            if detection is None and offset >= -0.001:
+                detection = max(0.0, offset)
+        if detection is None:  # no event log: the first migrated token at the client is the detection
+            moved = [tt for t in traces for tt, ep in zip(t.token_times, _epoch_per_token(t), strict=False) if ep > 0]
+            detection = (min(moved) - fault_at) if moved else None
+        ttft_target = (targets.ttft_target_ms / 1000.0 if targets.ttft_target_ms
+                       else 3 * max(baseline_ttft, default=1.0))
+        measured: dict[str, float | None] = {
+            "detection_s": detection,
+            "request_rto_s": measure.request_rto(traces, fault_at),
+            "rto_latency_s": measure.rto_latency(traces, fault_at, ttft_target),
+            "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
+            "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons)),
+            "requests_lost": float(len(lost)),
+        }
+        target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,
+                         "rto_quality_s": targets.rto_quality_s,
+                         "token_rpo_tokens": None if targets.token_rpo_tokens is None else float(targets.token_rpo_tokens),
+                         "requests_lost": 0.0}
+        verdicts = measure.verdicts(measured, target_values)
+        follow_ups = [f"{v.metric}: measured {_fmt(v.measured)} vs target {_fmt(v.target)}"
+                      for v in verdicts if v.met is False]
+        tiers = [e["routing_tier"] for e in routing_events]
+        if self.events is not None and meta["expected_tier"] not in tiers:
+            follow_ups.append(f"expected the {meta['expected_tier']} tier to act; events showed {tiers or 'none'}")
+        if tripped:
+            follow_ups.insert(0, f"aborted by stop condition: {tripped}; fault rolled back")
+        report = {
+            **meta,
+            "fault_target": victim,
+            "passed": not follow_ups and not tripped,
+            "aborted": tripped,
+            "fault_at_s": 0.0,
+            "measured": measured,
+            "targets": target_values,
+            "verdicts": [v.__dict__ for v in verdicts],
+            "follow_ups": follow_ups,
+            "requests": len(traces),
+            "migrated_streams": measure.migrated(traces),
+            "ttft_p99_s": measure.ttft_p99(traces),
+            "error_rate": measure.error_rate(traces),
+            "events": [{k: e.get(k) for k in ("id", "kind", "routing_tier", "actor", "reason", "scope",
+                                                "started_at", "outcome")} for e in events],
+            "routing_tiers_in_order": tiers,
+            "event_offsets": event_offsets,
+            # The timeline, relative to the fault (seconds): one row per request for the plot.
+            "timeline": [{"index": t.index, "sampling": t.sampling, "start": t.started_at - fault_at,
+                          "end": (t.ended_at - fault_at) if t.ended_at is not None else None,
+                          "tokens": [round(x - fault_at, 4) for x in t.token_times],
+                          "epochs": _epoch_per_token(t), "error": t.error} for t in traces],
+        }
+        if self.report_dir is not None:
+            from controlplane.drill.report import export_report
+
+            report["files"] = [str(p) for p in export_report(report, self.report_dir)]
+        return report
+
+
+def stop_condition_tripped(stops: StopConditions, traces: list[RequestTrace]) -> str | None:
+    """Pure: the first stop condition crossed by the finished requests, or None."""
+    finished = [t for t in traces if t.finished]
+    if len(finished) < stops.min_requests:
+        return None
+    rate = measure.error_rate(finished)
+    if stops.max_error_rate is not None and rate > stops.max_error_rate:
+        return f"error rate {rate:.2f} > {stops.max_error_rate:.2f}"
+    p99 = measure.ttft_p99(finished)
+    if stops.ttft_p99_ms is not None and p99 is not None and p99 * 1000.0 > stops.ttft_p99_ms:
+        return f"TTFT p99 {p99 * 1000.0:.1f} ms > {stops.ttft_p99_ms:.3f} ms"
+    return None
+
+
+def _epoch_per_token(trace: RequestTrace) -> list[int]:
+    # Epochs are recorded per chunk carrying tokens; chunks carry one token each on the gateway.
+    if len(trace.epochs) == len(trace.token_ids):
+        return trace.epochs
+    return [trace.epochs[-1] if trace.epochs else 0] * len(trace.token_ids)
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"

@@ -1,0 +1,158 @@
+"""Drill request and response shapes, shared by the API, the CLI and the runner."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controlplane.drill.states import DrillFault, DrillRunState, DrillScope
+from controlplane.types import Name, Reason, Text
+
+# Which scope each fault belongs to: an instance fault cannot be declared on a region, and so on.
+FAULT_SCOPES: dict[DrillFault, frozenset[DrillScope]] = {
+    DrillFault.SIGKILL: frozenset({DrillScope.INSTANCE}),
+    DrillFault.HANG: frozenset({DrillScope.INSTANCE}),
+    DrillFault.CORRUPT_WEIGHTS: frozenset({DrillScope.INSTANCE}),
+    DrillFault.ZONE_LOSS: frozenset({DrillScope.ZONE}),
+    DrillFault.REGION_LOSS: frozenset({DrillScope.REGION}),
+    DrillFault.CONTROLPLANE_DOWN: frozenset({DrillScope.REGION}),
+    DrillFault.REDIS_DOWN: frozenset({DrillScope.ZONE, DrillScope.REGION}),
+}
+
+
+class BlastRadius(BaseModel):
+    """Everything a drill may touch. The runner refuses any fault target not named here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    region: Name
+    instances: list[Name] = Field(default_factory=list, max_length=1000)
+    zones: list[Name] = Field(default_factory=list, max_length=100)
+    max_instances: int = Field(1, ge=1, le=1000, description="at most this many instances faulted in one run")
+
+    def allows_instance(self, instance_id: str) -> bool:
+        return instance_id in self.instances
+
+    def allows_zone(self, zone: str) -> bool:
+        return zone in self.zones
+
+
+class StopConditions(BaseModel):
+    """Bounds on the steady traffic; one crossed aborts the drill and rolls the fault back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_error_rate: float | None = Field(0.5, ge=0.0, le=1.0, description="failed / finished requests")
+    ttft_p99_ms: float | None = Field(None, gt=0, description="time to first token, p99 over finished requests")
+    min_requests: int = Field(1, ge=1, description="evaluate only once this many requests finished")
+
+
+class Targets(BaseModel):
+    """What the drill checks. Unset means not checked by this drill (and unverified in the SLO document)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rto_latency_s: float | None = Field(None, gt=0, description="fault → TTFT back within ttft_target_ms")
+    ttft_target_ms: float | None = Field(None, gt=0, description="the TTFT that counts as recovered")
+    rto_quality_s: float | None = Field(None, gt=0, description="fault → every serving instance answers as the baseline")
+    request_rto_s: float | None = Field(None, gt=0, description="largest gap between two tokens at the client")
+    token_rpo_tokens: int | None = Field(None, ge=0, description="tokens lost, duplicated or changed")
+    rpo_context_s: float | None = Field(None, gt=0, description="KV / session state that may be lost")
+    rpo_weight_versions: int | None = Field(None, ge=0, description="how far the standby's weights may lag")
+
+
+class Traffic(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int = Field(8, ge=1, le=10_000)
+    concurrency: int = Field(2, ge=1, le=64)
+    max_tokens: int = Field(24, ge=1, le=4096)
+    prompt: Text = "The standby region takes over when"
+    seed: int = 4242
+    # Fault after this many tokens reached the client (across all streams).
+    fault_after_tokens: int = Field(8, ge=0)
+    token_delay_ms: float = Field(0.0, ge=0, description="fault admin slows the victim so the fault lands mid-stream")
+
+
+class DrillSpec(BaseModel):
+    """POST /api/v1/drills: a new definition, or the next version of an existing name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    model: Name
+    scope: DrillScope
+    fault: DrillFault
+    blast_radius: BlastRadius
+    stop_conditions: StopConditions = Field(default_factory=StopConditions)
+    expected_tier: Literal["l7", "mesh", "zone", "anycast", "dns"] = "l7"
+    targets: Targets = Field(default_factory=Targets)
+    traffic: Traffic = Field(default_factory=Traffic)
+    description: Text = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DrillSpec:
+        if self.scope not in FAULT_SCOPES[self.fault]:
+            raise ValueError(f"fault {self.fault} is not a {self.scope} fault")
+        if self.scope == DrillScope.INSTANCE and not self.blast_radius.instances:
+            raise ValueError("blast_radius.instances: an instance drill names the instances it may fault")
+        if self.scope == DrillScope.ZONE and not self.blast_radius.zones:
+            raise ValueError("blast_radius.zones: a zone drill names the zones it may fault")
+        return self
+
+
+class DrillDefinitionRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    version: int
+    model: str
+    scope: DrillScope
+    fault: DrillFault
+    region: str
+    blast_radius: dict[str, Any]
+    stop_conditions: dict[str, Any]
+    expected_tier: str
+    targets: dict[str, Any]
+    traffic: dict[str, Any]
+    description: str
+    created_by: str
+    created_at: datetime
+
+
+class RunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = Field(None, ge=1, description="default: the latest version of the definition")
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Reason
+
+
+class DrillRunRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    definition_id: int
+    model: str
+    scope: DrillScope
+    state: DrillRunState
+    revision: int
+    trigger: str
+    requested_by: str
+    approved_by: str | None
+    approved_at: datetime | None
+    fault_target: str | None
+    abort_reason: str | None
+    failure: str | None
+    report: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
