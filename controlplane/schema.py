@@ -19,6 +19,7 @@ from controlplane.db import Base
 
 def metadata() -> MetaData:
     from controlplane.auth import models as auth_models  # noqa: F401
+    from controlplane.drill import models as drill_models  # noqa: F401
     from controlplane.event import models as event_models  # noqa: F401
     from controlplane.gateway_report import models as gateway_report_models  # noqa: F401
     from controlplane.routing_version import models as routing_version_models  # noqa: F401

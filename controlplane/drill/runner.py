@@ -194,6 +194,9 @@ class InstanceDrillRunner:
         baselines = {mode: self._baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
         expected = {mode: trace.token_ids for mode, trace in baselines.items()}
         baseline_ttft = [t.ttft for t in baselines.values() if t.ttft is not None]
+        if traffic.token_delay_ms:
+            # Slow the victim's tokens so the fault lands mid-stream; inside the blast radius, rolled back below.
+            self._admin(victim, {"token_delay_ms": traffic.token_delay_ms})
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
@@ -303,19 +306,22 @@ class InstanceDrillRunner:
         if fault == DrillFault.SIGKILL:
             self.fleet.kill(victim)
             return
-        url = self.fleet.engine_url(victim) + "/admin/faults"
+        current = httpx.get(self.fleet.engine_url(victim) + "/admin/faults", timeout=5.0).raise_for_status().json()
         if fault == DrillFault.HANG:
-            sent = httpx.get(url, timeout=5.0).raise_for_status().json().get("tokens_sent", 0)
-            body = {"hang_after_tokens": sent}
+            self._admin(victim, {"hang_after_tokens": current.get("tokens_sent", 0)})
         else:
-            body = {"corrupt_weights": True}
-        httpx.post(url, json=body, timeout=5.0).raise_for_status()
+            self._admin(victim, {"corrupt_weights": True})
+
+    def _admin(self, instance_id: str, faults: dict[str, Any]) -> None:
+        """POST the engine's fault admin: the whole fault set is replaced by `faults`."""
+        httpx.post(self.fleet.engine_url(instance_id) + "/admin/faults", json=faults,
+                   timeout=5.0).raise_for_status()
 
     def _roll_back(self, victim: str, fault: DrillFault) -> None:
         """Put the victim back as it was: faults cleared; a killed or corrupted process restarted."""
         if fault == DrillFault.HANG:
             try:
-                httpx.post(self.fleet.engine_url(victim) + "/admin/faults", json={}, timeout=5.0).raise_for_status()
+                self._admin(victim, {})
                 return
             except httpx.HTTPError as error:
                 log.warning("drill_rollback_clear_failed", instance=victim, error=repr(error))

@@ -1,0 +1,139 @@
+"""A local fleet for drills: a control plane (uvicorn, SQLite), one gateway, two engines with fault admin.
+
+The gateway ships its L7 events to the control plane, so a drill reads the
+`routing.tier` events it caused from GET /api/v1/events like an operator
+would. `LocalFleet` is the drill's `Fleet`: kill = SIGKILL to the engine's
+process; restart = a new process under the same instance id, which the
+registry gives a higher generation.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from common.clock import SystemClock
+from controlplane.app import create_app
+from controlplane.auth import service as auth_service
+from controlplane.auth.roles import Role
+from controlplane.config import ControlPlaneSettings
+from controlplane.db import build_engine, build_session_factory, session_scope
+from controlplane.schema import upgrade
+from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
+
+
+@dataclass
+class LocalFleet:
+    workdir: Path
+    model: Path
+    gateway: GatewayProcess
+    engines: dict[str, EngineProcess] = field(default_factory=dict)
+    started: list[EngineProcess] = field(default_factory=list)
+
+    @property
+    def gateway_url(self) -> str:
+        return self.gateway.url
+
+    def instance_ids(self) -> list[str]:
+        return sorted(self.engines)
+
+    def engine_url(self, instance_id: str) -> str:
+        return self.engines[instance_id].url
+
+    def served_model(self, instance_id: str) -> str:
+        return self.model.name
+
+    def start_engine(self, instance_id: str) -> EngineProcess:
+        previous = self.gateway.leases().get(instance_id, 0)
+        engine = EngineProcess(self.model, free_port(), instance_id, self.workdir / "state" / instance_id,
+                               self.workdir / f"{instance_id}-{len(self.started)}.log",
+                               extra_args=[*self.gateway.registry_args(), "--enable-fault-admin"])
+        self.started.append(engine)
+        engine.start()
+        engine.wait_ready()
+        self.gateway.wait_generation_above(instance_id, previous)
+        self.engines[instance_id] = engine
+        return engine
+
+    def kill(self, instance_id: str) -> None:
+        self.engines[instance_id].kill(signal.SIGKILL)
+
+    def restart(self, instance_id: str) -> None:
+        self.engines[instance_id].kill(signal.SIGKILL)
+        self.start_engine(instance_id)
+
+    def close(self) -> None:
+        for engine in self.started:
+            engine.kill()
+        self.gateway.kill()
+
+
+@dataclass
+class ControlPlane:
+    url: str
+    factory: Any
+    tokens: dict[str, str]
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def headers(self, role: str = "operator") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+@pytest.fixture(scope="module")
+def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    workdir = tmp_path_factory.mktemp("drill-controlplane")
+    url = f"sqlite:///{workdir / 'controlplane.sqlite3'}"
+    upgrade(url)
+    settings = ControlPlaneSettings(database_url=url, data_dir=workdir, artifact_roots=[workdir])
+    factory = build_session_factory(build_engine(url))
+    tokens = {}
+    with session_scope(factory) as session:
+        for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.GATEWAY):
+            _, tokens[role.value] = auth_service.create_token(session, name=f"drill-{role.value}", role=role,
+                                                              created_by="test", clock=SystemClock())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "control plane did not start"
+        time.sleep(0.05)
+    yield ControlPlane(base, factory, tokens, server, thread)
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def fleet(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    workdir = tmp_path_factory.mktemp("drill-fleet")
+    model = built_model("tiny", 0)
+    config = gateway_config(model, recovery={"stall_timeout": 1.0},
+                            routing={"controlplane_url": controlplane.url, "token": controlplane.tokens["gateway"],
+                                     "event_flush_interval": 0.1})
+    gateway = GatewayProcess(config, free_port(), workdir, replica_id="gw-drill")
+    gateway.start()
+    gateway.wait_live()
+    local = LocalFleet(workdir, model, gateway)
+    try:
+        for instance_id in ("survivor", "victim"):
+            local.start_engine(instance_id)
+        gateway.wait_routable("tiny", 2)
+        yield local
+    finally:
+        local.close()
+
+
+def faults(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/admin/faults", timeout=5).json()

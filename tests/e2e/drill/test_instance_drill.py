@@ -1,0 +1,107 @@
+"""Instance drills on the local fleet: real engines killed and hung behind a real gateway.
+
+Promise measured: request and semantic recovery. A SIGKILL drill passes with
+every greedy and seeded stream token-identical to the undisturbed run, the
+gateway's `l7` event read back from the control plane, and the report
+exported; a stop condition tripped on purpose aborts the drill and rolls the
+hang back; a target outside the blast radius is refused before anything is
+touched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.clock import SystemClock
+from controlplane.db import session_scope
+from controlplane.drill import service
+from controlplane.drill.errors import OutsideBlastRadius
+from controlplane.drill.runner import HttpEventReader, InstanceDrillRunner
+from controlplane.drill.schemas import DrillSpec
+from controlplane.drill.states import DrillRunState
+from tests.e2e.drill.conftest import faults
+
+pytestmark = pytest.mark.e2e
+
+CLEAR = {"exit_after_tokens": None, "hang_after_tokens": None, "token_delay_ms": 0.0, "first_token_delay_ms": 0.0,
+         "fail_next_requests": 0, "corrupt_weights": False}
+
+
+def define(controlplane, **overrides) -> int:
+    body = {"name": "kill-victim", "model": "tiny", "scope": "instance", "fault": "sigkill",
+            "blast_radius": {"region": "local", "instances": ["victim"], "max_instances": 1},
+            "stop_conditions": {"max_error_rate": 0.5},
+            "targets": {"request_rto_s": 30.0, "token_rpo_tokens": 0, "rto_quality_s": 120.0},
+            "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 24, "fault_after_tokens": 6,
+                        "token_delay_ms": 40.0}}
+    spec = DrillSpec.model_validate({**body, **overrides})
+    clock = SystemClock()
+    with session_scope(controlplane.factory) as session:
+        definition = service.define(session, spec=spec, actor="test", clock=clock)
+        return service.create_run(session, definition=definition, trigger="manual", actor="test", clock=clock).id
+
+
+def runner(controlplane, fleet, tmp_path: Path) -> InstanceDrillRunner:
+    return InstanceDrillRunner(factory=controlplane.factory, fleet=fleet, clock=SystemClock(),
+                               events=HttpEventReader(controlplane.url, controlplane.tokens["viewer"]),
+                               report_dir=tmp_path / "reports")
+
+
+def test_sigkill_drill_passes_token_identical_and_reports(controlplane, fleet, tmp_path):
+    run_id = define(controlplane)
+    generation_before = fleet.gateway.leases()["victim"]
+    outcome = runner(controlplane, fleet, tmp_path).run(run_id)
+    report = outcome.report
+    assert outcome.state == DrillRunState.PASSED, report["follow_ups"]
+    assert report["measured"]["token_rpo_tokens"] == 0
+    assert report["measured"]["requests_lost"] == 0
+    assert report["migrated_streams"] >= 1  # the fault landed mid-stream and the gateway moved it
+    assert report["measured"]["request_rto_s"] is not None
+    assert report["measured"]["rto_quality_s"] is not None
+    assert report["measured"]["detection_s"] is not None
+    assert "l7" in report["routing_tiers_in_order"]
+    # Rolled back: the victim serves again, as a newer generation.
+    assert fleet.gateway.leases()["victim"] > generation_before
+    md, js, png = (Path(p) for p in report["files"])
+    assert "## RTO measured vs target" in md.read_text()
+    assert json.loads(js.read_text())["run"] == run_id
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with session_scope(controlplane.factory) as session:
+        run = service.get_run_or_raise(session, run_id=run_id)
+        assert run.state == "passed" and run.report["measured"]["token_rpo_tokens"] == 0
+        assert run.fault_target == "victim"
+
+
+def test_stop_condition_tripped_on_purpose_aborts_and_rolls_back(controlplane, fleet, tmp_path):
+    # A TTFT p99 bound of 1 µs: the first finished request crosses it, with the hang in place.
+    run_id = define(controlplane, name="hang-victim", fault="hang",
+                    stop_conditions={"max_error_rate": None, "ttft_p99_ms": 0.001, "min_requests": 1},
+                    traffic={"requests": 6, "concurrency": 2, "max_tokens": 16, "fault_after_tokens": 0})
+    survivor_pid = fleet.engines["survivor"].process.pid
+    outcome = runner(controlplane, fleet, tmp_path).run(run_id)
+    assert outcome.state == DrillRunState.ABORTED
+    assert outcome.report["aborted"].startswith("TTFT p99")
+    assert outcome.report["requests"] < 6  # traffic stopped early
+    victim_faults = faults(fleet.engine_url("victim"))
+    assert {k: victim_faults[k] for k in CLEAR} == CLEAR  # the hang was rolled back
+    assert fleet.engines["survivor"].process.poll() is None and fleet.engines["survivor"].process.pid == survivor_pid
+    with session_scope(controlplane.factory) as session:
+        run = service.get_run_or_raise(session, run_id=run_id)
+        assert run.state == "aborted" and run.abort_reason.startswith("stop condition: TTFT p99")
+
+
+def test_target_outside_the_blast_radius_is_refused_untouched(controlplane, fleet, tmp_path):
+    run_id = define(controlplane, name="kill-victim-only")
+    survivor = fleet.engines["survivor"]
+    before = faults(survivor.url)
+    with pytest.raises(OutsideBlastRadius):
+        runner(controlplane, fleet, tmp_path).run(run_id, target="survivor")
+    assert survivor.process.poll() is None
+    assert faults(survivor.url) == before
+    with session_scope(controlplane.factory) as session:
+        run = service.get_run_or_raise(session, run_id=run_id)
+        assert run.state == "aborted" and run.abort_reason.startswith("refused")
+        assert run.started_at is None
