@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import uuid
 from pathlib import Path
 
@@ -100,9 +101,11 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
         reference = (await http.post(f"{agent.instances[z2_serving].url}/v1/completions", timeout=60,
                                      json={**BODY, "model": tiny_model.name})).json()["choices"][0]["token_ids"]
 
-        streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target))  # half start in z1
-                   for target in (z1_serving, z1_serving, z2_serving, z2_serving)]
-        await asyncio.sleep(0.6)  # a few tokens in: 48 tokens at 40 ms each take about 2 s
+        started = [threading.Event() for _ in range(4)]
+        streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target, first_token))
+                   for target, first_token in zip((z1_serving, z1_serving, z2_serving, z2_serving), started)]
+        # kill once every stream has its first token (48 tokens at 40 ms each leave ~2 s to go)
+        assert await asyncio.to_thread(lambda: all(event.wait(60) for event in started))
         for instance_id in z1:
             os.kill(driver.pid(instance_id), signal.SIGKILL)
         results = await asyncio.gather(*streams)
@@ -136,7 +139,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
         gateway.kill()
 
 
-def _stream(base_url: str, prefer: str) -> StreamResult:
+def _stream(base_url: str, prefer: str, first_token: threading.Event) -> StreamResult:
     """stream_completion with the pinning header (tests.support.sse takes no headers)."""
     import json
 
@@ -158,4 +161,6 @@ def _stream(base_url: str, prefer: str) -> StreamResult:
                 result.chunks.append(chunk)
                 if chunk.get("choices"):
                     result.token_ids += chunk["choices"][0].get("token_ids", [])
+                if result.token_ids:
+                    first_token.set()
     return result
