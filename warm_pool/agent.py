@@ -170,20 +170,27 @@ class Agent:
     async def observe(self) -> None:
         now = self.clock.now()
         leases = {lease.instance_id: lease for lease in await self.registry.live()}
+        ours = {engine.url.rstrip("/") for engine in self.settings.renew_leases_for}
         for instance_id, lease in leases.items():
-            if instance_id not in self.instances:
+            if instance_id not in self.instances and lease.url.rstrip("/") not in ours:
                 self.instances[instance_id] = Instance(instance_id, lease.url, lease.zone, lease.version,
                                                        "registry", first_seen=now)
         for instance_id, instance in list(self.instances.items()):
             if instance.origin == "registry" and instance_id not in leases:
                 self._forget(instance_id)  # its own lease lapsed or was released: not ours to act on
         known_urls = {i.url for i in self.instances.values()}
+        held = {lease.url.rstrip("/"): lease for lease in leases.values()}
         for engine in self.settings.renew_leases_for:
             if engine.url.rstrip("/") not in known_urls:
-                await self._adopt(engine, now)
+                await self._adopt(engine, now, held.get(engine.url.rstrip("/")))
 
-    async def _adopt(self, engine: ExternalEngine, now: float) -> None:
+    async def _adopt(self, engine: ExternalEngine, now: float, live: Lease | None = None) -> None:
+        """Track an engine the agent leases for; a live lease for its url (a restarted agent's) is taken over."""
         url = engine.url.rstrip("/")
+        if live is not None:
+            self.instances[live.instance_id] = Instance(live.instance_id, url, live.zone, live.version, "external",
+                                                        now, lease=live)
+            return
         instance_id, version, zone = engine.instance_id, engine.version, engine.zone
         if None in (instance_id, version, zone):
             try:

@@ -351,3 +351,18 @@ async def test_reference_engine_is_not_leased_under_a_generation_it_does_not_sta
     await settle(agent, clock, 3)
     assert await registry.live() == []  # generation 2 would have the gateway drop every frame
     assert agent.instances["e1"].unleasable == "engine stamps generation 1; its lease would be 2"
+
+
+async def test_a_restarted_agent_takes_over_the_lease_it_held_before() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    [before] = await registry.live()
+    # the agent process dies without releasing; a new one starts within the TTL on the same registry
+    successor = Agent(agent.settings, registry=registry, http=agent.http, clock=clock, shipper=shipper,
+                      canary_records={"v1": RECORD})
+    await settle(successor, clock, 8)
+    [after] = await registry.live()
+    assert (after.instance_id, after.generation) == (before.instance_id, before.generation)  # renewed, not re-registered
+    assert successor.instances["e1"].origin == "external"
