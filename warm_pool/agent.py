@@ -53,6 +53,7 @@ log = get_logger(__name__)
 
 Origin = Literal["registry", "external", "pool"]
 KEEPS_LEASE = frozenset({Verdict.OK, Verdict.OVERLOADED, Verdict.OLD_GENERATION})
+WARM_FAILURES_TO_REPLACE = 3  # consecutive failed health probes before a warm instance is replaced
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Instance:
     canaries: int = 0
     canary_task: asyncio.Task | None = None
     unleasable: str | None = None  # why a lease can never route to it (a generation it cannot match)
+    failed_probes: int = 0  # consecutive failed health probes
 
     @property
     def agent_leased(self) -> bool:
@@ -224,6 +226,7 @@ class Agent:
 
         for instance, result in zip(targets, await asyncio.gather(*(one(i) for i in targets)), strict=True):
             instance.health = result
+            instance.failed_probes = 0 if result.ok else instance.failed_probes + 1
             if result.identity is not None and result.identity.model != instance.version:
                 instance.version = result.identity.model
             self.metrics.probes.labels(result.verdict.value).inc()
@@ -367,7 +370,11 @@ class Agent:
                     await self._lose(instance, f"admission canary failed: {instance.canary.reason}")
                 elif instance.started_at is not None and now - instance.started_at > pool.start_timeout.total_seconds():
                     await self._lose(instance, f"not warm within {pool.start_timeout.total_seconds():g} s")
-            elif instance.verdict in EJECT:
+            elif instance.verdict in EJECT and (instance.state is not InstanceState.WARM or
+                                                instance.verdict is Verdict.WRONG_OUTPUT or
+                                                instance.failed_probes >= WARM_FAILURES_TO_REPLACE):
+                # A serving instance's lease is gone already and it is leased once in its life; a warm one
+                # rides out a blip (never promoted meanwhile) unless its output is wrong.
                 await self._lose(instance, f"ejected: {instance.reason}")
         mine = [i for i in self.instances.values() if i.origin == "pool"]
         target = sum(z.serving for z in pool.zones.values())

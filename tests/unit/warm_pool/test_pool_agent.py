@@ -366,3 +366,19 @@ async def test_a_restarted_agent_takes_over_the_lease_it_held_before() -> None:
     [after] = await registry.live()
     assert (after.instance_id, after.generation) == (before.instance_id, before.generation)  # renewed, not re-registered
     assert successor.instances["e1"].origin == "external"
+
+
+async def test_warm_instance_rides_out_a_blip_but_not_a_failure(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    agent.driver.alive = lambda instance_id: instance_id in fleet.engines  # unreachable is not exited
+    await settle(agent, clock, 4)
+    [warm] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.WARM]
+    fleet.engines[warm].live = False
+    await settle(agent, clock, 2)
+    fleet.engines[warm].live = True
+    await settle(agent, clock, 2)
+    assert agent.instances[warm].state is InstanceState.WARM  # two failed probes: kept
+    fleet.engines[warm].live = False
+    await settle(agent, clock, 3)
+    assert warm not in agent.instances and warm in agent.driver.stopped
