@@ -54,6 +54,16 @@ class ControlPlaneSettings(BaseSettings):
     database_statement_timeout: timedelta = timedelta(seconds=30)
     database_pool_timeout: timedelta = timedelta(seconds=10)
 
+    # Celery broker: amqp://guest:guest@127.0.0.1:5672// (RabbitMQ) or redis://…;
+    # unset runs tasks in-process (the embedded default). See controlplane/celery_app.py.
+    celery_broker_url: str | None = None
+    # How often beat asks which drills are due (their cadence is per scope: weekly, monthly, quarterly).
+    drill_cadence_check: timedelta = timedelta(hours=1)
+    # The fleet a scheduled drill acts on (controlplane/drill/fleet.py); unset: runs wait to be run by hand.
+    drill_fleet_file: Path | None = None
+    # Where drill reports (Markdown, JSON, timeline PNG) are written; unset: the database only.
+    drill_report_dir: Path | None = None
+
     def database_timeouts(self) -> DatabaseTimeouts:
         from controlplane.db import DatabaseTimeouts
 

@@ -2,8 +2,7 @@
 
     LifelineError
     ├── NotFound (404): drill_not_found, drill_run_not_found
-    ├── Conflict (409): invalid_transition, drill_run_changed, approval_required,
-    │                   definition_exists, stop_condition_tripped (inside the runner only)
+    ├── Conflict (409): invalid_transition, drill_run_changed, approval_required
     └── InvalidInput (422): outside_blast_radius, unsupported_drill
 """
 
@@ -38,10 +37,6 @@ class ApprovalRequired(Conflict):
     error_type = "approval_required"
 
 
-class DefinitionExists(Conflict):
-    error_type = "definition_exists"
-
-
 class OutsideBlastRadius(InvalidInput):
     """The fault target is not named by the drill's blast radius, or the cap would be exceeded."""
 
@@ -52,9 +47,3 @@ class UnsupportedDrill(InvalidInput):
     """No runner exists for this scope and fault (yet); the run is refused rather than faked."""
 
     error_type = "unsupported_drill"
-
-
-class StopConditionTripped(Conflict):
-    """Raised inside the runner when a stop condition fires; the run is aborted and rolled back."""
-
-    error_type = "stop_condition_tripped"

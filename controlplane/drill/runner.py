@@ -211,6 +211,8 @@ class InstanceDrillRunner:
                 live.traces.append(trace)
             self._stream(model_name, traffic, mode, trace, live, prefer=victim)
 
+        next_abort_check = self.clock.now()
+        operator_abort: str | None = None
         with ThreadPoolExecutor(max_workers=traffic.concurrency, thread_name_prefix="drill-traffic") as pool:
             futures = [pool.submit(one, i) for i in range(traffic.requests)]
             while not all(f.done() for f in futures):
@@ -220,6 +222,10 @@ class InstanceDrillRunner:
                 with live.lock:
                     snapshot = list(live.traces)
                 tripped = tripped or self._stop_condition(stops, snapshot)
+                if not tripped and self.clock.now() >= next_abort_check:
+                    next_abort_check = self.clock.now() + 0.5
+                    operator_abort = self._aborted_by_operator(run_id)
+                    tripped = operator_abort
                 if tripped:
                     live.stop.set()
                     break
@@ -235,6 +241,8 @@ class InstanceDrillRunner:
         traces = sorted(live.traces, key=lambda t: t.index)
         report = self._report(meta, victim, traces, expected, fault_at, fault_wall, first_event, targets,
                               baseline_ttft, tripped, model_name, traffic)
+        if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
+            return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
             if tripped:
                 run = service.abort(session, run_id=run_id, reason=f"stop condition: {tripped}", actor=RUNNER_ACTOR,
@@ -331,6 +339,13 @@ class InstanceDrillRunner:
     @staticmethod
     def _stop_condition(stops: StopConditions, traces: list[RequestTrace]) -> str | None:
         return stop_condition_tripped(stops, traces)
+
+    def _aborted_by_operator(self, run_id: int) -> str | None:
+        with session_scope(self.factory) as session:
+            run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
+            if run.state == DrillRunState.ABORTED:
+                return f"aborted by an operator: {run.abort_reason}"
+        return None
 
     # -- measuring ----------------------------------------------------------
     def _canary(self, model_name: str, traffic: Traffic, expected: list[int]) -> float | None:

@@ -90,8 +90,12 @@ CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
      "controlplane.gateway_report": "gateway_report"},
     # reads topology and the catalog
     {"controlplane.snapshot": "snapshot"},
+    # drills (use the event log) and the SLO documents that cite their runs
+    {"controlplane.drill": "drill"},
+    {"controlplane.slo": "slo"},
     # the composition root
     {"controlplane.app": "root", "controlplane.api": "root", "controlplane.cli": "root", "controlplane.schema": "root",
+     "controlplane.celery_app": "root",
      "migrations": "root", "lifeline": "root"},
 ]
 
