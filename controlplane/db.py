@@ -90,7 +90,9 @@ class DatabaseTimeouts:
     PostgreSQL's `statement_timeout` (None: none, for migrations); on
     SQLite the busy timeout, how long a writer queues for the write lock.
     pool: how long a request waits for a pooled connection. Keepalives
-    notice a peer that vanished from the network mid-query.
+    notice a peer that vanished from the network mid-query; a server that
+    is alive to TCP but silent on an established connection is cut off by
+    `controlplane.statement_deadline` at statement timeout plus a grace.
     """
 
     connect: timedelta = timedelta(seconds=5)
@@ -127,8 +129,17 @@ def build_engine(url: str, *, timeouts: DatabaseTimeouts = DatabaseTimeouts()) -
     }
     if timeouts.statement is not None:
         connect_args["options"] = f"-c statement_timeout={int(timeouts.statement.total_seconds() * 1000)}"
-    return create_engine(url, pool_pre_ping=True, pool_timeout=timeouts.pool.total_seconds(),
-                         connect_args=connect_args)
+    # pool_pre_ping's ping cannot be given a deadline; with one, the guarded ping in `checkout` replaces it.
+    engine = create_engine(url, pool_pre_ping=timeouts.statement is None, pool_timeout=timeouts.pool.total_seconds(),
+                           connect_args=connect_args)
+    if timeouts.statement is not None:
+        from controlplane import statement_deadline
+
+        # The server's statement_timeout answers first while it can; this is for when it cannot.
+        statement_s = timeouts.statement.total_seconds()
+        statement_deadline.install(engine, statement_s=statement_s + max(1.0, statement_s * 0.1),
+                                   ping_s=max(2.0, timeouts.connect.total_seconds()))
+    return engine
 
 
 def build_session_factory(engine: Engine, *, read_only: bool = False) -> sessionmaker[Session]:
