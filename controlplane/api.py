@@ -13,6 +13,7 @@ from controlplane.drill.endpoints import router as drill_router
 from controlplane.event.endpoints import router as event_router
 from controlplane.gateway_report.endpoints import router as gateway_report_router
 from controlplane.snapshot.endpoints import router as snapshot_router
+from controlplane.slo.endpoints import router as slo_router
 from controlplane.topology.endpoints import router as topology_router
 from cutover.endpoints import router as cutover_router
 from weight_catalog.endpoints import router as catalog_router
@@ -55,7 +56,7 @@ def document_errors(route: APIRoute) -> None:
 def build_api_router() -> APIRouter:
     api = APIRouter(prefix="/api/v1")
     for router in (auth_router, topology_router, snapshot_router, event_router, gateway_report_router,
-                   catalog_router, cutover_router, drill_router):
+                   catalog_router, cutover_router, drill_router, slo_router):
         # On the domain's own routes, before including: FastAPI includes
         # routers lazily, so the including router holds no APIRoutes to edit.
         for route in router.routes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import typer
 
 from controlplane.cli import controlplane_app
+from controlplane.drill.cli import drill_app
+from controlplane.slo.cli import slo_app
 from cutover.cli import cutover_app, zonal_shift_app
 from engine.cli import engine_app, model_app
 from gateway.cli import gateway_app
@@ -29,6 +31,8 @@ app.add_typer(zonal_shift_app, name="zonal-shift", help="Take a zone out of rout
 app.add_typer(pool_app, name="pool", help="Warm pools sized for the loss of a zone.")
 app.add_typer(agent_app, name="agent", help="Regional agent: probes, canaries, leases for stock engines, pool.")
 app.add_typer(holder_app, name="holder", help="Memory holder: weights and KV blocks that outlive the engine.")
+app.add_typer(drill_app, name="drill", help="Drills: instance weekly, zone monthly, region quarterly.")
+app.add_typer(slo_app, name="slo", help="SLO documents that state only what a drill measured.")
 app.command("demo")(demo)
 
 if __name__ == "__main__":  # pragma: no cover

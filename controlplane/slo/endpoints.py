@@ -1,0 +1,26 @@
+"""GET /api/v1/slo/{model}?format=json|md|html: the model's SLO document, generated on request (viewer)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from controlplane.auth.dependencies import Viewer
+from controlplane.db import DbSession
+from controlplane.deps import ClockDep, NamePath
+from controlplane.slo import export, service
+from controlplane.slo.schemas import SloDocument
+
+router = APIRouter(tags=["slo"])
+
+
+@router.get("/slo/{model}", response_model=SloDocument,
+            responses={200: {"content": {"text/markdown": {}, "text/html": {}}}})
+def slo_document(model: NamePath, session: DbSession, _: Viewer, clock: ClockDep,
+                 format: Annotated[export.Format, Query()] = "json") -> Any:  # noqa: A002 - the query's name
+    document = service.build(session, model=model, clock=clock)
+    if format == "json":
+        return document
+    return Response(export.render(document, format), media_type=export.MEDIA_TYPES[format])

@@ -1,0 +1,112 @@
+"""Build a model's SLO document from its drill definitions (targets) and drill runs (evidence).
+
+No figure without evidence (seed §7 principle 5, issue 14): for each target
+the latest ended run of a drill that declares it decides the status:
+
+    never ran                        unverified ("never drilled")
+    last run failed or aborted       unverified (the run is named)
+    last run older than its cadence  unverified ("stale": instance 7 d, zone 30 d, region 91 d)
+    passed, fresh, value ≤ target    measured, with the value and the run id
+
+Where several drills declare one metric the strictest target is the
+document's, and a run that measured it against a looser target does not
+verify it. Never commits.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+
+from common.clock import Clock
+from controlplane.drill import repository as drill_repository
+from controlplane.drill.models import DrillDefinition, DrillRun
+from controlplane.drill.service import DEFAULT_CADENCE
+from controlplane.drill.states import DrillRunState, DrillScope
+from controlplane.slo.schemas import CatalogView, SloDocument, SloFigure, TripleEntry
+from weight_catalog import repository as catalog_repository
+
+# metric → (label, unit)
+FIGURES: dict[str, tuple[str, str]] = {
+    "rto_latency_s": ("RTO_latency: fault → TTFT back within target", "s"),
+    "rto_quality_s": ("RTO_quality: fault → canary passes on every serving instance", "s"),
+    "rpo_weight_versions": ("RPO_weight: how far the standby's weights may lag", "versions"),
+    "rpo_context_s": ("RPO_context: KV / session state that may be lost", "s"),
+    "request_rto_s": ("request RTO: largest gap at the client", "s"),
+    "token_rpo_tokens": ("token RPO: tokens lost, duplicated or changed", "tokens"),
+}
+
+TRIPLE: list[tuple[str, str, str, str, str, list[str]]] = [
+    ("W", "weights",
+     "nothing on an instance loss: weights are reloaded from the catalog's checksummed artifacts",
+     "the version the alias names (sha256 per shard, semantic fingerprint)",
+     "a new instance or the warm pool serves the same version; quality is back when the canary passes",
+     ["rto_latency_s", "rto_quality_s", "rpo_weight_versions"]),
+    ("K", "KV cache and session state",
+     "the KV cache of in-flight requests on the lost instance",
+     "committed tokens (the gateway's token log): the continuation recomputes the prefill from prompt ‖ committed",
+     "in-flight streams continue on another instance; the client sees the gap, not a loss",
+     ["rpo_context_s", "request_rto_s", "token_rpo_tokens"]),
+    ("C", "generation configuration",
+     "nothing: sampling parameters travel with every request, not with the instance",
+     "temperature, top_p, seed, stop: greedy and seeded (position-keyed) continuations are token-identical",
+     "none needed beyond the request's own migration",
+     []),
+]
+
+
+def model_names(session: Session, *, model: str) -> tuple[list[str], CatalogView]:
+    """The names a drill may use for this model: itself, `model:alias`, and its catalog versions."""
+    versions = [v.version for v in catalog_repository.list_versions(session, model=model)]
+    labels = {}
+    aliases = catalog_repository.list_aliases(session, model=model)
+    if aliases:
+        labels = catalog_repository.version_labels(session, {a.version_id for a in aliases})
+    alias_view = {a.name: labels.get(a.version_id, str(a.version_id)) for a in aliases}
+    names = [model, *(f"{model}:{a}" for a in alias_view), *versions]
+    return names, CatalogView(versions=versions, aliases=alias_view)
+
+
+def build(session: Session, *, model: str, clock: Clock,
+          cadence: dict[DrillScope, timedelta] | None = None) -> SloDocument:
+    names, catalog = model_names(session, model=model)
+    definitions = [d for d in drill_repository.list_definitions(session, latest_only=True) if d.model in names]
+    runs = drill_repository.ended_runs_for_model(session, models=names)
+    figures = {metric: _figure(metric, definitions, runs, clock=clock, cadence=cadence or DEFAULT_CADENCE)
+               for metric in FIGURES}
+    triple = [TripleEntry(dimension=dim, name=name, lost=lost, kept=kept, recovery=recovery,
+                          figures=[figures[m] for m in metrics])
+              for dim, name, lost, kept, recovery, metrics in TRIPLE]
+    return SloDocument(model=model, generated_at=clock.utcnow(), catalog=catalog, triple=triple)
+
+
+def _figure(metric: str, definitions: list[DrillDefinition], runs: list[DrillRun] | object, *, clock: Clock,
+            cadence: dict[DrillScope, timedelta]) -> SloFigure:
+    label, unit = FIGURES[metric]
+    declaring = [d for d in definitions if d.targets.get(metric) is not None]
+    base = {"metric": metric, "label": label, "unit": unit, "measured": None, "run_id": None, "drill": None,
+            "run_ended_at": None, "status": "unverified"}
+    if not declaring:
+        return SloFigure(**base, target=None, why="no drill declares a target for it")
+    target = min(float(d.targets[metric]) for d in declaring)
+    names = {d.name for d in declaring}
+    relevant = [r for r in runs if r.definition.name in names]  # type: ignore[attr-defined]
+    if not relevant:
+        return SloFigure(**base, target=target, why="never drilled")
+    last = relevant[0]  # newest first
+    base.update(run_id=last.id, drill=f"{last.definition.name} v{last.definition.version}",
+                run_ended_at=last.ended_at)
+    measured = ((last.report or {}).get("measured") or {}).get(metric)
+    base["measured"] = measured
+    if last.state != DrillRunState.PASSED:
+        return SloFigure(**base, target=target, why=f"the last drill run ({last.id}) {last.state}")
+    period = cadence[DrillScope(last.scope)]
+    if last.ended_at is None or clock.utcnow() - last.ended_at > period:
+        return SloFigure(**base, target=target,
+                         why=f"the last drill run ({last.id}) is older than its cadence ({period.days} days)")
+    if measured is None:
+        return SloFigure(**base, target=target, why=f"the last drill run ({last.id}) did not measure it")
+    if float(measured) > target:
+        return SloFigure(**base, target=target, why=f"run {last.id} measured {measured:.3f} against a looser target")
+    return SloFigure(**{**base, "status": "measured"}, target=target, why=f"measured by drill run {last.id}")

@@ -1,0 +1,115 @@
+"""SLO documents: no figure without evidence, on SQLite and PostgreSQL, through the API and the CLI."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from controlplane.db import session_scope
+from controlplane.drill import service
+from controlplane.drill.cli import drill_app
+from controlplane.drill.schemas import DrillSpec
+from controlplane.drill.states import DrillRunEvent
+from controlplane.slo.cli import slo_app
+
+pytestmark = pytest.mark.integration
+
+SPEC = {"name": "kill-one", "model": "tiny", "scope": "instance", "fault": "sigkill",
+        "blast_radius": {"region": "local", "instances": ["victim"]},
+        "targets": {"rto_quality_s": 30.0, "request_rto_s": 2.0, "token_rpo_tokens": 0}}
+
+
+def ended_run(session_factory, clock, *, state: str, measured: dict[str, float]) -> int:
+    """A run of the defined drill that ended in `state` with `measured` in its report."""
+    with session_scope(session_factory) as session:
+        definition = service.get_definition_or_raise(session, name=SPEC["name"])
+        run = service.create_run(session, definition=definition, trigger="manual", actor="t", clock=clock)
+        if state == "aborted":
+            return service.abort(session, run_id=run.id, reason="stop", actor="t", clock=clock).id
+        run = service.start(session, run_id=run.id, fault_target="victim", actor="t", clock=clock)
+        run = service.advance(session, run=run, event=DrillRunEvent.FAULT_CLEARED, clock=clock)
+        event = DrillRunEvent.PASS if state == "passed" else DrillRunEvent.FAIL
+        return service.advance(session, run=run, event=event, clock=clock, report={"measured": measured}).id
+
+
+def figures(client, as_role) -> dict[str, dict[str, Any]]:
+    response = client.get("/api/v1/slo/tiny", headers=as_role("viewer"))
+    assert response.status_code == 200, response.text
+    return {f["metric"]: f for entry in response.json()["triple"] for f in entry["figures"]}
+
+
+def test_without_drills_every_target_is_unverified(client, as_role):
+    document = client.get("/api/v1/slo/tiny", headers=as_role("viewer")).json()
+    assert [e["dimension"] for e in document["triple"]] == ["W", "K", "C"]
+    assert {f["status"] for e in document["triple"] for f in e["figures"]} == {"unverified"}
+
+
+def test_a_target_is_measured_only_by_a_fresh_passed_run(client, as_role, session_factory, clock):
+    with session_scope(session_factory) as session:
+        service.define(session, spec=DrillSpec.model_validate(SPEC), actor="t", clock=clock)
+    assert figures(client, as_role)["rto_quality_s"]["why"] == "never drilled"
+
+    failed = ended_run(session_factory, clock, state="failed", measured={"rto_quality_s": 50.0})
+    quality = figures(client, as_role)["rto_quality_s"]
+    assert (quality["status"], quality["run_id"]) == ("unverified", failed)
+    assert "failed" in quality["why"]
+
+    aborted = ended_run(session_factory, clock, state="aborted", measured={})
+    assert figures(client, as_role)["rto_quality_s"]["run_id"] == aborted
+
+    passed = ended_run(session_factory, clock, state="passed",
+                       measured={"rto_quality_s": 6.5, "request_rto_s": 0.2, "token_rpo_tokens": 0.0})
+    now = figures(client, as_role)
+    assert (now["rto_quality_s"]["status"], now["rto_quality_s"]["measured"], now["rto_quality_s"]["run_id"]) == (
+        "measured", 6.5, passed)
+    assert now["token_rpo_tokens"]["status"] == "measured"
+    assert now["rpo_context_s"]["status"] == "unverified"  # no drill declares it
+    assert now["rto_latency_s"]["why"] == "no drill declares a target for it"
+
+    clock.advance(timedelta(days=7, seconds=1))  # older than the weekly cadence
+    stale = figures(client, as_role)["rto_quality_s"]
+    assert stale["status"] == "unverified" and "older than its cadence (7 days)" in stale["why"]
+
+
+def test_markdown_and_html_say_unverified_never_met(client, as_role, session_factory, clock):
+    with session_scope(session_factory) as session:
+        service.define(session, spec=DrillSpec.model_validate(SPEC), actor="t", clock=clock)
+    md = client.get("/api/v1/slo/tiny", params={"format": "md"}, headers=as_role("viewer"))
+    assert md.headers["content-type"].startswith("text/markdown")
+    assert "| RTO_quality: fault → canary passes on every serving instance | 30 s | *unverified* (never drilled) |" \
+        in md.text
+    html = client.get("/api/v1/slo/tiny", params={"format": "html"}, headers=as_role("viewer"))
+    assert "<em>unverified</em> (never drilled)" in html.text and "→" in html.text
+    assert client.get("/api/v1/slo/tiny", params={"format": "pdf"}, headers=as_role("viewer")).status_code == 422
+
+
+def test_cli_defines_runs_approves_aborts_and_exports(database_url, session_factory, monkeypatch, tmp_path):
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
+    runner = CliRunner()
+
+    def cli(app, *args):
+        return runner.invoke(app, list(args), catch_exceptions=False)
+
+    spec_file = tmp_path / "zone.yaml"
+    spec_file.write_text(json.dumps({"name": "lose-a", "model": "tiny", "scope": "zone", "fault": "zone_loss",
+                                     "blast_radius": {"region": "local", "zones": ["local-a"]}}))
+    defined = cli(drill_app, "define", str(spec_file))
+    assert defined.exit_code == 0, defined.output
+    assert json.loads(defined.output)["version"] == 1
+    requested = cli(drill_app, "run", "lose-a")
+    assert requested.exit_code == 0 and "awaiting_approval" in requested.output, requested.output
+    run_id = requested.output.split()[1].rstrip(":")
+    assert "scheduled" in cli(drill_app, "approve", run_id).output
+    assert "aborted" in cli(drill_app, "abort", run_id, "--reason", "freeze").output
+    shown = json.loads(cli(drill_app, "show", run_id).output)
+    assert shown["approved_by"].startswith("cli:") and shown["abort_reason"] == "freeze"
+    refused = cli(drill_app, "approve", run_id)
+    assert refused.exit_code == 1
+    exported = cli(slo_app, "export", "--model", "tiny", "--format", "json")
+    assert exported.exit_code == 0, exported.output
+    assert json.loads(exported.output)["model"] == "tiny"
+    assert "*unverified*" in cli(slo_app, "export", "--model", "tiny").output
