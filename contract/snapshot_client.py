@@ -11,18 +11,21 @@ A body that fails `RoutingSnapshot` validation or carries a lower version
 than the one held is refused and the held one stays (invariant 7: the data
 plane outlives the control plane). `load_cache()` at start-up serves the
 last good snapshot before the control plane answers, or while it is away.
+The cache is written off the event loop (a gateway serves streams on it), and
+a failed write is logged, not raised: holding the newest snapshot matters more
+than the disk copy.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import asyncio
 from enum import StrEnum
 from pathlib import Path
 
 import httpx
 from pydantic import ValidationError
 
+from common.atomic_file import write_atomically
 from common.logs import get_logger
 from contract.snapshot import RoutingSnapshot, etag_for
 
@@ -80,7 +83,10 @@ class SnapshotClient:
         if self.current is not None and snapshot.version < self.current.version:
             return self._refuse(f"snapshot {snapshot.version} is older than the applied {self.current.version}")
         if self.cache_path is not None:
-            write_atomically(self.cache_path, response.content)
+            try:
+                await asyncio.to_thread(write_atomically, self.cache_path, response.content)
+            except OSError as exc:
+                log.error("cannot write the snapshot to disk", path=str(self.cache_path), error=str(exc))
         self.current = snapshot
         self.last_refusal = None
         return PollOutcome.APPLIED
@@ -89,18 +95,3 @@ class SnapshotClient:
         log.error("snapshot refused", reason=reason)
         self.last_refusal = reason
         return PollOutcome.REFUSED
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, fsync, rename: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from common.errors import LifelineError
 from common.logs import get_logger
 from contract.snapshot import VersionEntry
-from gateway.atomic_file import write_atomically
+from common.atomic_file import write_atomically
 
 log = get_logger(__name__)
 

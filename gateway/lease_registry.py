@@ -33,7 +33,7 @@ from pathlib import Path
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.lease import Lease, LeaseExpired, Registration, StaleGeneration
-from gateway.atomic_file import write_atomically
+from common.atomic_file import write_atomically
 
 log = get_logger(__name__)
 

@@ -1,8 +1,9 @@
 """Poll the control plane's routing snapshot; apply good ones atomically; keep the last good one on disk.
 
-    control plane ──GET /api/v1/snapshot, If-None-Match: "snapshot-N"──► 304: nothing to do
-                                                                      └► 200: validate → verify artifacts
-        → write body to routing.cache_path (atomic) → SnapshotRouting.apply(new table)   (one swap)
+    contract.snapshot_client.SnapshotClient          (shared with the regional agent)
+      GET /api/v1/snapshot, If-None-Match: "snapshot-N" ──► 304: nothing to do
+                                                       └► 200: validate, refuse if older → cache_path (atomic)
+    this module:  verify artifacts → SnapshotRouting.apply(new table)   (one swap)
 
 Invariant 7 (data plane outlives control plane): on start the gateway loads
 `cache_path` first and serves from it; the poll that follows replaces it if
@@ -30,31 +31,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import httpx
-from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from common.clock import Clock
 from common.logs import get_logger
-from contract.snapshot import RoutingSnapshot, etag_for
+from contract.snapshot import RoutingSnapshot
+from contract.snapshot_client import PollOutcome, SnapshotClient
 from gateway.artifacts import ArtifactLoader, ArtifactVerificationFailed, LoadedArtifacts
-from gateway.atomic_file import write_atomically
 from gateway.l7_events import EventSink
 from gateway.snapshot_table import SnapshotRouting, SnapshotTable
 
 log = get_logger(__name__)
 
-SNAPSHOT_PATH = "/api/v1/snapshot"
 _MAX_BACKOFF = 2.0
 
-
-class PollOutcome(StrEnum):
-    APPLIED = "applied"
-    UNCHANGED = "unchanged"
-    REFUSED = "refused"
+__all__ = ["ControlPlaneUnreachable", "PollOutcome", "SnapshotSource"]
 
 
 class ControlPlaneUnreachable(Exception):
@@ -81,11 +75,10 @@ class SnapshotSource:
         self.cache_path = cache_path
         self.poll_interval = poll_interval
         self.on_applied = on_applied
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = http or httpx.AsyncClient(
-            base_url=controlplane_url, headers=headers,
             timeout=timeout or httpx.Timeout(connect=1.0, read=5.0, write=5.0, pool=1.0))
         self._owns_http = http is None
+        self.client = SnapshotClient(self.http, controlplane_url, token=token, cache_path=cache_path)
         self._task: asyncio.Task | None = None
         self.polls = 0
         self.failures = 0
@@ -97,20 +90,14 @@ class SnapshotSource:
     # -- start-up: the disk copy, then one poll ----------------------------------------------
     async def load_cached(self) -> bool:
         """Apply the snapshot at `cache_path` if there is a valid one; True if applied."""
-        try:
-            raw = await asyncio.to_thread(self.cache_path.read_bytes)
-        except FileNotFoundError:
-            log.info("no snapshot on disk yet", path=str(self.cache_path))
+        snapshot = await asyncio.to_thread(self.client.load_cache)
+        if snapshot is None:
+            if self.cache_path.exists():  # the client logged why
+                self._refuse(f"the snapshot on disk {self.cache_path} is not usable", source="disk")
+            else:
+                log.info("no snapshot on disk yet", path=str(self.cache_path))
             return False
-        except OSError as exc:
-            self._refuse(f"cannot read the snapshot on disk {self.cache_path}: {exc}", source="disk")
-            return False
-        try:
-            snapshot = RoutingSnapshot.model_validate_json(raw)
-        except ValidationError as exc:
-            self._refuse(f"the snapshot on disk is not valid: {_summary(exc)}", source="disk")
-            return False
-        await self._apply(snapshot, raw=None)
+        await self._apply(snapshot)
         log.info("serving the snapshot on disk", version=snapshot.version, path=str(self.cache_path))
         return True
 
@@ -132,33 +119,27 @@ class SnapshotSource:
 
     # -- polling ---------------------------------------------------------------------------------
     async def poll_once(self) -> PollOutcome:
-        """One conditional GET; raises ControlPlaneUnreachable when there is no usable answer."""
+        """One conditional GET; raises ControlPlaneUnreachable when there is no usable answer.
+
+        The table follows the client's snapshot, not the poll's outcome: a snapshot
+        the client took but the gateway failed to apply (its artifacts' download
+        raised) is applied on the next poll, even if that one answers 304.
+        """
         self.polls += 1
-        headers = {}
-        if self.applied.version is not None:
-            headers["If-None-Match"] = etag_for(self.applied.version)
         try:
-            response = await self.http.get(SNAPSHOT_PATH, headers=headers)
-        except httpx.HTTPError as exc:
+            outcome = await self.client.poll()
+        except httpx.HTTPError as exc:  # what the client does not count as a transport failure (decoding…)
             raise ControlPlaneUnreachable(repr(exc)[:200]) from None
-        if response.status_code == 304:
+        if outcome is PollOutcome.UNREACHABLE:
+            raise ControlPlaneUnreachable(f"no usable answer from {self.client.url}")
+        if outcome is PollOutcome.REFUSED:
+            self._refuse(self.client.last_refusal or "snapshot refused")
+            return outcome
+        snapshot = self.client.current
+        if snapshot is None or (snapshot.version == self.applied.version
+                                and (outcome is PollOutcome.UNCHANGED or not self.applied.unverified)):
             return PollOutcome.UNCHANGED
-        if response.status_code != 200:
-            raise ControlPlaneUnreachable(f"GET {SNAPSHOT_PATH} answered {response.status_code}: {response.text[:200]}")
-        raw = response.content
-        try:
-            snapshot = RoutingSnapshot.model_validate_json(raw)
-        except ValidationError as exc:
-            self._refuse(f"snapshot failed validation: {_summary(exc)}", etag=response.headers.get("etag", ""))
-            return PollOutcome.REFUSED
-        current = self.applied.version
-        if current is not None and snapshot.version < current:
-            self._refuse(f"snapshot version {snapshot.version} is below the applied {current}",
-                         version=snapshot.version)
-            return PollOutcome.REFUSED
-        if current is not None and snapshot.version == current and not self.applied.unverified:
-            return PollOutcome.UNCHANGED
-        await self._apply(snapshot, raw=raw)
+        await self._apply(snapshot)
         return PollOutcome.APPLIED
 
     async def _run(self) -> None:
@@ -199,7 +180,7 @@ class SnapshotSource:
                 artifacts[name] = loaded
         return _Verified(artifacts, unverified)
 
-    async def _apply(self, snapshot: RoutingSnapshot, *, raw: bytes | None) -> None:
+    async def _apply(self, snapshot: RoutingSnapshot) -> None:
         verified = await self._verify(snapshot)
         previous = self.applied
         for version, why in verified.unverified.items():
@@ -208,11 +189,6 @@ class SnapshotSource:
                              weight_version=version, scope="version")
         table = SnapshotTable.build(snapshot, region=self.routing.table.region, artifacts=verified.artifacts,
                                     unverified=verified.unverified, applied_at=self.clock.utcnow())
-        if raw is not None:
-            try:
-                await asyncio.to_thread(write_atomically, self.cache_path, raw)
-            except OSError as exc:  # still apply: serving the newest snapshot matters more than the disk copy
-                log.error("cannot write the snapshot to disk", path=str(self.cache_path), error=str(exc))
         self.routing.apply(table)
         self.loader.retain({v for model in snapshot.models.values() for v in model.versions})
         log.info("snapshot applied", version=snapshot.version, previous=previous.version,
@@ -224,9 +200,3 @@ class SnapshotSource:
         log.error("snapshot refused", reason=reason, applied=self.applied.version, **detail)
         self.events.emit(self.make_event("snapshot.refused", reason, applied_version=self.applied.version, **detail))
 
-
-def _summary(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    first = errors[0] if errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"{len(errors)} error(s); first at {where or '<root>'}: {first.get('msg', str(exc))}"[:500]

@@ -137,6 +137,56 @@ async def test_restart_with_the_control_plane_down_serves_the_snapshot_on_disk(w
         await restarted.stop()
 
 
+
+async def test_a_corrupt_snapshot_on_disk_is_refused_evented_and_the_poll_replaces_it(world):
+    tmp_path, files = world
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "snapshot.json").write_bytes(b'{"version": 7, "models": ')  # a torn write by hand
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(8, tmp_path / "artifacts", files, aliases={"prod": "v1"}))
+    source, routing, shipper = _source(tmp_path, fake)
+
+    assert await source.load_cached() is False
+    [event] = [e for e in shipper.buffer if e.kind == "snapshot.refused"]
+    assert event.detail["source"] == "disk" and "not usable" in event.reason
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert fake.seen_if_none_match == [None] and routing.table.version == 8
+    assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["version"] == 8
+
+
+async def test_a_snapshot_that_failed_to_apply_is_applied_by_the_next_poll_even_a_304(world, monkeypatch):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1"}))
+    source, routing, _ = _source(tmp_path, fake)
+    load = source.loader.load
+    failures = iter([OSError("disk full while unpacking the tokenizer")])
+
+    def load_failing_once(entry):
+        for exc in failures:
+            raise exc
+        return load(entry)
+
+    monkeypatch.setattr(source.loader, "load", load_failing_once)
+    with pytest.raises(OSError, match="disk full"):
+        await source.poll_once()
+    assert routing.table.version is None  # the client holds version 3; the table does not yet
+
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert fake.seen_if_none_match[-1] == '"snapshot-3"'  # the control plane answered 304
+    assert routing.table.version == 3 and routing.resolve("tiny").version == "v1"
+
+
+async def test_a_snapshot_that_cannot_be_written_to_disk_is_still_applied(world):
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    fake.serve(snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1"}))
+    source, routing, _ = _source(tmp_path, fake)
+    (tmp_path / "state").write_text("a file where the cache directory should be")
+
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert routing.table.version == 3 and routing.resolve("tiny").version == "v1"
+
 async def test_a_version_whose_artifacts_fail_verification_is_not_routed_to(world):
     tmp_path, files = world
     (tmp_path / "artifacts" / "v2" / "tokenizer.json").write_text("{}")  # tampered after the catalog hashed it

@@ -2,8 +2,9 @@
 
 Write a temporary file beside the target, fsync it, `os.replace` it over the
 target and fsync the directory, so the rename itself survives a power cut.
-Used for the lease registry's generation counters and the last good routing
-snapshot: both are read back by the next process after a crash.
+Used for the gateway's lease generation counters and downloaded artifacts, and
+for the last good routing snapshot (`contract/snapshot_client.py`, gateway and
+agent alike): each is read back by the next process after a crash.
 """
 
 from __future__ import annotations
