@@ -84,6 +84,7 @@ class ControlPlane:
     tokens: dict[str, str]
     server: uvicorn.Server
     thread: threading.Thread
+    app: Any
 
     def headers(self, role: str = "operator") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
@@ -102,7 +103,8 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
             _, tokens[role.value] = auth_service.create_token(session, name=f"drill-{role.value}", role=role,
                                                               created_by="test", clock=SystemClock())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -110,7 +112,7 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
     while not server.started:
         assert time.monotonic() < deadline, "control plane did not start"
         time.sleep(0.05)
-    yield ControlPlane(base, factory, tokens, server, thread)
+    yield ControlPlane(base, factory, tokens, server, thread, app)
     server.should_exit = True
     thread.join(timeout=10)
 

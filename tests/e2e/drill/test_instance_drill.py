@@ -11,8 +11,10 @@ touched.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from common.clock import SystemClock
@@ -48,6 +50,44 @@ def runner(controlplane, fleet, tmp_path: Path) -> InstanceDrillRunner:
     return InstanceDrillRunner(factory=controlplane.factory, fleet=fleet, clock=SystemClock(),
                                events=HttpEventReader(controlplane.url, controlplane.tokens["viewer"]),
                                report_dir=tmp_path / "reports")
+
+
+def slo_figures(controlplane) -> dict[str, dict]:
+    response = httpx.get(f"{controlplane.url}/api/v1/slo/tiny", headers=controlplane.headers("viewer"), timeout=10)
+    assert response.status_code == 200, response.text
+    return {f["metric"]: f for entry in response.json()["triple"] for f in entry["figures"]}
+
+
+def test_slo_export_goes_from_unverified_to_measured_after_a_drill_run_through_the_api(
+        controlplane, fleet, tmp_path):
+    # First in the module: no drill has run on this control plane yet.
+    drill_runner = runner(controlplane, fleet, tmp_path)
+    controlplane.app.state.drill_dispatch = drill_runner.run  # the in-process dispatcher (embedded default)
+    before = slo_figures(controlplane)
+    assert {f["status"] for f in before.values()} == {"unverified"}
+    body = {"name": "weekly-kill", "model": "tiny", "scope": "instance", "fault": "sigkill",
+            "blast_radius": {"region": "local", "instances": ["victim"]},
+            "targets": {"request_rto_s": 30.0, "token_rpo_tokens": 0, "rto_quality_s": 120.0},
+            "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 24, "fault_after_tokens": 6,
+                        "token_delay_ms": 40.0}}
+    api = httpx.Client(base_url=controlplane.url, headers=controlplane.headers("operator"), timeout=30)
+    assert api.post("/api/v1/drills", json=body).status_code == 201
+    run = api.post("/api/v1/drills/weekly-kill/runs").json()
+    assert run["state"] == "scheduled"
+    deadline = time.monotonic() + 240
+    while (run := api.get(f"/api/v1/drills/runs/{run['id']}").json())["state"] not in ("passed", "failed",
+                                                                                         "aborted"):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.5)
+    assert run["state"] == "passed", run["failure"]
+    after = slo_figures(controlplane)
+    for metric in ("request_rto_s", "token_rpo_tokens", "rto_quality_s"):
+        assert (after[metric]["status"], after[metric]["run_id"]) == ("measured", run["id"]), after[metric]
+        assert after[metric]["measured"] == run["report"]["measured"][metric]
+    assert after["rpo_context_s"]["status"] == "unverified"  # an instance drill does not measure it
+    markdown = httpx.get(f"{controlplane.url}/api/v1/slo/tiny", params={"format": "md"},
+                         headers=controlplane.headers("viewer"), timeout=10).text
+    assert f"(run {run['id']}, weekly-kill v1)" in markdown
 
 
 def test_sigkill_drill_passes_token_identical_and_reports(controlplane, fleet, tmp_path):
