@@ -88,7 +88,7 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         link.attach(router)
         await link.start(router, view)
         engines = EngineClient(connect_timeout=settings.recovery.connect_timeout.total_seconds())
-        deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id)
+        deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id, served=link.served)
         app.state.gateway = GatewayState(settings, table, registry, view, token_log, deps, metrics)
         log.info("gateway ready", registry=settings.registry.kind, token_log=settings.token_log.kind, port=settings.port)
         try:

@@ -10,7 +10,8 @@ The lifespan plugs it in with a few lines (gateway/app.py):
     table = link.routing or build_routing_table(settings)
     view = link.wrap_view(LeaseView(...))
     router = Router(...); link.attach(router)
-    await link.start(router, view)  …  await link.stop()
+    await link.start(router, view)
+    deps = Deps(..., served=link.served)  …  await link.stop()
 
 None of it is on a request's path; with the control plane away the gateway
 keeps routing on the snapshot it has (invariant 7).
@@ -18,7 +19,7 @@ keeps routing on the snapshot it has (invariant 7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -29,7 +30,7 @@ from common.logs import get_logger
 from contract.events import GatewayReport
 from gateway.artifacts import ArtifactLoader
 from gateway.l7_events import EventShipper
-from gateway.report import GatewayReporter, build_report
+from gateway.report import GatewayReporter, ServedLedger, build_report
 from gateway.settings import GatewaySettings
 from gateway.snapshot_source import SnapshotSource
 from gateway.snapshot_table import SnapshotLeaseView, SnapshotRouting, SnapshotTable
@@ -45,6 +46,7 @@ class ControlPlaneLink:
     routing: SnapshotRouting | None = None
     source: SnapshotSource | None = None
     reporter: GatewayReporter | None = None
+    served: ServedLedger = field(default_factory=ServedLedger)  # the stream sessions' (Deps.served): served_ok_at
 
     def wrap_view(self, view: Any) -> Any:
         """The lease view the router reads: with a snapshot, minus what it ejects or drains."""
@@ -65,7 +67,7 @@ class ControlPlaneLink:
             async def collect() -> GatewayReport:
                 return await build_report(replica_id=self.settings.replica_id, region=self.settings.routing_region,
                                           zone=self.settings.zone, table=router.table, router=router,
-                                          live=every, admitted=view.current, clock=self.clock)
+                                          live=every, admitted=view.current, clock=self.clock, served=self.served)
 
             self.reporter.collect = collect
             await self.reporter.start()

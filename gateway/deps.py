@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.clock import Clock
 from common.logs import get_logger
 from gateway.engine_client import EngineClient
 from gateway.metrics import GatewayMetrics
+from gateway.report import ServedLedger
 from gateway.router import Router
 from gateway.settings import GatewaySettings
 from gateway.token_log import TokenLog
@@ -26,6 +27,7 @@ class Deps:
     metrics: GatewayMetrics
     clock: Clock
     replica_id: str
+    served: ServedLedger = field(default_factory=ServedLedger)  # streams finished OK, for the report
 
 
 async def hold_ownership(deps: Deps, request_id: str, epoch: Callable[[], int]) -> None:

@@ -179,6 +179,7 @@ class StreamSession:
                             yield frame
                         if self.finished:
                             log_.info("stream finished", tokens=len(self.committed), migrations=self.migrations)
+                            self.deps.served.note(endpoint.key, self.deps.clock.utcnow())  # real traffic as a probe
                             return
             except EngineFailure as failure:
                 log_.warning("engine failed mid-request", reason=failure.reason, detail=str(failure), committed=len(self.committed))

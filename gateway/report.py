@@ -9,12 +9,21 @@ gateway of the region reports `snapshot_version >= N`, so a report goes out
 at once after each apply (`nudge`) as well as every `routing.report_interval`.
 Reports are state, not a log: a lost one is replaced by the next, so a
 failure is logged and nothing is queued.
+
+Each live endpoint carries `served_ok_at`: when a stream last finished on it
+(its final token committed, `gateway/recovery.py` notes it in the
+`ServedLedger`). The regional agent counts that as a canary passed
+(`warm_pool/served.py`), so busy instances are not probed on top of their
+traffic. Finished, not merely started: a first token says the engine is up,
+a finished stream says it generated to the end, which is what a canary checks.
+Keyed by (instance, generation): a restarted engine has served nothing yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Protocol
 
 import httpx
@@ -29,21 +38,47 @@ from gateway.snapshot_table import SnapshotRouting
 log = get_logger(__name__)
 
 
+EndpointKey = tuple[str, int | None]  # (instance_id, generation), as gateway.router.Endpoint.key
+
+
 class _Endpoints(Protocol):
     async def endpoints(self, version: str) -> list: ...  # gateway.router.Router
 
 
+class ServedLedger:
+    """When a stream last finished OK on each endpoint; one per replica, written by its stream sessions."""
+
+    def __init__(self) -> None:
+        self._finished_at: dict[EndpointKey, datetime] = {}
+
+    def note(self, key: EndpointKey, at: datetime) -> None:
+        if key not in self._finished_at or at > self._finished_at[key]:
+            self._finished_at[key] = at
+
+    def served_ok_at(self, key: EndpointKey) -> datetime | None:
+        return self._finished_at.get(key)
+
+    def retain(self, keys: Iterable[EndpointKey]) -> None:
+        """Forget endpoints no longer live (a generation an engine left behind), so the ledger stays small."""
+        keep = set(keys)
+        self._finished_at = {key: at for key, at in self._finished_at.items() if key in keep}
+
+
 async def build_report(*, replica_id: str, region: str, zone: str, table: RoutingTable, router: _Endpoints,
                        live: Callable[[], Awaitable[list[Lease]]],
-                       admitted: Callable[[], Awaitable[list[Lease]]], clock: Clock) -> GatewayReport:
+                       admitted: Callable[[], Awaitable[list[Lease]]], clock: Clock,
+                       served: ServedLedger | None = None) -> GatewayReport:
     """`live`: every live lease of the region; `admitted`: those the snapshot lets through (same for static)."""
     snapshot = table.table if isinstance(table, SnapshotRouting) else None
     versions = sorted({v.version for v in table.versions()})
     endpoints: list[LiveEndpoint] = []
     for version in versions:
         for e in await router.endpoints(version):
-            endpoints.append(LiveEndpoint(instance_id=e.instance_id, generation=e.generation, version=version, zone=e.zone))
+            endpoints.append(LiveEndpoint(instance_id=e.instance_id, generation=e.generation, version=version, zone=e.zone,
+                                          served_ok_at=served.served_ok_at(e.key) if served is not None else None))
     every, through = await live(), await admitted()
+    if served is not None:
+        served.retain((lease.instance_id, lease.generation) for lease in every)
     through_for_versions = [lease for lease in through if lease.version in versions]
     return GatewayReport(
         replica_id=replica_id, region=region, zone=zone,
