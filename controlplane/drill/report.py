@@ -75,7 +75,10 @@ def plot_timeline(report: dict[str, Any], path: Path) -> Path:
         for offset, label in report.get("event_offsets", []):
             axes.axvline(offset, color="tab:green", linestyle=":", linewidth=1)
             axes.annotate(label, (offset, 0), fontsize="x-small", rotation=90, va="bottom")
-        axes.set_xlabel("seconds since the fault")
+        from matplotlib.ticker import MaxNLocator
+
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_xlabel("seconds since the fault (blue: first engine, orange: after migration)")
         axes.set_ylabel("request")
         axes.set_title(f"{report['drill']} v{report['version']} run {report['run']}")
         axes.legend(loc="upper right", fontsize="small")

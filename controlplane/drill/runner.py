@@ -160,15 +160,15 @@ class InstanceDrillRunner:
                     "scope": scope.value, "fault": fault.value, "region": definition.region,
                     "expected_tier": definition.expected_tier, "blast_radius": radius.model_dump(mode="json"),
                     "stop_conditions": stops.model_dump(mode="json")}
-        if scope != DrillScope.INSTANCE or fault not in (DrillFault.SIGKILL, DrillFault.HANG,
-                                                          DrillFault.CORRUPT_WEIGHTS):
-            raise UnsupportedDrill(f"no runner for a {scope} drill with fault {fault} on the local fleet yet")
         victim = target or next((i for i in radius.instances if i in self.fleet.instance_ids()), None)
         try:
+            if scope != DrillScope.INSTANCE or fault not in (DrillFault.SIGKILL, DrillFault.HANG,
+                                                              DrillFault.CORRUPT_WEIGHTS):
+                raise UnsupportedDrill(f"no runner for a {scope} drill with fault {fault} on the local fleet yet")
             if victim is None:
                 raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
             check_blast_radius(radius, [victim])
-        except OutsideBlastRadius as refused:
+        except (OutsideBlastRadius, UnsupportedDrill) as refused:
             with session_scope(self.factory) as session:
                 service.abort(session, run_id=run_id, reason=f"refused: {refused}", actor=RUNNER_ACTOR,
                               clock=self.clock)

@@ -11,6 +11,7 @@ touched.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -145,3 +146,27 @@ def test_target_outside_the_blast_radius_is_refused_untouched(controlplane, flee
         run = service.get_run_or_raise(session, run_id=run_id)
         assert run.state == "aborted" and run.abort_reason.startswith("refused")
         assert run.started_at is None
+
+
+def test_an_operator_abort_through_the_api_stops_the_drill_and_rolls_back(controlplane, fleet, tmp_path):
+    run_id = define(controlplane, name="hang-long", fault="hang", stop_conditions={"max_error_rate": None},
+                    traffic={"requests": 200, "concurrency": 2, "max_tokens": 16, "fault_after_tokens": 0})
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=runner(controlplane, fleet, tmp_path).run(run_id)))
+    thread.start()
+    api = httpx.Client(base_url=controlplane.url, headers=controlplane.headers("operator"), timeout=30)
+    deadline = time.monotonic() + 120
+    while api.get(f"/api/v1/drills/runs/{run_id}").json()["state"] != "running" or \
+            faults(fleet.engine_url("victim"))["hang_after_tokens"] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    aborted = api.post(f"/api/v1/drills/runs/{run_id}/abort", json={"reason": "customer escalation"})
+    assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    result = outcome["result"]
+    assert result.state == DrillRunState.ABORTED
+    assert result.report["aborted"] == "aborted by an operator: customer escalation"
+    assert result.report["requests"] < 200
+    victim_faults = faults(fleet.engine_url("victim"))
+    assert {k: victim_faults[k] for k in CLEAR} == CLEAR  # the hang was rolled back
