@@ -16,8 +16,15 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli_support import audited_command, cli_actor, cli_database, fail, load_settings, read_only
-from controlplane.cli_support import run_mutation
+from controlplane.cli_support import (
+    audited_command,
+    cli_actor,
+    cli_database,
+    fail,
+    load_settings,
+    read_only,
+    run_mutation,
+)
 
 drill_app = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Drills: define, run on a cadence or by hand, approve, abort.")

@@ -25,7 +25,13 @@ from controlplane.auth.dependencies import Operator, Viewer
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep, IdPath, NamePath
 from controlplane.drill import service
-from controlplane.drill.schemas import AbortRequest, DrillDefinitionRead, DrillRunRead, DrillSpec, RunRequest
+from controlplane.drill.schemas import (
+    AbortRequest,
+    DrillDefinitionRead,
+    DrillRunRead,
+    DrillSpec,
+    RunRequest,
+)
 from controlplane.drill.states import DrillRunState, may_start
 
 router = APIRouter(tags=["drill"])

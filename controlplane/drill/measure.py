@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 @dataclass
@@ -89,7 +90,7 @@ def request_rto(traces: Sequence[RequestTrace], fault_at: float) -> float | None
         times = [trace.started_at, *trace.token_times]
         if not (trace.started_at <= fault_at and (trace.ended_at is None or trace.ended_at >= fault_at)):
             continue
-        spanning = [b - a for a, b in zip(times, times[1:], strict=False) if b >= fault_at]
+        spanning = [b - a for a, b in pairwise(times) if b >= fault_at]
         if spanning:
             gaps.append(max(spanning))
     return max(gaps) if gaps else None

@@ -28,12 +28,12 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Drill {report['drill']} v{report['version']}, run {report['run']}: {verdict}",
         "",
-        f"- model: `{report['model']}`; scope: {report['scope']}; fault: {report['fault']} on "
-        f"`{report.get('fault_target')}` (region {report['region']})",
-        f"- blast radius: instances {report['blast_radius'].get('instances')}, cap "
-        f"{report['blast_radius'].get('max_instances')}",
-        f"- requests: {report.get('requests')}; migrated streams: {report.get('migrated_streams')}; "
-        f"error rate: {_fmt(report.get('error_rate'))}",
+        (f"- model: `{report['model']}`; scope: {report['scope']}; fault: {report['fault']} on "
+         f"`{report.get('fault_target')}` (region {report['region']})"),
+        (f"- blast radius: instances {report['blast_radius'].get('instances')}, cap "
+         f"{report['blast_radius'].get('max_instances')}"),
+        (f"- requests: {report.get('requests')}; migrated streams: {report.get('migrated_streams')}; "
+         f"error rate: {_fmt(report.get('error_rate'))}"),
         "",
         "## RTO measured vs target",
         "",

@@ -303,7 +303,7 @@ class InstanceDrillRunner:
                             trace.epochs.append(int(lifeline["epoch"]))
             if len(trace.token_ids) < traffic.max_tokens:
                 trace.error = f"stream ended after {len(trace.token_ids)} of {traffic.max_tokens} tokens"
-        except Exception as error:  # openai.APIError and transport errors alike: the request is lost
+        except Exception as error:  # noqa: BLE001 - openai.APIError, transport errors alike: the request is lost
             trace.error = f"{type(error).__name__}: {error}"[:500]
         finally:
             trace.ended_at = self.clock.now()

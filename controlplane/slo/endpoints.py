@@ -19,7 +19,7 @@ router = APIRouter(tags=["slo"])
 @router.get("/slo/{model}", response_model=SloDocument,
             responses={200: {"content": {"text/markdown": {}, "text/html": {}}}})
 def slo_document(model: NamePath, session: DbSession, _: Viewer, clock: ClockDep,
-                 format: Annotated[export.Format, Query()] = "json") -> Any:  # noqa: A002 - the query's name
+                 format: Annotated[export.Format, Query()] = "json") -> Any:
     document = service.build(session, model=model, clock=clock)
     if format == "json":
         return document

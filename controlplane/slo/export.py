@@ -29,8 +29,8 @@ def to_markdown(document: SloDocument) -> str:
              f"Generated {document.generated_at.isoformat()}.", ""]
     if document.catalog.versions or document.catalog.aliases:
         aliases = ", ".join(f"`{a}` → `{v}`" for a, v in sorted(document.catalog.aliases.items())) or "none"
-        lines += [f"Versions: {', '.join(f'`{v}`' for v in document.catalog.versions) or 'none'}; "
-                  f"aliases: {aliases}.", ""]
+        versions = ", ".join(f"`{v}`" for v in document.catalog.versions) or "none"
+        lines += [f"Versions: {versions}; aliases: {aliases}.", ""]
     for entry in document.triple:
         lines += [f"## {entry.dimension}: {entry.name}", "", f"- lost: {entry.lost}", f"- kept: {entry.kept}",
                   f"- recovery: {entry.recovery}", ""]
