@@ -21,7 +21,12 @@ Also measured: the normal-path cost of serving from the holder's pages
 memory: region bytes vs tensor bytes, and the engine's private (anonymous)
 resident memory attached vs loaded.
 
-    .venv/bin/python -m bench.holder [--presets tiny,small] [--kills 20] [--write docs/benchmarks.md]
+And, with `--sections kv`, what the KV pool saves a restarted engine: the
+time to the first token of a continuation whose prompt the dead engine had
+committed as KV blocks, against a prompt of the same length it never saw
+(a full prefill), both on the same restarted engine.
+
+    .venv/bin/python -m bench.holder [--presets tiny,small] [--kills 20] [--sections restart,kv] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from lifeline.processes import EngineProcess, built_model, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## Memory holder: restart-to-ready (bench/holder.py)"
+KV_HEADING = "## Memory holder: KV blocks after a restart (bench/holder.py)"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -82,44 +88,56 @@ def tenant_frozen(holder: HolderProcess, tenant_id: str) -> bool:
     return bool(tenant and tenant["frozen"])
 
 
-def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess | None,
-                   lease_every: int) -> list[dict]:
-    instance = "bench-holder" if holder else "bench-cold"
-    args = ["--holder", holder.url] if holder else []
-    engine = EngineProcess(model, free_port(), instance, workdir / "state" / instance, workdir / f"{instance}.log", args)
-    engine.start()
-    engine.wait_ready(timeout=300)
-    rows = []
+def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess,
+                   lease_every: int) -> dict[str, list[dict]]:
+    """Both engines up; each round kills and restarts the attached one, then the cold one, so that
+    the machine's load (2 cores shared with other work) falls on both alike."""
+    engines = {}
+    for mode, args in (("holder", ["--holder", holder.url]), ("cold", [])):
+        instance = f"bench-{mode}"
+        engines[mode] = EngineProcess(model, free_port(), instance, workdir / "state" / instance,
+                                      workdir / f"{instance}.log", args)
+        engines[mode].start()
+    for engine in engines.values():
+        engine.wait_ready(timeout=300)
+    rows: dict[str, list[dict]] = {"holder": [], "cold": []}
     for kill in range(kills):
-        killed_at = time.time()
-        engine.process.send_signal(signal.SIGKILL)
-        engine.process.wait()
-        exited_at = time.time()
-        row = {"detection": exited_at - killed_at}
-        if holder is not None and kill % lease_every == 0:
-            while not tenant_frozen(holder, instance):
-                time.sleep(0.01)
-            row["lease"] = time.time() - killed_at
-        engine.kill()  # closes the log handle
-        spawned_at = time.time()
-        engine.start()
-        ready_at = wait_ready(engine.url, engine.process)
-        origin = httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
-        if holder is not None:
-            assert origin["source"] == "holder" and origin["takeover"], origin
-            mapped_at = log_time(engine, "weights mapped from the holder")
-            weights_s = origin["attach_s"] + origin["map_s"]
-            row |= {"takeover": origin["attach_s"], "remap": origin["map_s"]}
-        else:
-            assert origin["source"] == "disk", origin
-            mapped_at = log_time(engine, "engine starting") + origin["load_s"]  # load follows the start line
-            weights_s = origin["load_s"]
-            row |= {"takeover": 0.0, "remap": origin["load_s"]}
-        row |= {"start": mapped_at - weights_s - spawned_at, "ready": ready_at - mapped_at,
-                "total": ready_at - spawned_at}
-        rows.append(row)
-    engine.kill()
+        for mode, engine in engines.items():
+            rows[mode].append(restart_once(engine, holder if mode == "holder" else None, kill % lease_every == 0))
+    for engine in engines.values():
+        engine.kill()
     return rows
+
+
+def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_lease: bool) -> dict:
+    instance = engine.instance_id
+    killed_at = time.time()
+    engine.process.send_signal(signal.SIGKILL)
+    engine.process.wait()
+    exited_at = time.time()
+    row = {"detection": exited_at - killed_at}
+    if holder is not None and wait_for_lease:
+        while not tenant_frozen(holder, instance):
+            time.sleep(0.01)
+        row["lease"] = time.time() - killed_at
+    engine.kill()  # closes the log handle
+    spawned_at = time.time()
+    engine.start()
+    ready_at = wait_ready(engine.url, engine.process)
+    origin = httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
+    if holder is not None:
+        assert origin["source"] == "holder" and origin["takeover"], origin
+        mapped_at = log_time(engine, "weights mapped from the holder")
+        weights_s = origin["attach_s"] + origin["map_s"]
+        row |= {"takeover": origin["attach_s"], "remap": origin["map_s"]}
+    else:
+        assert origin["source"] == "disk", origin
+        mapped_at = log_time(engine, "engine starting") + origin["load_s"]  # load follows the start line
+        weights_s = origin["load_s"]
+        row |= {"takeover": 0.0, "remap": origin["load_s"]}
+    row |= {"start": mapped_at - weights_s - spawned_at, "ready": ready_at - mapped_at,
+            "total": ready_at - spawned_at}
+    return row
 
 
 def decode_rate(url: str, model: str, tokens: int) -> float:
@@ -182,8 +200,7 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
         result = {
             "preset": preset, "region_bytes": region["size"], "tensor_bytes": tensor_bytes,
             "holder_cold_s": holder_ready_s, "holder_restart_s": holder_restart_s,
-            "holder": restart_series(model, workdir, kills, holder, lease_every),
-            "cold": restart_series(model, workdir, kills, None, lease_every),
+            **restart_series(model, workdir, kills, holder, lease_every),
             "normal": normal_path(model, workdir, holder, rounds, tokens),
         }
     finally:
@@ -200,7 +217,8 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
         f"CPU only, torch threads 1, float64, while other work shared the 2 cores. {kills} SIGKILLs per row; "
-        "the engine is restarted as soon as the kill is seen (waitpid). Seconds, p50 / p99.",
+        "the engine is restarted as soon as the kill is seen (waitpid); attached and cold restarts alternate, "
+        "so the machine's load falls on both alike. Seconds, p50 / p99.",
         "",
         "| preset | weights from | detection | lease (holder) | takeover | engine start | re-mapping / load "
         "| ready (self-test) | **restart → ready** |",
@@ -249,6 +267,86 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
     return "\n".join(lines)
 
 
+def first_token_s(url: str, model: str, prompt_ids: list[int]) -> float:
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
+    started = time.perf_counter()
+    httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+    return time.perf_counter() - started
+
+
+def metric(url: str, name: str) -> float:
+    from lifeline.processes import scrape_metric
+
+    return scrape_metric(f"{url}/metrics", name)
+
+
+def run_kv(preset: str, repeats: int, prompt_tokens: list[int]) -> list[dict]:
+    model = built_model(preset, 0)
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-holder-kv-{preset}-"))
+    shm = Path("/dev/shm") / f"lifeline-bench-kv-{preset}-{time.monotonic_ns()}"
+    holder = HolderProcess(model, free_port(), workdir / "holder-state", shm, workdir / "holder.log",
+                           ["--kv-blocks", "1024", "--kv-block-tokens", "16"])
+    engine = EngineProcess(model, free_port(), "kv", workdir / "state" / "kv", workdir / "kv.log",
+                           ["--holder", holder.url])
+    rows = []
+    try:
+        holder.start()
+        holder.wait_ready(timeout=600)
+        engine.start()
+        engine.wait_ready(timeout=300)
+        for length in prompt_tokens:
+            for repeat in range(repeats):
+                seen = [(7 * i + 13 * repeat + length) % 4000 + 10 for i in range(length)]
+                unseen = [(11 * i + 17 * repeat + length) % 4000 + 10 for i in range(length)]
+                first_token_s(engine.url, model.name, seen)  # the dead engine's prompt: blocks published
+                committed = holder.state()["kv"]["committed"]
+                while True:  # commits are asynchronous: wait until they stop growing
+                    time.sleep(0.3)
+                    now = holder.state()["kv"]["committed"]
+                    if now == committed:
+                        break
+                    committed = now
+                engine.process.send_signal(signal.SIGKILL)
+                engine.process.wait()
+                engine.kill()
+                engine.start()
+                engine.wait_ready(timeout=300)
+                reused_before = metric(engine.url, "lifeline_engine_kv_reused_tokens_total")
+                with_kv = first_token_s(engine.url, model.name, seen + [5])
+                reused = metric(engine.url, "lifeline_engine_kv_reused_tokens_total") - reused_before
+                without = first_token_s(engine.url, model.name, unseen + [5])
+                rows.append({"tokens": length + 1, "with_kv": with_kv, "full_prefill": without, "reused": reused})
+    finally:
+        engine.kill()
+        holder.kill()
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return [{"preset": preset, **row} for row in rows]
+
+
+def render_kv(rows: list[dict], repeats: int) -> str:
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')}, CPU only, torch threads 1, float64, 2 shared cores. Each row: "
+        f"{repeats} times, an engine serves a prompt (its KV blocks go to the holder's pool), is SIGKILLed and "
+        "restarted; the restarted engine then serves that prompt plus one token (blocks restored, the rest "
+        "prefilled) and a prompt of the same length it never saw (full prefill). Time to the first token, "
+        "medians, seconds.",
+        "",
+        "| preset | prompt tokens | reused from the pool | TTFT with KV blocks | TTFT full prefill | saved |",
+        "|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(r["preset"], r["tokens"]) for r in rows}, key=lambda k: (k[0] != "tiny", k[1]))
+    for preset, tokens in keys:
+        group = [r for r in rows if (r["preset"], r["tokens"]) == (preset, tokens)]
+        with_kv = statistics.median(r["with_kv"] for r in group)
+        full = statistics.median(r["full_prefill"] for r in group)
+        reused = int(statistics.median(r["reused"] for r in group))
+        lines.append(f"| {preset} | {tokens} | {reused} | {with_kv:.3f} | {full:.3f} | {(1 - with_kv / full) * 100:.0f}% |")
+    lines += ["", "The restored positions are copied from the pool and checked against their checksum; "
+              "the tokens are those of a full prefill (tests/e2e/holder/test_holder_kv_reuse.py)."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,small")
@@ -256,16 +354,29 @@ def main() -> None:
     parser.add_argument("--lease-every", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--sections", default="restart,kv")
+    parser.add_argument("--kv-repeats", type=int, default=5)
+    parser.add_argument("--kv-prompt-tokens", default="255,1023")
     parser.add_argument("--write", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also dump the raw rows here")
     args = parser.parse_args()
-    results = [run_preset(p, args.kills, args.lease_every, args.rounds, args.tokens) for p in args.presets.split(",")]
-    table = render(results, args.kills, args.lease_every)
-    print(table)
+    presets, sections = args.presets.split(","), args.sections.split(",")
+    raw: dict[str, list] = {}
+    if "restart" in sections:
+        raw["restart"] = [run_preset(p, args.kills, args.lease_every, args.rounds, args.tokens) for p in presets]
+        table = render(raw["restart"], args.kills, args.lease_every)
+        print(table)
+        if args.write:
+            replace_section(args.write, HEADING, table)
+    if "kv" in sections:
+        lengths = [int(n) for n in args.kv_prompt_tokens.split(",")]
+        raw["kv"] = [row for p in presets for row in run_kv(p, args.kv_repeats, lengths)]
+        table = render_kv(raw["kv"], args.kv_repeats)
+        print(table)
+        if args.write:
+            replace_section(args.write, KV_HEADING, table)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    if args.write:
-        replace_section(args.write, HEADING, table)
+        args.json.write_text(json.dumps(raw, indent=1))
 
 
 if __name__ == "__main__":
