@@ -28,11 +28,8 @@ before/after and rebuild it after a restart with `parse_state(json)`:
 
     tier      target (what)                          state (how it is)
     dns       DnsTarget(zone, name, rdtype)          DnsState(values, ttl_s)
-    zone      AnycastTarget(prefix, zone, next_hop)  AnycastState(announced)
+    anycast   AnycastTarget(prefix, zone, next_hop)  AnycastState(announced)
     l7        L7Target(backend, server)              L7State(admin_state, weight)
-
-(`zone` is `controlplane.event.models.RoutingTier.ZONE`, the value the event
-table accepts for the anycast tier; issue 11 calls that tier `anycast`.)
 
 `verify` returns a `Verification`: what was expected and observed, whether
 they matched, the evidence as the system printed it (the DNS answer, BIRD's
@@ -137,14 +134,14 @@ class DnsState(_Record):
 class AnycastTarget(_Record):
     """One zone's announcement of the region's service prefix."""
 
-    tier: Literal[RoutingTier.ZONE] = RoutingTier.ZONE
+    tier: Literal[RoutingTier.ANYCAST] = RoutingTier.ANYCAST
     prefix: str = Field(description="the service prefix, '203.0.113.10/32'")
     zone: str = Field(description="the announcing zone, 'eu-west-1a'")
     next_hop: str = Field(description="the zone's BGP next hop; identifies its path at the observer")
 
 
 class AnycastState(_Record):
-    tier: Literal[RoutingTier.ZONE] = RoutingTier.ZONE
+    tier: Literal[RoutingTier.ANYCAST] = RoutingTier.ANYCAST
     target: AnycastTarget
     announced: bool
 

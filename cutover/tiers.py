@@ -70,16 +70,8 @@ class StepDriver(Protocol):
 
 
 def event_tier(tier: CutoverTier | str) -> RoutingTier:
-    """The event log's routing_tier for a cutover tier.
-
-    The events table (migration 0001) spells the anycast tier `zone`; the
-    issue and ARCHITECTURE invariant 8 spell it `anycast`. Until the event
-    enum gains `anycast`, anycast steps are logged as `zone`.
-    """
-    tier = CutoverTier(tier)
-    if tier == CutoverTier.ANYCAST:
-        return RoutingTier("anycast") if "anycast" in {t.value for t in RoutingTier} else RoutingTier.ZONE
-    return RoutingTier(tier.value)
+    """The event log's routing_tier for a cutover tier (the same four names)."""
+    return RoutingTier(CutoverTier(tier).value)
 
 
 def describe_target(target: Mapping[str, Any]) -> str:

@@ -87,7 +87,7 @@ class DrillSpec(BaseModel):
     fault: DrillFault
     blast_radius: BlastRadius
     stop_conditions: StopConditions = Field(default_factory=StopConditions)
-    expected_tier: Literal["l7", "mesh", "zone", "anycast", "dns"] = "l7"
+    expected_tier: Literal["l7", "mesh", "anycast", "dns"] = "l7"
     targets: Targets = Field(default_factory=Targets)
     traffic: Traffic = Field(default_factory=Traffic)
     description: Text = ""

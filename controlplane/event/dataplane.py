@@ -9,9 +9,6 @@ actor tells them apart. The authenticated token is kept in `after` as
 `reported_by`. A batch's `dropped` count (events the sender lost to a full
 buffer) is itself recorded, as one `dataplane.events_dropped` event, so a
 gap in the log is visible rather than silent.
-
-The contract names the zone tier `anycast`; the control plane's log calls
-it `zone` (`RoutingTier.ZONE`), and stores it so.
 """
 
 from __future__ import annotations
@@ -26,10 +23,6 @@ from controlplane.event import service
 from controlplane.event.models import RoutingTier
 
 ACTOR_PREFIXES = ("gateway:", "agent:")
-
-
-def _tier(event: DataPlaneEvent) -> RoutingTier:
-    return RoutingTier.ZONE if event.routing_tier == "anycast" else RoutingTier(event.routing_tier)
 
 
 def _scope(event: DataPlaneEvent) -> str:
@@ -53,7 +46,7 @@ def record_batch(session: Session, *, batch: EventBatch, reported_by: str, princ
         _check_actor(event.actor, principal_is_gateway=principal_is_gateway)
     for event in batch.events:
         service.record(
-            session, kind=event.kind, routing_tier=_tier(event), actor=event.actor, reason=event.reason,
+            session, kind=event.kind, routing_tier=RoutingTier(event.routing_tier), actor=event.actor, reason=event.reason,
             scope=_scope(event), started_at=event.at, clock=clock,
             after={"generation": event.generation, **event.detail, "reported_by": reported_by},
         )

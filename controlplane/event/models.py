@@ -15,7 +15,7 @@ class RoutingTier(StrEnum):
 
     L7 = "l7"
     MESH = "mesh"
-    ZONE = "zone"
+    ANYCAST = "anycast"
     DNS = "dns"
 
 
@@ -25,7 +25,7 @@ class Event(Base):
     __tablename__ = "events"
     __table_args__ = (
         CheckConstraint(
-            "routing_tier IS NULL OR routing_tier IN ('l7', 'mesh', 'zone', 'dns')",
+            "routing_tier IS NULL OR routing_tier IN ('l7', 'mesh', 'anycast', 'dns')",
             name="routing_tier",
         ),
     )

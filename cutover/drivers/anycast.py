@@ -153,7 +153,7 @@ class BirdRouteReader:
 class AnycastDriver(PollingDriver[AnycastState]):
     """Announce / withdraw a zone's path through its ExaBGP; verify at the observing router."""
 
-    tier = RoutingTier.ZONE
+    tier = RoutingTier.ANYCAST
 
     def __init__(self, *, speakers: Mapping[str, ExaBgpApi], observer: BirdRouteReader,
                  clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep) -> None:

@@ -224,3 +224,18 @@ def test_export_stream_that_fails_midway_ends_with_a_typed_error_line(
     lines = [json.loads(line) for line in service.stream_jsonl(session_factory, EventFilter(), page=2)]
     assert [e.get("reason") for e in lines[:2]] == ["0", "1"]
     assert lines[2:] == [{"error": {"type": "export_failed", "message": "the export stopped early", "param": None, "code": None}}]
+
+
+def test_anycast_events_are_stored_and_found_under_anycast(client: TestClient, as_role: Any, session_factory: Any,
+                                                          clock: ManualClock) -> None:
+    """Invariant 8 names the zone tier `anycast`; the log stores and filters it by that name (migration 0009)."""
+    from controlplane.event import service
+    from controlplane.event.models import RoutingTier
+
+    with session_factory.begin() as session:
+        service.record(session, kind="cutover.step", routing_tier=RoutingTier.ANYCAST, actor="operator:test",
+                       reason="zone eu-a lost power", scope="region:eu/zone:eu-a", clock=clock)
+    viewer = as_role("viewer")
+    found = client.get("/api/v1/events", params={"routing_tier": "anycast"}, headers=viewer).json()
+    assert [(e["kind"], e["routing_tier"]) for e in found] == [("cutover.step", "anycast")]
+    assert client.get("/api/v1/events", params={"routing_tier": "zone"}, headers=viewer).status_code == 422

@@ -158,7 +158,7 @@ def test_a_non_l7_cutover_counts_as_taking_its_scope_out(runtime: CutoverRuntime
     with pytest.raises(SafetyRuleViolation):
         flows.execute(runtime, cutover_id=plan(runtime, scope=US), idempotency_key="us", actor="op")
     (step,) = events(runtime, "cutover.step")
-    assert step.routing_tier in {"anycast", "zone"}  # the events table spells the anycast tier `zone` today
+    assert step.routing_tier == "anycast"
 
 
 def test_the_stop_switch_gates_execution_but_not_rollback(runtime: CutoverRuntime, clock: ManualClock) -> None:

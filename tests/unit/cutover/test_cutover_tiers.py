@@ -20,7 +20,7 @@ ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.
 class MemoryAnycast(PollingDriver[AnycastState]):
     """A BGP speaker in memory; `lag` polls pass before a write shows at the observer."""
 
-    tier = RoutingTier.ZONE
+    tier = RoutingTier.ANYCAST
 
     def __init__(self, clock: ManualClock, *, lag: int = 0, down: bool = False) -> None:
         super().__init__(clock=clock, sleep=clock.advance)
@@ -60,11 +60,11 @@ def test_scope_keys_are_the_event_logs_scope_strings(scope: Scope, key: str) -> 
 def test_event_tiers_follow_the_events_table() -> None:
     assert [event_tier(t) for t in (CutoverTier.L7, CutoverTier.MESH, CutoverTier.DNS)] == [
         RoutingTier.L7, RoutingTier.MESH, RoutingTier.DNS]
-    assert event_tier(CutoverTier.ANYCAST).value in {"anycast", "zone"}
+    assert event_tier(CutoverTier.ANYCAST) == RoutingTier.ANYCAST
 
 
 def test_describe_target_is_stable_and_bounded() -> None:
-    assert describe_target({"tier": "zone", "zone": "a", "prefix": "p"}) == "prefix=p,zone=a"
+    assert describe_target({"tier": "anycast", "zone": "a", "prefix": "p"}) == "prefix=p,zone=a"
     assert len(describe_target({"name": "x" * 1000})) == 400
 
 
@@ -74,7 +74,7 @@ def test_the_adapter_plans_applies_and_verifies_through_json() -> None:
     tier = adapter(driver)
     (target,) = tier.targets(Scope(ScopeKind.ZONE, "eu", "eu-a"))
     before = tier.read_state(target)
-    assert before == {"tier": "zone", "target": target, "announced": True}
+    assert before == {"tier": "anycast", "target": target, "announced": True}
     after = tier.desired(before, TargetState.OUT)
     assert after["announced"] is False
     tier.apply(after)
@@ -98,7 +98,7 @@ def test_a_verification_timeout_is_a_failed_check_with_the_last_observation() ->
 def test_an_unreachable_tier_is_a_failed_check_not_an_exception() -> None:
     clock = ManualClock()
     tier = adapter(MemoryAnycast(clock, down=True))
-    check = tier.verify({"tier": "zone", "target": ZONE_A.model_dump(mode="json"), "announced": False},
+    check = tier.verify({"tier": "anycast", "target": ZONE_A.model_dump(mode="json"), "announced": False},
                         timedelta(seconds=1))
     assert (check.verified, check.evidence["error"]) == (False, "cutover_driver_unavailable")
 
