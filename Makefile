@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 # `apt-get update` runs once, only when something is missing.
 # deploy/'s tests render the overlays with kubectl (Debian's kubernetes-client)
 # and lint them with checkov, kept in its own venv: its pins would downgrade
-# boto3 and packaging in .venv.
-SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy kubectl:kubernetes-client
+# boto3 and packaging in .venv. tests/integration/redis_ha and tests/e2e/redis_ha run
+# a Redis Sentinel lab (redis-server and redis-sentinel, lifeline.daemons).
+SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy kubectl:kubernetes-client \
+  redis-server:redis-server redis-sentinel:redis-sentinel
 CHECKOV_VENV := .lifeline/tools/checkov
 
 .PHONY: install system-deps demo test bench

@@ -20,11 +20,11 @@ from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLease
 def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
     if settings.lease_redis_url is None:
         return NoLeaseRegistry()
-    import redis
+    from common.redis_url import redis_client
 
-    # Both timeouts: a registry that accepts and never answers must not hold a worker thread.
-    client = redis.Redis.from_url(settings.lease_redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                                  decode_responses=True)
+    # redis:// or redis+sentinel://; both timeouts bounded (a registry that accepts and never answers
+    # must not hold a worker thread): `?socket_timeout=2` in the URL, 1 s by default.
+    client = redis_client(settings.lease_redis_url)
     return GuardedLeaseReader(RedisLeaseReader(client, prefix=settings.lease_key_prefix))
 
 

@@ -19,8 +19,12 @@ the last good renewal was *sent*, so the engine steps down no later than the
 registry expires the lease.
 
 Transports: `http(s)://gateway` (the gateway's authenticated lease endpoint,
-embedded default) or `redis://…` (the region's Redis registry, shared with
-every gateway replica). Each turns its own I/O errors into `RegistryUnreachable`.
+embedded default) or `redis://…` / `redis+sentinel://h1:p1,h2:p2/service`
+(the region's Redis registry, shared with every gateway replica; the client
+comes from `common.redis_url` and follows a Sentinel failover). Each turns its
+own I/O errors into `RegistryUnreachable`; so is a registration no replica
+acknowledged (`contract.lease.NotReplicated`): it was not handed out, and the
+engine registers again.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_ex
 
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
-from contract.lease import DEFAULT_PREFIX, LeaseExpired, RedisLeaseRegistry, Registration, StaleGeneration
+from contract.lease import DEFAULT_PREFIX, LeaseExpired, NotReplicated, RedisLeaseRegistry, Registration, StaleGeneration
 
 log = get_logger(__name__)
 
@@ -114,7 +118,7 @@ class RedisLeaseTransport:
     async def register(self) -> tuple[int, float]:
         try:
             lease = await self.registry.register(self.registration)
-        except LeaseExpired as exc:  # lapsed during the round trip: just try again
+        except (LeaseExpired, NotReplicated) as exc:  # lapsed during the round trip, or not replicated: try again
             raise RegistryUnreachable(str(exc)) from None
         except redis.exceptions.RedisError as exc:
             raise RegistryUnreachable(str(exc) or type(exc).__name__) from exc
@@ -141,8 +145,8 @@ class RedisLeaseTransport:
 
 
 def transport_for(url: str, token: str | None, registration: dict[str, str]) -> LeaseTransport:
-    """`redis://host:port/db?key_prefix=…&ttl_ms=…` or the gateway's base URL."""
-    if url.startswith(("redis://", "rediss://")):
+    """`redis://host:port/db?key_prefix=…&ttl_ms=…`, `redis+sentinel://…/service?…` or the gateway's base URL."""
+    if url.startswith(("redis://", "rediss://", "redis+sentinel://")):
         from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
         parts = urlsplit(url)
@@ -153,7 +157,7 @@ def transport_for(url: str, token: str | None, registration: dict[str, str]) -> 
         return RedisLeaseTransport(clean, registration, prefix=prefix, ttl_s=ttl_s)
     if url.startswith(("http://", "https://")):
         return HttpLeaseTransport(url, token, registration)
-    raise ValueError(f"registry URL must be http(s):// or redis://, got {url!r}")
+    raise ValueError(f"registry URL must be http(s)://, redis:// or redis+sentinel://, got {url!r}")
 
 
 # What a bounded registry call can fail with besides the lease answers themselves.

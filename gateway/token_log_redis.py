@@ -5,22 +5,36 @@ epoch, status, migrations), `…:frames` (a stream with explicit ids
 `<seq+1>-0`, so "after seq N" is a plain XRANGE / XREAD from `<N+1>-0`) and
 `…:owner` (the driving replica, with a TTL). Every change of epoch or status
 is one Lua script, built on the transition table of `stream_status`.
+
+Every script is safe to send again after an answer was lost (a primary that
+died or was paused mid-call, a Sentinel failover): an append whose frame id
+is already there with the same body answers 1 whatever happened since; an
+advance carries a nonce and answers 1 if the epoch it made is the current one;
+apply and cancel are idempotent by the table. `token_log_buffered` relies on
+this when it replays what it held while Redis was away.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from common.redis_url import async_redis_client
 from gateway.stream_status import LUA_TRANSITIONS, StreamEvent, StreamStatus
 from gateway.token_log import Frame, StreamRecord
 
 # Every script: KEYS[1] meta hash, KEYS[2] frame stream, KEYS[3] owner key. The status rules come
 # from `stream_status` (LUA_TRANSITIONS defines T and TERMINAL), never written here by hand.
 _APPEND = LUA_TRANSITIONS + """
+local held = redis.call('XRANGE', KEYS[2], ARGV[2], ARGV[2])
+if #held > 0 then
+  if held[1][2][2] == ARGV[3] then return 1 end
+  return 0
+end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 if TERMINAL[redis.call('HGET', KEYS[1], 'status')] then return 0 end
 redis.call('XADD', KEYS[2], ARGV[2], 'f', ARGV[3])
@@ -29,10 +43,12 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 _ADVANCE = LUA_TRANSITIONS + """
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'advanced_by') == ARGV[5]
+   and tonumber(redis.call('HGET', KEYS[1], 'epoch')) == tonumber(ARGV[1]) + 1 then return 1 end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 local row = T[redis.call('HGET', KEYS[1], 'status')]
 if not row or not row['advance'] then return 0 end
-redis.call('HSET', KEYS[1], 'epoch', tonumber(ARGV[1]) + 1, 'status', row['advance'])
+redis.call('HSET', KEYS[1], 'epoch', tonumber(ARGV[1]) + 1, 'status', row['advance'], 'advanced_by', ARGV[5])
 if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[1], 'migrations', 1) end
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 return 1
@@ -81,7 +97,7 @@ class RedisTokenLog:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisTokenLog:
-        return cls(aioredis.from_url(url, decode_responses=True), **kwargs)
+        return cls(async_redis_client(url), **kwargs)
 
     def _keys(self, request_id: str) -> list[str]:
         base = f"{self.prefix}:{{{request_id}}}"
@@ -115,11 +131,18 @@ class RedisTokenLog:
         if frames:
             return frames
         stream = self._keys(request_id)[1]
-        result = await self.redis.xread({stream: f"{after_seq + 1}-0"}, block=max(1, int(timeout * 1000)))
+        # Block for less than the socket timeout, or a quiet stream would read as a dead Redis.
+        socket_timeout = self.redis.connection_pool.connection_kwargs.get("socket_timeout") or timeout
+        block = min(timeout, 0.8 * socket_timeout)
+        result = await self.redis.xread({stream: f"{after_seq + 1}-0"}, block=max(1, int(block * 1000)))
         return [Frame.from_json(fields["f"]) for _, entries in result for _, fields in entries]
 
-    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False) -> bool:
-        return bool(await self._advance(keys=self._keys(request_id), args=[expected, owner, self.owner_ttl_ms, int(migration)]))
+    async def advance_epoch(self, request_id: str, expected: int, *, owner: str, migration: bool = False,
+                            nonce: str | None = None) -> bool:
+        """`nonce`: send the same one again after a lost answer and get 1 if that very advance applied."""
+        nonce = nonce or secrets.token_hex(8)
+        return bool(await self._advance(keys=self._keys(request_id),
+                                        args=[expected, owner, self.owner_ttl_ms, int(migration), nonce]))
 
     async def apply(self, request_id: str, epoch: int, event: StreamEvent) -> bool:
         return bool(await self._apply(keys=self._keys(request_id), args=[epoch, event.value]))

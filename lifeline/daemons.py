@@ -378,3 +378,197 @@ class MotoServer:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
+
+
+# ------------------------------------------------------------------ Redis Sentinel
+
+
+class RedisNode(DaemonProcess):
+    """One redis-server on a spare loopback port, AOF fsynced on every write (a full stop and start keeps it)."""
+
+    def __init__(self, workdir: Path, port: int, replica_of: int | None = None) -> None:
+        DaemonProcess.__init__(self, f"redis-{port}", workdir)
+        self.port = port
+        self.replica_of = replica_of
+        self.conf = workdir / f"redis-{port}.conf"
+
+    def start(self) -> RedisNode:
+        server = require_binary("redis-server", "redis-server")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.conf.exists():  # a restart keeps the file Sentinel may have rewritten (replicaof …)
+            data = self.workdir / f"data-{self.port}"
+            data.mkdir(parents=True, exist_ok=True)
+            lines = [f"port {self.port}", "bind 127.0.0.1", "protected-mode no", "daemonize no",
+                     f"dir {data}", 'save ""', "appendonly yes", "appendfsync always",
+                     "repl-diskless-sync yes", "repl-diskless-sync-delay 0"]
+            if self.replica_of is not None:
+                lines.append(f"replicaof 127.0.0.1 {self.replica_of}")
+            self.conf.write_text("\n".join(lines) + "\n")
+        self.spawn([server, str(self.conf)])
+        self.wait_until(lambda: _redis_answers(self.port), f"answering PING on 127.0.0.1:{self.port}")
+        return self
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are accepted by the kernel and never answered (a silent Redis)."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGCONT)
+
+
+def _redis_answers(port: int, command: bytes = b"PING") -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3) as sock:
+            sock.settimeout(0.3)
+            sock.sendall(command + b"\r\n")
+            return sock.recv(64).startswith((b"+PONG", b"*", b"$", b"+"))
+    except OSError:
+        return False
+
+
+class RedisSentinelLab:
+    """A primary, two replicas and three sentinels (quorum 2, down-after 1 s) on spare loopback ports.
+
+    Two replicas, not one: the lease registry hands a generation out only once a
+    replica has it (`WAIT 1`, see `contract.lease`), so after a failover the new
+    primary needs a replica of its own to keep registrations going while the
+    old primary is dead.
+
+    Sentinels are started already knowing each other and the replica (`sentinel myid`,
+    `known-sentinel`, `known-replica`), so the lab is ready for a failover in about a
+    second instead of the 5-10 s of discovery by hello messages and INFO. Every
+    process is stopped by its own pid. `url` is the `redis+sentinel://` URL clients use.
+    """
+
+    service = "lifeline"
+
+    def __init__(self, workdir: Path, *, replicas: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 5000) -> None:
+        self.workdir = workdir
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        primary_port = free_port()
+        self.nodes = [RedisNode(workdir, primary_port),
+                      *(RedisNode(workdir, free_port(), replica_of=primary_port) for _ in range(replicas))]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels = [DaemonProcess(f"sentinel-{p}", workdir) for p in self.sentinel_ports]
+        self._ids = [secrets.token_hex(20) for _ in self.sentinel_ports]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.service}?db=0"
+
+    def node(self, port: int) -> RedisNode:
+        return next(n for n in self.nodes if n.port == port)
+
+    def start(self) -> RedisSentinelLab:
+        sentinel_bin = require_binary("redis-sentinel", "redis-sentinel")
+        primary, *replicas = self.nodes
+        try:
+            for node in self.nodes:
+                node.start()
+            deadline = time.monotonic() + 20
+            for replica in replicas:
+                while b"master_link_status:up" not in self._info(replica.port):
+                    if time.monotonic() > deadline:
+                        replica.fail("replica never linked to the primary")
+                    time.sleep(0.05)
+            for port, myid, proc in zip(self.sentinel_ports, self._ids, self.sentinels, strict=True):
+                conf = self.workdir / f"sentinel-{port}.conf"
+                lines = [f"port {port}", "bind 127.0.0.1", "daemonize no", f"dir {self.workdir}",
+                         f"sentinel myid {myid}",
+                         f"sentinel monitor {self.service} 127.0.0.1 {primary.port} 2",
+                         f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+                         f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}",
+                         f"sentinel parallel-syncs {self.service} 1",
+                         *(f"sentinel known-replica {self.service} 127.0.0.1 {r.port}" for r in replicas)]
+                lines += [f"sentinel known-sentinel {self.service} 127.0.0.1 {p} {i}"
+                          for p, i in zip(self.sentinel_ports, self._ids, strict=True) if p != port]
+                conf.write_text("\n".join(lines) + "\n")
+                proc.spawn([sentinel_bin, str(conf)])
+            for port, proc in zip(self.sentinel_ports, self.sentinels, strict=True):
+                proc.wait_until(lambda port=port: self._sentinel_ready(port), "knowing the primary, replica and peers")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _info(self, port: int) -> bytes:
+        import redis
+
+        try:
+            client = redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
+            try:
+                return "\n".join(f"{k}:{v}" for k, v in client.info("replication").items()).encode()
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001 - not up
+            return b""
+
+    def _sentinel(self, port: int):  # noqa: ANN202
+        import redis
+
+        return redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, decode_responses=True)
+
+    def _sentinel_ready(self, port: int) -> bool:
+        try:
+            client = self._sentinel(port)
+            try:
+                master = client.execute_command("SENTINEL", "MASTER", self.service)
+                replicas = client.execute_command("SENTINEL", "REPLICAS", self.service)
+                peers = client.execute_command("SENTINEL", "SENTINELS", self.service)
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        return bool(master) and len(replicas) >= len(self.nodes) - 1 and len(peers) >= 2
+
+    def primary_port(self) -> int:
+        """The primary as a majority of the sentinels now see it."""
+        votes: dict[int, int] = {}
+        for port in self.sentinel_ports:
+            try:
+                client = self._sentinel(port)
+                try:
+                    _, master_port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                finally:
+                    client.close()
+                votes[int(master_port)] = votes.get(int(master_port), 0) + 1
+            except Exception:  # noqa: BLE001,S112 - a paused sentinel does not vote
+                continue
+        if not votes:
+            raise RuntimeError("no sentinel answered")
+        return max(votes, key=lambda p: votes[p])
+
+    def primary(self) -> RedisNode:
+        return self.node(self.primary_port())
+
+    def replicas(self) -> list[RedisNode]:
+        primary = self.primary_port()
+        return [n for n in self.nodes if n.port != primary]
+
+    def wait_for_failover(self, old_primary: int, timeout: float = 30.0) -> int:
+        """Block until the sentinels name another primary and it answers as one; its port."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                port = self.primary_port()
+            except RuntimeError:
+                port = old_primary
+            if port != old_primary and b"role:master" in self._info(port):
+                return port
+            time.sleep(0.05)
+        raise RuntimeError(f"no failover away from {old_primary} within {timeout:g}s\n"
+                           + "\n".join(s.log_tail(1500) for s in self.sentinels))
+
+    def stop(self) -> None:
+        for proc in [*self.sentinels, *self.nodes]:
+            if isinstance(proc, RedisNode):
+                proc.resume()  # a stopped process cannot take SIGTERM
+            elif proc.alive() and proc.process is not None:
+                proc.process.send_signal(signal.SIGCONT)
+            proc.stop()
