@@ -59,7 +59,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def wait_ready(url: str, process, timeout: float = 300.0) -> float:  # noqa: ANN001
+def wait_ready(url: str, process, timeout: float = 300.0) -> float:
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=1.0) as client:
         while time.monotonic() < deadline:
@@ -215,13 +215,13 @@ PHASES = ["detection", "lease", "takeover", "start", "remap", "ready", "total"]
 
 def render(results: list[dict], kills: int, lease_every: int) -> str:
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
+        (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
         f"CPU only, torch threads 1, float64, while other work shared the 2 cores. {kills} SIGKILLs per row; "
         "the engine is restarted as soon as the kill is seen (waitpid); attached and cold restarts alternate, "
-        "so the machine's load falls on both alike. Seconds, p50 / p99.",
+        "so the machine's load falls on both alike. Seconds, p50 / p99."),
         "",
-        "| preset | weights from | detection | lease (holder) | takeover | engine start | re-mapping / load "
-        "| ready (self-test) | **restart → ready** |",
+        ("| preset | weights from | detection | lease (holder) | takeover | engine start | re-mapping / load "
+        "| ready (self-test) | **restart → ready** |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
@@ -239,12 +239,12 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
             lines.append(f"| {result['preset']} | {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
+        (f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
         f"measured on every {lease_every}th kill, where the bench waited for it before restarting; the restart "
-        "itself never waits for it: the same instance id under a higher boot generation takes over at once.",
+        "itself never waits for it: the same instance id under a higher boot generation takes over at once."),
         "",
-        "| preset | region bytes | tensor bytes | alignment overhead | holder first load | holder restart (adopt) "
-        "| decode tok/s holder | decode tok/s disk | normal-path overhead | engine RssAnon holder / disk (MiB) |",
+        ("| preset | region bytes | tensor bytes | alignment overhead | holder first load | holder restart (adopt) "
+        "| decode tok/s holder | decode tok/s disk | normal-path overhead | engine RssAnon holder / disk (MiB) |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
@@ -258,11 +258,11 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
             f"| {memory['holder']['RssAnon'] / 1024:.0f} / {memory['disk']['RssAnon'] / 1024:.0f} |")
     lines += [
         "",
-        "Normal-path overhead is (disk tok/s ÷ holder tok/s − 1), medians of alternating runs: positive means "
+        ("Normal-path overhead is (disk tok/s ÷ holder tok/s − 1), medians of alternating runs: positive means "
         "serving from the holder's pages is slower. The weights of an attached engine are the holder's tmpfs "
         "pages (RssShmem/RssFile), not its own anonymous memory, so N engines on a host hold one copy. "
         "\"holder restart (adopt)\" is a SIGKILLed holder replaying its ledger and checking the region's "
-        "sha256 instead of reading the shards again.",
+        "sha256 instead of reading the shards again."),
     ]
     return "\n".join(lines)
 
@@ -326,11 +326,11 @@ def run_kv(preset: str, repeats: int, prompt_tokens: list[int]) -> list[dict]:
 
 def render_kv(rows: list[dict], repeats: int) -> str:
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')}, CPU only, torch threads 1, float64, 2 shared cores. Each row: "
+        (f"Measured {time.strftime('%Y-%m-%d')}, CPU only, torch threads 1, float64, 2 shared cores. Each row: "
         f"{repeats} times, an engine serves a prompt (its KV blocks go to the holder's pool), is SIGKILLed and "
         "restarted; the restarted engine then serves that prompt plus one token (blocks restored, the rest "
         "prefilled) and a prompt of the same length it never saw (full prefill). Time to the first token, "
-        "medians, seconds.",
+        "medians, seconds."),
         "",
         "| preset | prompt tokens | reused from the pool | TTFT with KV blocks | TTFT full prefill | saved |",
         "|---|---|---|---|---|---|",
@@ -342,8 +342,8 @@ def render_kv(rows: list[dict], repeats: int) -> str:
         full = statistics.median(r["full_prefill"] for r in group)
         reused = int(statistics.median(r["reused"] for r in group))
         lines.append(f"| {preset} | {tokens} | {reused} | {with_kv:.3f} | {full:.3f} | {(1 - with_kv / full) * 100:.0f}% |")
-    lines += ["", "The restored positions are copied from the pool and checked against their checksum; "
-              "the tokens are those of a full prefill (tests/e2e/holder/test_holder_kv_reuse.py)."]
+    lines += ["", ("The restored positions are copied from the pool and checked against their checksum; "
+              "the tokens are those of a full prefill (tests/e2e/holder/test_holder_kv_reuse.py).")]
     return "\n".join(lines)
 
 

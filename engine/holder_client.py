@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from common.logs import get_logger
-from contract.holder import SUPERSEDED_ERROR_TYPE, AttachResponse, HeartbeatResponse, WeightsDescription
+from contract.holder import (
+    SUPERSEDED_ERROR_TYPE,
+    AttachResponse,
+    HeartbeatResponse,
+    WeightsDescription,
+)
 
 log = get_logger(__name__)
 

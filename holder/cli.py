@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -26,17 +26,17 @@ def _opt(field: str) -> Any:
 
 @holder_app.command("serve")
 def serve(
-    model: Annotated[Optional[Path], _opt("model")] = None,
-    state_dir: Annotated[Optional[Path], _opt("state_dir")] = None,
-    shm_dir: Annotated[Optional[Path], _opt("shm_dir")] = None,
-    host: Annotated[Optional[str], _opt("host")] = None,
-    port: Annotated[Optional[int], _opt("port")] = None,
-    dtype: Annotated[Optional[str], _opt("dtype")] = None,
-    lease_ttl: Annotated[Optional[float], _opt("lease_ttl")] = None,
-    heartbeat_interval: Annotated[Optional[float], _opt("heartbeat_interval")] = None,
-    kv_blocks: Annotated[Optional[int], _opt("kv_blocks")] = None,
-    kv_block_tokens: Annotated[Optional[int], _opt("kv_block_tokens")] = None,
-    log_level: Annotated[Optional[str], _opt("log_level")] = None,
+    model: Annotated[Path | None, _opt("model")] = None,
+    state_dir: Annotated[Path | None, _opt("state_dir")] = None,
+    shm_dir: Annotated[Path | None, _opt("shm_dir")] = None,
+    host: Annotated[str | None, _opt("host")] = None,
+    port: Annotated[int | None, _opt("port")] = None,
+    dtype: Annotated[str | None, _opt("dtype")] = None,
+    lease_ttl: Annotated[float | None, _opt("lease_ttl")] = None,
+    heartbeat_interval: Annotated[float | None, _opt("heartbeat_interval")] = None,
+    kv_blocks: Annotated[int | None, _opt("kv_blocks")] = None,
+    kv_block_tokens: Annotated[int | None, _opt("kv_block_tokens")] = None,
+    log_level: Annotated[str | None, _opt("log_level")] = None,
 ) -> None:
     """Hold a model's weights in shared memory for engines to attach to; keep a ledger of every allocation."""
     given = {name: value for name, value in locals().items() if value is not None}

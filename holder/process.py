@@ -38,7 +38,7 @@ class HolderProcess:
         cmd = [sys.executable, "-m", "holder.cli", "serve", "--model", str(self.model), "--port", str(self.port),
                "--state-dir", str(self.state_dir), "--shm-dir", str(self.shm_dir), *self.extra_args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until kill()
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120.0) -> None:

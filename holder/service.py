@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.clock import Clock
-from common.logs import get_logger
 import numpy as np
 
+from common.clock import Clock
+from common.logs import get_logger
 from contract.holder import (
     AttachResponse,
     HeartbeatResponse,
@@ -53,7 +53,14 @@ from contract.holder import (
 from holder import store
 from holder.errors import HolderNotReady, KVConflict, KVPoolAbsent, TenantSuperseded, UnknownTenant
 from holder.ledger import Ledger
-from holder.regions import KVBlockState, LedgerState, RegionRecord, RegionStatus, TenantRecord, rebuild
+from holder.regions import (
+    KVBlockState,
+    LedgerState,
+    RegionRecord,
+    RegionStatus,
+    TenantRecord,
+    rebuild,
+)
 from holder.settings import HolderSettings
 
 log = get_logger(__name__)
@@ -90,7 +97,7 @@ class MemoryHolder:
     # -- the ledger ----------------------------------------------------------------
     def _record(self, record: dict[str, Any]) -> None:
         """Write ahead, then apply: the mapping never holds what the ledger does not."""
-        assert self._ledger is not None, "open() first"  # noqa: S101 - a programming error, not input
+        assert self._ledger is not None, "open() first"  # a programming error, not input
         self._ledger.append(record)
         self.state.apply(record)
 
@@ -198,7 +205,7 @@ class MemoryHolder:
             return self.kv
 
     def _block_checksum(self, block: int) -> str:
-        assert self.kv is not None and self._kv_bytes is not None  # noqa: S101
+        assert self.kv is not None and self._kv_bytes is not None
         size = self.kv.layout.block_bytes
         return kv_block_checksum(memoryview(self._kv_bytes[block * size:(block + 1) * size]))
 
@@ -306,7 +313,7 @@ class MemoryHolder:
 
     @staticmethod
     def _describe(region: RegionRecord) -> WeightsDescription:
-        assert region.checksum is not None and region.epoch is not None  # noqa: S101 - sealed regions only
+        assert region.checksum is not None and region.epoch is not None  # sealed regions only
         view = RegionView(region_id=region.region_id, path=region.path, size=region.size, purpose=region.purpose,
                           owner=region.owner, epoch=region.epoch, checksum=region.checksum,
                           tensors=[TensorSpec(**t) for t in region.tensors])

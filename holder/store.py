@@ -30,7 +30,6 @@ import numpy as np
 from contract.holder import TENSOR_ALIGNMENT, TensorSpec
 from contract.identity import WEIGHT_SUFFIX, weights_digest
 
-
 # The seal of a KV pool region: its blocks are checksummed one by one (kv_commit records), not as a whole.
 PER_BLOCK = "per-block"
 
@@ -76,7 +75,7 @@ def model_tensor_shapes(model_dir: Path) -> list[tuple[str, tuple[int, ...]]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for filename in sorted(set(index["weight_map"].values())):
         with safe_open(str(model_dir / filename), framework="np") as shard:
-            for name in shard.keys():
+            for name in shard.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
                 shapes[name] = tuple(shard.get_slice(name).get_shape())
     missing = set(index["weight_map"]) - set(shapes)
     if missing:
@@ -104,7 +103,7 @@ def fill_weights(path: Path, model_dir: Path, specs: list[TensorSpec]) -> None:
     try:
         for filename in sorted(set(index["weight_map"].values())):
             with safe_open(str(model_dir / filename), framework="np") as shard:
-                for name in shard.keys():
+                for name in shard.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
                     spec = by_name[name]
                     target = region[spec.offset:spec.offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
                     np.copyto(target, shard.get_tensor(name), casting="same_kind")

@@ -19,7 +19,13 @@ import pytest
 
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
-from tests.e2e.holder.conftest import PROMPT, completion_tokens, prompt_ids, wait_for, weights_origin
+from tests.e2e.holder.conftest import (
+    PROMPT,
+    completion_tokens,
+    prompt_ids,
+    wait_for,
+    weights_origin,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,7 @@ PROMPT = ("Every region keeps a warm pool; when one zone is lost the gateway mov
           "engine, which continues from the committed prefix without a gap or a duplicate token. ") * 2
 
 
-def metric(engine, name: str) -> float:  # noqa: ANN001
+def metric(engine, name: str) -> float:
     return scrape_metric(f"{engine.url}/metrics", name)
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
-def held(tmp_path: Path):  # noqa: ANN201
+def held(tmp_path: Path):
     model = tmp_path / "model"
     model.mkdir()
     save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(model / "model-00001-of-00001.safetensors"))

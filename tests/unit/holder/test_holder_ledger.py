@@ -14,7 +14,7 @@ RECORDS = [{"op": "boot", "epoch": 1},
            {"op": "seal", "region": 1, "checksum": "sha256:00", "epoch": 1}]
 
 
-def write_ledger(path, records):  # noqa: ANN001, ANN201
+def write_ledger(path, records):
     ledger = Ledger.open(path)
     for record in records:
         ledger.append(record)
