@@ -141,7 +141,7 @@ def demo(
             build_model(model_dir, preset_name="tiny", seed=0)
     console.print(f"[1/6] model     tiny-seed0 in {model_dir}")
 
-    cp_env = {"LIFELINE_DATA_DIR": str(workdir), "LIFELINE_DATABASE_URL": f"sqlite:///{workdir / 'controlplane.sqlite3'}"}
+    cp_env = {"LIFELINE_CONTROLPLANE_DATA_DIR": str(workdir), "LIFELINE_CONTROLPLANE_DATABASE_URL": f"sqlite:///{workdir / 'controlplane.sqlite3'}"}
     _run_cli(["controlplane", "migrate"], cp_env)
     versions = json.loads(_run_cli(["catalog", "list", "--json"], cp_env) or "[]")
     if not any(v.get("version") == model_dir.name for v in versions):
@@ -157,7 +157,7 @@ def demo(
     config = {
         "replica_id": "demo-gateway",
         "models": [{"alias": ALIAS, "version": model_dir.name, "model_dir": str(model_dir)}],
-        "registry": {"kind": "memory", "token": lease_token, "ttl": 2.0},
+        "registry": {"kind": "memory", "token": lease_token, "ttl": 2.0, "state_dir": str(workdir / "gateway-state")},
         "recovery": {"stall_timeout": 2.0},
     }
     config_path = workdir / "gateway.yaml"
