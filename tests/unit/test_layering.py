@@ -95,7 +95,7 @@ CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
     {"controlplane.slo": "slo"},
     # the composition root
     {"controlplane.app": "root", "controlplane.api": "root", "controlplane.cli": "root", "controlplane.schema": "root",
-     "controlplane.celery_app": "root",
+     "controlplane.celery_app": "root", "controlplane.console": "root",  # the console composes every domain
      "migrations": "root", "lifeline": "root"},
 ]
 
