@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import structlog
+from prometheus_client import CollectorRegistry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -40,6 +41,7 @@ from gateway.routing_table import RoutingTable, StaticRoutingTable
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.token_log import MemoryTokenLog, TokenLog
+from gateway.token_log_buffered import BufferedTokenLog
 from gateway.token_log_redis import RedisTokenLog
 
 log = get_logger(__name__)
@@ -62,12 +64,15 @@ def build_registry(settings: GatewaySettings, clock: Clock) -> LeaseRegistry:
     return InMemoryLeaseRegistry(cfg.ttl, clock, state_path=cfg.state_dir / "generations.json" if cfg.state_dir else None)
 
 
-def build_token_log(settings: GatewaySettings, clock: Clock) -> TokenLog:
+def build_token_log(settings: GatewaySettings, clock: Clock, registry: CollectorRegistry | None = None) -> TokenLog:
     cfg = settings.token_log
     if cfg.kind == "redis":
         if cfg.url is None:  # pragma: no cover - settings validate it
             raise ValueError("token_log.url is required when token_log.kind is redis")
-        return RedisTokenLog.from_url(cfg.url, prefix=cfg.key_prefix, retention=cfg.retention, owner_ttl=cfg.owner_ttl)
+        return BufferedTokenLog(
+            RedisTokenLog.from_url(cfg.url, prefix=cfg.key_prefix, retention=cfg.retention, owner_ttl=cfg.owner_ttl),
+            buffer_frames=cfg.outage_buffer_frames, admit_non_resumable=cfg.admit_non_resumable,
+            commit_wait=settings.recovery.stall_timeout.total_seconds(), registry=registry)
     return MemoryTokenLog(retention=cfg.retention, owner_ttl=cfg.owner_ttl, clock=clock)
 
 
@@ -81,9 +86,10 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         link = build_controlplane_link(settings, clock, metrics.registry)
         table = link.routing or build_routing_table(settings)
         registry = build_registry(settings, clock)
-        view = link.wrap_view(LeaseView(registry, refresh_interval=settings.registry.refresh_interval.total_seconds(), cached=settings.registry.kind == "redis"))
+        view = link.wrap_view(LeaseView(registry, refresh_interval=settings.registry.refresh_interval.total_seconds(), cached=settings.registry.kind == "redis",
+                                        fail_static=settings.registry.fail_static.total_seconds(), clock=clock, metrics_registry=metrics.registry))
         await view.start()
-        token_log = build_token_log(settings, clock)
+        token_log = build_token_log(settings, clock, metrics.registry)
         router = Router(settings, table, view, Admission(settings.admission), clock)
         link.attach(router)
         await link.start(router, view)

@@ -26,9 +26,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from uhashring import HashRing
 
-from common.clock import Clock
+from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.lease import Lease, LeaseRegistry
 from gateway.admission import Admission
@@ -53,37 +54,119 @@ class Endpoint:
         return (self.instance_id, self.generation)
 
 
-class LeaseView:
-    """The live leases as this replica last read them; Redis is re-read in the background."""
+class LeaseRegistryUnavailable(NoHealthyEndpoint):
+    """The lease registry has not answered for longer than `registry.fail_static`: no new requests."""
 
-    def __init__(self, registry: LeaseRegistry, *, refresh_interval: float, cached: bool) -> None:
+    error_type = "lease_registry_unavailable"
+
+
+class LeaseView:
+    """The live leases as this replica last read them; Redis is re-read in the background.
+
+    Fail static (Envoy keeps its last endpoints while its control plane is away;
+    Kubernetes' EndpointSlices keep serving while the API server is down): when
+    the registry cannot be read, the view keeps the leases it last saw and the
+    router keeps routing to them, still ejecting endpoints that fail locally,
+    for `fail_static` seconds after the last good read. After that window new
+    requests (and migrations) get 503 `lease_registry_unavailable`, and the
+    router never routes to an endpoint it knows nothing about; streams in
+    flight continue. The next good read ends it all.
+
+    Metrics: `lifeline_gateway_lease_registry_available` (0/1),
+    `lifeline_gateway_lease_view_age_seconds` (since the last good read, set on
+    every refresh), `lifeline_gateway_lease_registry_refused_total` (requests
+    refused after the window). Log lines: "lease registry unreachable; routing
+    on the last view (fail static)", "fail-static window over; refusing new
+    requests", "lease registry back".
+    """
+
+    def __init__(self, registry: LeaseRegistry, *, refresh_interval: float, cached: bool,
+                 fail_static: float = 30.0, clock: Clock | None = None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         self.registry = registry
         self.refresh_interval = refresh_interval
         self.cached = cached
+        self.fail_static = fail_static
+        self.clock: Clock = clock or SystemClock()
         self.leases: list[Lease] = []
+        self.last_read_at: float | None = None  # clock.now() of the last good read
+        self.available = True
+        self._window_over_logged = False
         self._task: asyncio.Task | None = None
+        r = metrics_registry or CollectorRegistry()
+        self.m_available = Gauge("lifeline_gateway_lease_registry_available", "1 while the lease registry answers", registry=r)
+        self.m_age = Gauge("lifeline_gateway_lease_view_age_seconds", "Seconds since the lease view was last read", registry=r)
+        self.m_refused = Counter("lifeline_gateway_lease_registry_refused", "Requests refused: lease view older than fail_static", registry=r)
+        self.m_available.set(1)
 
     async def start(self) -> None:
         if self.cached:
-            self.leases = await self.registry.live()
+            await self.refresh()
             self._task = asyncio.create_task(self._refresh_loop(), name="lease-view-refresh")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
+    async def refresh(self) -> bool:
+        """Read the registry once; on failure keep the last view. True if it answered."""
+        try:
+            leases = await self.registry.live()
+        except Exception as exc:  # keep the last good view; the registry may be back next tick
+            if self.available:
+                log.error("lease registry unreachable; routing on the last view (fail static)",
+                          error=(str(exc) or type(exc).__name__)[:200], endpoints=len(self.leases),
+                          fail_static_s=self.fail_static)
+            self.available = False
+            self.m_available.set(0)
+            self.m_age.set(self.age())
+            return False
+        if not self.available:
+            log.warning("lease registry back", endpoints=len(leases), unavailable_for_s=round(self.age(), 3))
+        self.leases, self.last_read_at, self.available = leases, self.clock.now(), True
+        self._window_over_logged = False
+        self.m_available.set(1)
+        self.m_age.set(0)
+        return True
+
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_interval)
-            try:
-                self.leases = await self.registry.live()
-            except Exception as exc:  # keep the last good view; the registry may be back next tick
-                log.warning("lease view refresh failed", error=str(exc))
+            await self.refresh()
+
+    def age(self) -> float:
+        """Seconds since the last good read (infinite before the first)."""
+        return math.inf if self.last_read_at is None else self.clock.now() - self.last_read_at
+
+    def stale(self) -> bool:
+        return self.cached and self.age() > self.fail_static
+
+    def check_admission(self) -> None:
+        """Raise LeaseRegistryUnavailable once the view is older than the fail-static window."""
+        if not self.stale():
+            return
+        self.m_refused.inc()
+        if not self._window_over_logged:
+            self._window_over_logged = True
+            log.error("fail-static window over; refusing new requests", age_s=round(self.age(), 3),
+                      fail_static_s=self.fail_static)
+        raise LeaseRegistryUnavailable(
+            f"the lease registry has not answered for more than {self.fail_static:g}s; no endpoint is known to be live",
+            retry_after_s=1.0)
 
     async def current(self) -> list[Lease]:
         if self.cached:
             return self.leases
         return await self.registry.live()
+
+
+def lease_view_of(view: object) -> LeaseView | None:
+    """The LeaseView under a wrapper (the snapshot's view), if there is one."""
+    while not isinstance(view, LeaseView):
+        view = getattr(view, "inner", None)
+        if view is None:
+            return None
+    return view
 
 
 class Router:
@@ -158,6 +241,8 @@ class Router:
         `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
         """
         deadline = self.clock.now() + queue_timeout
+        if (leases := lease_view_of(self.view)) is not None:
+            leases.check_admission()  # fail static only for a bounded window (LeaseView)
         while True:
             candidates = await self.endpoints(version)
             if prefer is not None:

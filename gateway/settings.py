@@ -69,6 +69,8 @@ class RegistryConfig(_Section):
     refresh_interval: Seconds = Field(timedelta(milliseconds=250), description="how often a Redis view is re-read")
     state_dir: Path | None = Field(None, description="memory registry: generation counters persist here across restarts "
                                                      "(unset: derived from the boot time; gateway/lease_registry.py)")
+    fail_static: Seconds = Field(timedelta(seconds=30), description="Redis registry unreadable: keep routing on the last "
+                                                                    "view this long, then refuse new requests (503)")
 
     @model_validator(mode="after")
     def _check(self) -> RegistryConfig:
@@ -85,6 +87,10 @@ class TokenLogConfig(_Section):
     key_prefix: str = "lifeline:stream"
     retention: Seconds = Field(timedelta(minutes=10), description="how long a finished or detached stream can be resumed")
     owner_ttl: Seconds = Field(timedelta(seconds=2), description="a replica driving a stream refreshes its ownership within this")
+    outage_buffer_frames: int = Field(10000, ge=0, description="Redis log unreachable: frames held in the gateway for streams "
+                                                              "in flight (0: a frame reaches the client only once in Redis)")
+    admit_non_resumable: bool = Field(False, description="Redis log unreachable: admit new streams without cross-replica "
+                                                         "resumability instead of refusing them (503)")
 
     @model_validator(mode="after")
     def _check(self) -> TokenLogConfig:
