@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -26,6 +26,24 @@ def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
     # must not hold a worker thread): `?socket_timeout=2` in the URL, 1 s by default.
     client = redis_client(settings.lease_redis_url)
     return GuardedLeaseReader(RedisLeaseReader(client, prefix=settings.lease_key_prefix))
+
+
+def _drill_dispatch(settings: ControlPlaneSettings, clock: Clock) -> Callable[[int], None] | None:
+    """How an API-requested drill run starts: the Celery task (in-process when no broker is set).
+
+    None without a fleet file: the run stays `scheduled`, as `lifeline drill run` documents.
+    """
+    if settings.drill_fleet_file is None:
+        return None
+    from controlplane.celery_app import create_celery
+    from controlplane.drill.tasks import RUN
+
+    run = create_celery(settings, clock=clock).tasks[RUN]
+
+    def dispatch(run_id: int) -> None:
+        run.delay(run_id)
+
+    return dispatch
 
 
 def create_app(
@@ -63,6 +81,7 @@ def create_app(
     app.state.read_session_factory = build_session_factory(engine, read_only=True)
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
+    app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
     install_error_handlers(app)
     # The last added is outermost: an oversized body is refused before anything parses it, and audited.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
