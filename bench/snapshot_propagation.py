@@ -1,19 +1,18 @@
 """Alias move → first request answered by the new version at every gateway (routing.source=snapshot).
 
-Two gateway processes poll the control plane's snapshot (If-None-Match,
-`routing.poll_interval`) and share one Redis lease registry; two engines
-serve two weight versions (tiny seed 0 and seed 1: same tokenizer, different
-greedy tokens, so an answer names the version that produced it). Each move
-flips alias `prod` between the versions (a promote, then a rollback, …);
-from the moment the control plane serves the new snapshot, a client at each
+A real control plane (`lifeline controlplane serve`, SQLite, started by
+`lifeline.processes.ControlPlaneProcess`) holds two registered versions of
+the tiny model (seed 0 and seed 1: one fingerprint, different greedy
+tokens, so an answer names the version that produced it). Two gateway
+processes poll its snapshot (If-None-Match, `routing.poll_interval`) with a
+`gateway`-role token and share one Redis lease registry with two engines.
+Each move is a catalog call over the API — promote `prod` to seed 1, then
+roll it back to seed 0, and so on; from the moment that call answers (the
+move is committed and the snapshot version advanced), a client at each
 gateway sends greedy 4-token completions back to back and the move counts
 as done at a gateway when an answer carries the new version's tokens. The
 move's propagation is the slowest gateway's. Printed per gateway and for
 "every gateway": p50, p99 and max over the moves.
-
-The control plane here is `bench/controlplane_standin.py` (the contract's
-snapshot endpoint, in its own process) until `lifeline controlplane serve`
-serves contract snapshots; a promote is the moment the new snapshot is served.
 
     .venv/bin/python -m bench.snapshot_propagation [--moves 20] [--poll-intervals 0.25,1.0] [--write docs/benchmarks.md]
 """
@@ -22,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
-import json
 import platform
 import random
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -40,78 +35,91 @@ from typing import Any
 import httpx
 
 from bench.docs import replace_section
-from lifeline.processes import LEASE_TOKEN, EngineProcess, GatewayProcess, built_model, free_port, wait_for_http_ok
+from lifeline.processes import (
+    LEASE_TOKEN,
+    ControlPlaneProcess,
+    EngineProcess,
+    GatewayProcess,
+    built_model,
+    free_port,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = "redis://127.0.0.1:6379/0"
 MODEL = "tiny"
+REGION = "local"  # the gateways' and engines' default region
 PROMPT = "The snapshot moved the alias, so the gateway"
-GATEWAY_FILES = ("tokenizer.json", "config.json", "tokenizer_config.json")
-CONTROLPLANE_TOKEN = "standin-token"
-
-
-def artifact_files(model_dir: Path) -> dict[str, str]:
-    """VersionEntry.files: the sha256 of each file a gateway loads."""
-    return {name: hashlib.sha256((model_dir / name).read_bytes()).hexdigest()
-            for name in GATEWAY_FILES if (model_dir / name).exists()}
 
 
 @dataclass
 class SnapshotFleet:
-    """A control plane (stand-in), gateways routing by its snapshot, and engines; all real processes."""
+    """A real control plane, gateways routing by its snapshot, and engines; every one its own process.
+
+    `gateway_controlplane_url` is where gateways look for the control plane:
+    the control plane itself unless a test puts something in between.
+    """
 
     workdir: Path
     versions: dict[str, Path]  # version name → model directory
     poll_interval: float = 0.25
-    cp_port: int = field(default_factory=free_port)
     key_prefix: str = field(default_factory=lambda: f"lifeline-snapbench-{uuid.uuid4().hex[:8]}")
-    controlplane: subprocess.Popen | None = None
+    controlplane: ControlPlaneProcess = field(init=False)
+    gateway_controlplane_url: str | None = None
+    gateway_token: str = ""
+    operator_token: str = ""
     gateways: list[GatewayProcess] = field(default_factory=list)
     engines: list[EngineProcess] = field(default_factory=list)
-    snapshot_version: int = 0
+
+    def __post_init__(self) -> None:
+        # The control plane reads the regions' leases from the Redis registry the gateways write.
+        self.controlplane = ControlPlaneProcess(self.workdir / "controlplane", env={
+            "LIFELINE_CONTROLPLANE_LEASE_REDIS_URL": REDIS_URL,
+            "LIFELINE_CONTROLPLANE_LEASE_KEY_PREFIX": self.key_prefix,
+        })
 
     @property
     def cp_url(self) -> str:
-        return f"http://127.0.0.1:{self.cp_port}"
+        return self.controlplane.url
+
+    @property
+    def operator(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.operator_token}"}
 
     # -- the control plane ----------------------------------------------------------------
-    def start_controlplane(self) -> None:
-        log = open(self.workdir / "controlplane.log", "ab")
-        self.controlplane = subprocess.Popen(
-            [sys.executable, "-m", "bench.controlplane_standin", "--port", str(self.cp_port), "--token", CONTROLPLANE_TOKEN],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        log.close()
-        wait_for_http_ok(f"{self.cp_url}/api/v1/gateways", self.controlplane, name="control plane",
-                         log_path=self.workdir / "controlplane.log", timeout=60)
+    def start_controlplane(self, aliases: dict[str, str] | None = None) -> None:
+        """Start it; the first time, also create tokens, register every version, declare the region, point `aliases`."""
+        first = not self.operator_token
+        if first:
+            self.controlplane.migrate()
+            self.gateway_token = self.controlplane.create_token("gateway", "snapshot-gateways")
+            self.operator_token = self.controlplane.create_token("operator", "snapshot-operator")
+            for version, model_dir in sorted(self.versions.items()):
+                self.controlplane.cli("catalog", "register", MODEL, version, str(model_dir))
+        self.controlplane.start()
+        self.controlplane.wait_ready()
+        if first:
+            httpx.post(f"{self.cp_url}/api/v1/regions", json={"name": REGION}, headers=self.operator,
+                       timeout=10).raise_for_status()
+            for alias, version in (aliases or {}).items():
+                self.promote(alias, version, reason="initial")
 
     def stop_controlplane(self) -> None:
-        if self.controlplane is not None and self.controlplane.poll() is None:
-            self.controlplane.send_signal(signal.SIGKILL)
-            self.controlplane.wait(timeout=15)
+        self.controlplane.stop(signal.SIGKILL)
 
-    def snapshot_body(self, aliases: dict[str, str], version: int) -> dict[str, Any]:
-        return {
-            "schema_version": 1, "version": version,
-            "models": {MODEL: {
-                "aliases": {name: {"version": v, "revision": version} for name, v in aliases.items()},
-                "versions": {v: {"version": v, "fingerprint": "sha256:standin", "location": str(self.versions[v]),
-                                 "files": artifact_files(self.versions[v])} for v in sorted(set(aliases.values()))},
-            }},
-        }
+    def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = httpx.request(method, f"{self.cp_url}/api/v1{path}", headers=self.operator, timeout=30, **kwargs)
+        if response.is_error:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:500]}")
+        return response
 
-    def publish(self, aliases: dict[str, str]) -> int:
-        """Serve a new snapshot with these aliases; its version is the next one."""
-        self.snapshot_version += 1
-        self.publish_raw(json.dumps(self.snapshot_body(aliases, self.snapshot_version)).encode(), self.snapshot_version)
-        return self.snapshot_version
+    def promote(self, alias: str, version: str, reason: str = "bench") -> None:
+        self.api("POST", f"/catalog/models/{MODEL}/aliases/{alias}/promote", json={"version": version, "reason": reason})
 
-    def publish_raw(self, body: bytes, version: int) -> None:
-        response = httpx.post(f"{self.cp_url}/_standin/snapshot", content=body,
-                              headers={"X-Snapshot-Version": str(version)}, timeout=5)
-        response.raise_for_status()
+    def rollback(self, alias: str, reason: str = "bench") -> None:
+        self.api("POST", f"/catalog/models/{MODEL}/aliases/{alias}/rollback", json={"reason": reason})
 
-    def controlplane_state(self) -> dict[str, Any]:
-        return httpx.get(f"{self.cp_url}/_standin/state", timeout=5).json()
+    def snapshot_version(self) -> int:
+        """The version the control plane serves now."""
+        return int(self.api("GET", "/snapshot").json()["version"])
 
     # -- gateways and engines ------------------------------------------------------------------
     def gateway_config(self, replica_id: str) -> dict[str, Any]:
@@ -119,8 +127,9 @@ class SnapshotFleet:
             "registry": {"kind": "redis", "url": REDIS_URL, "key_prefix": self.key_prefix, "token": LEASE_TOKEN,
                          "ttl": 2.0, "refresh_interval": 0.1},
             "recovery": {"stall_timeout": 1.5, "first_token_timeout": 20.0, "connect_timeout": 1.0},
-            "routing": {"source": "snapshot", "controlplane_url": self.cp_url, "token": CONTROLPLANE_TOKEN,
-                        "poll_interval": self.poll_interval, "cache_path": str(self.workdir / replica_id / "snapshot.json"),
+            "routing": {"source": "snapshot", "controlplane_url": self.gateway_controlplane_url or self.cp_url,
+                        "token": self.gateway_token, "poll_interval": self.poll_interval,
+                        "cache_path": str(self.workdir / replica_id / "snapshot.json"),
                         "report_interval": 1.0, "event_flush_interval": 0.2},
         }
 
@@ -186,8 +195,7 @@ def run(moves: int, poll_interval: float) -> tuple[dict[str, list[float]], list[
     with tempfile.TemporaryDirectory(prefix="snapbench-") as tmp:
         fleet = SnapshotFleet(Path(tmp), versions, poll_interval=poll_interval)
         try:
-            fleet.start_controlplane()
-            fleet.publish({"prod": v0, "canary": v1})
+            fleet.start_controlplane({"prod": v0, "canary": v1})
             gateways = [fleet.start_gateway(f"gw-{c}") for c in "ab"]
             fleet.start_engine("eng-0", v0)
             fleet.start_engine("eng-1", v1)
@@ -199,12 +207,15 @@ def run(moves: int, poll_interval: float) -> tuple[dict[str, list[float]], list[
                 raise RuntimeError(f"the two versions must answer differently: {reference}")
             per_gateway: dict[str, list[float]] = {g.replica_id: [] for g in gateways}
             every: list[float] = []
-            target = v0
             with concurrent.futures.ThreadPoolExecutor(len(gateways)) as pool:
-                for _ in range(moves):
+                for move in range(moves):
                     time.sleep(random.uniform(0.2, 0.6))  # spread moves over the poll phase
-                    target = v1 if target == v0 else v0
-                    fleet.publish({"prod": target, "canary": v1})
+                    if move % 2 == 0:
+                        target = v1
+                        fleet.promote("prod", v1)
+                    else:
+                        target = v0
+                        fleet.rollback("prod")  # back to v0: the version before the latest promote
                     futures = {g.replica_id: pool.submit(wait_answer, g.url, MODEL, reference[target]) for g in gateways}
                     took = {rid: f.result() for rid, f in futures.items()}
                     for rid, seconds in took.items():
@@ -221,13 +232,13 @@ def report(moves: int, results: dict[float, tuple[dict[str, list[float]], list[f
                 f"| {_pct(values, 0.99) * 1000:.0f} | {max(values) * 1000:.0f} |")
 
     lines = [
-        f"{moves} alias moves per row (promote/rollback alternating), 2 gateway processes, 2 engines, "
+        (f"{moves} alias moves per row (catalog API: promote, then rollback, alternating), 2 gateway processes, "
+        f"2 engines, a real control plane (`lifeline controlplane serve`, SQLite), "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, on a shared 2-core "
-        "machine. Time from the control plane serving the new snapshot to the first answer from the new version "
-        "(greedy 4-token completions sent back to back at each gateway, so it includes that request's own latency). "
-        "\"every gateway\" is the slowest gateway of each move — what a cutover waits for. The control plane is "
-        "bench/controlplane_standin.py (the contract's snapshot endpoint in its own process); the real one adds "
-        "the time its endpoint takes to build and serve the snapshot.",
+        "machine. Time from the promote/rollback call's answer (the move committed, the snapshot version "
+        "advanced) to the first answer from the new version (greedy 4-token completions sent back to back at "
+        "each gateway, so it includes that request's own latency). \"every gateway\" is the slowest gateway of "
+        "each move — what a cutover waits for."),
         "",
         "| poll_interval ms | gateway | moves | p50 ms | p99 ms | max ms |",
         "|---:|---|---:|---:|---:|---:|",
@@ -238,10 +249,11 @@ def report(moves: int, results: dict[float, tuple[dict[str, list[float]], list[f
     default = results.get(0.25)
     if default is not None:
         met = _pct(default[1], 0.99) <= 1.0
-        lines += ["", f"Target (issue 8): p99 ≤ 1000 ms at every gateway with the default poll_interval (250 ms): "
-                      f"{'met' if met else 'NOT met'}. A poll that finds nothing new is a 304 of a few hundred bytes; "
-                      "a move costs the wait for the next poll (up to one poll_interval), one apply (validate, verify the "
-                      "checksums of a version not seen before, write the disk copy, swap) and one request."]
+        lines += ["", (f"Target (issue 8): p99 ≤ 1000 ms at every gateway with the default poll_interval (250 ms): "
+                      f"{'met' if met else 'NOT met'}. A poll that finds nothing new is a 304 that reads one row; "
+                      "a move costs the wait for the next poll (up to one poll_interval), the control plane building "
+                      "the snapshot once per gateway, one apply (validate, verify the checksums of a version not seen "
+                      "before, write the disk copy, swap) and one request.")]
     return "\n".join(lines)
 
 

@@ -220,3 +220,80 @@ def scrape_metric(url: str, name: str, labels: dict[str, str] | None = None) -> 
             if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
                 total += sample.value
     return total
+
+
+@dataclass
+class ControlPlaneProcess:
+    """`lifeline controlplane serve` on a free port, its SQLite database in `workdir`.
+
+    `start()` and `create_token()` run `lifeline controlplane migrate` first
+    (idempotent), so a stopped control plane starts again on the same
+    database and port, as a restarted one would. `cli()` runs any
+    `lifeline …` command (tokens, the catalog) against the same database;
+    those talk to the database, not the API, so they work while the server
+    is stopped. `env` adds or overrides LIFELINE_CONTROLPLANE_* settings (a
+    lease registry, a stale-after, …).
+    """
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "controlplane.log"
+
+    def environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "LIFELINE_CONTROLPLANE_DATA_DIR": str(self.workdir),
+            "LIFELINE_CONTROLPLANE_DATABASE_URL": f"sqlite:///{self.workdir / 'controlplane.sqlite3'}",
+            "LIFELINE_CONTROLPLANE_PORT": str(self.port),
+            **self.env,
+        }
+
+    def cli(self, *args: str) -> str:
+        """`lifeline ARGS` against this control plane's database; its stdout, or RuntimeError with both streams."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "lifeline.cli", *args], capture_output=True, text=True,
+                              env=self.environment(), check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"lifeline {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def migrate(self) -> None:
+        """`lifeline controlplane migrate`: the schema at head (a no-op when it is)."""
+        self.cli("controlplane", "migrate")
+
+    def create_token(self, role: str, name: str | None = None) -> str:
+        """A new API token of `role` (viewer | operator | admin | gateway); the secret, printed once by the CLI."""
+        self.migrate()
+        return self.cli("controlplane", "token", "create", "--role", role, "--name", name or role).splitlines()[0].strip()
+
+    def start(self) -> None:
+        self.migrate()
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "lifeline.cli", "controlplane", "serve"],
+                                        stdout=log, stderr=subprocess.STDOUT, env=self.environment())
+        log.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        wait_for_http_ok(f"{self.url}/healthz/ready", self.process, name="control plane", log_path=self.log_path,
+                         timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
