@@ -1,0 +1,274 @@
+"""Sign-in, the layout's static files, the Fleet and the Catalog pages.
+
+Reads go through the domains' service modules (topology, gateway_report,
+weight_catalog) on the read-only session factory; writes through the same
+service calls the REST routes make, in one unit of work, audited by the
+same middleware (the actor is the session's token, as with a bearer token).
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, Response
+
+from common.errors import LifelineError
+from controlplane.auth import service as auth_service
+from controlplane.auth.roles import Role
+from controlplane.deps import NamePath
+from controlplane.console import session as console_session
+from controlplane.console.web import (
+    SECURITY_HEADERS,
+    current_user,
+    guard_action,
+    key,
+    parse,
+    problem,
+    read_form,
+    redirect,
+    render,
+    run_action,
+    to_sign_in,
+    unit_of_work,
+)
+from controlplane.gateway_report import service as gateway_report_service
+from controlplane.topology import repository as topology_repository
+from controlplane.topology import service as topology_service
+from weight_catalog import aliases as catalog_aliases
+from weight_catalog import repository as catalog_repository
+from weight_catalog import service as catalog_service
+from weight_catalog.schemas import PromoteRequest
+from weight_catalog.schemas import RollbackRequest as CatalogRollback
+from controlplane.types import Name
+from pydantic import BaseModel
+
+
+class AliasForm(BaseModel):
+    alias: Name
+
+router = APIRouter()
+Form = Annotated[dict[str, str], Depends(read_form)]
+
+STATIC = Path(__file__).parent / "static"
+STATIC_FILES = {
+    "htmx.min.js": ("htmx-2.0.11.min.js", "text/javascript"),
+    "htmx.LICENSE.txt": ("htmx.LICENSE.txt", "text/plain"),
+    "console.js": ("console.js", "text/javascript"),
+    "console.css": ("console.css", "text/css"),
+}
+
+
+@router.get("/console/static/{name}", include_in_schema=False, name="console.static")
+def static_file(name: str) -> Response:
+    found = STATIC_FILES.get(name)
+    if found is None:
+        return Response("not found", status_code=404, media_type="text/plain")
+    filename, media_type = found
+    return FileResponse(STATIC / filename, media_type=media_type,
+                        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+
+
+def _safe_next(target: str | None) -> str:
+    # Only our own pages: no scheme, no host, no `//evil` (an open redirect after sign-in).
+    if target and target.startswith("/console") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/console/fleet"
+
+
+@router.get("/console", include_in_schema=False, name="console.home")
+def home(request: Request) -> Response:
+    return redirect("/console/fleet" if current_user(request) else "/console/sign-in")
+
+
+@router.get("/console/sign-in", include_in_schema=False, name="console.sign_in_form")
+def sign_in_form(request: Request, next: str | None = None) -> Response:  # noqa: A002 - the query's name
+    presession = secrets.token_urlsafe(24)
+    response = render(request, "sign_in.jinja", user=None, next=_safe_next(next), signin_csrf=presession,
+                      error=None)
+    _set_cookie(request, response, console_session.PRESESSION_COOKIE, presession, max_age=3600)
+    return response
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, *, max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=console_session.COOKIE_PATH, httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+
+
+@router.post("/console/sign-in", include_in_schema=False, name="console.sign_in")
+def sign_in(request: Request, form: Form) -> Response:
+    """Exchange an API token for a session cookie. Double-submit CSRF: the form's value must match its cookie."""
+    presession = request.cookies.get(console_session.PRESESSION_COOKIE)
+    target = _safe_next(form.get("next"))
+    if not presession or not secrets.compare_digest(presession, form.get("signin_csrf", "")):
+        return problem(request, user=None, status_code=403, error_type="csrf_failed",
+                       message="The sign-in form expired or was not sent from this console. Reload and try again.",
+                       back="/console/sign-in")
+    with request.app.state.read_session_factory() as session:
+        token = auth_service.authenticate(session, secret=form.get("token", "").strip())
+    if token is None or Role(token.role) is Role.GATEWAY:
+        fresh = secrets.token_urlsafe(24)
+        response = render(request, "sign_in.jinja", user=None, next=target, signin_csrf=fresh, status_code=401,
+                          error="That token is unknown or revoked (gateway tokens cannot sign in).")
+        _set_cookie(request, response, console_session.PRESESSION_COOKIE, fresh, max_age=3600)
+        return response
+    request.state.actor = f"token:{token.name}#{token.id}"
+    clock = request.app.state.clock
+    value, expires_at = console_session.issue(key(request), token, now=clock.wall())
+    response = redirect(target)
+    _set_cookie(request, response, console_session.SESSION_COOKIE, value, max_age=int(expires_at - clock.wall()))
+    response.delete_cookie(console_session.PRESESSION_COOKIE, path=console_session.COOKIE_PATH)
+    return response
+
+
+@router.post("/console/sign-out", include_in_schema=False, name="console.sign_out")
+def sign_out(request: Request, form: Form) -> Response:
+    checked = guard_action(request, form, Role.VIEWER)
+    if not isinstance(checked, console_session.ConsoleUser):
+        return checked
+    response = redirect("/console/sign-in")
+    response.delete_cookie(console_session.SESSION_COOKIE, path=console_session.COOKIE_PATH,
+                           httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+# --- Fleet ---------------------------------------------------------------------------------------------------------
+
+def fleet_view(request: Request) -> dict[str, Any]:
+    """Regions → zones → clusters and instances, and every gateway replica's applied snapshot."""
+    state = request.app.state
+    clock = state.clock
+    stale_after: timedelta = state.settings.gateway_report_stale_after
+    regions: list[dict[str, Any]] = []
+    with state.read_session_factory() as session:
+        zones_by_region = topology_repository.zones_by_region(session)
+        clusters = topology_service.list_clusters(session)
+        gateways = gateway_report_service.list_reports(session, clock=clock, stale_after=stale_after)
+        for region in topology_service.list_regions(session):
+            registry_error = None
+            try:
+                instances = topology_service.observed_instances(session, region=region.name,
+                                                                reader=state.lease_reader, clock=clock)
+            except LifelineError as exc:  # lease_registry_unavailable: say so, never show an empty fleet
+                instances, registry_error = [], f"{exc.error_type}: {exc.message}"
+            names = list(zones_by_region.get(region.name, []))
+            names += sorted({i.zone for i in instances if i.zone not in names}
+                            | {c.zone for c in clusters if c.region == region.name and c.zone
+                               and c.zone not in names})
+            zones = []
+            for zone in names:
+                zones.append({
+                    "name": zone,
+                    "clusters": [c for c in clusters if c.region == region.name and c.zone == zone],
+                    "instances": sorted((i for i in instances if i.zone == zone),
+                                        key=lambda i: (i.instance_id, -i.generation)),
+                })
+            regions.append({
+                "name": region.name,
+                "description": region.description,
+                "zones": zones,
+                "region_clusters": [c for c in clusters if c.region == region.name and not c.zone],
+                "other_instances": [i for i in instances if i.zone not in names],
+                "registry_error": registry_error,
+                "gateways": [g for g in gateways if g.region == region.name],
+            })
+    known = {r["name"] for r in regions}
+    return {"regions": regions, "orphan_gateways": [g for g in gateways if g.region not in known],
+            "now": clock.utcnow(), "stale_after_s": stale_after.total_seconds()}
+
+
+@router.get("/console/fleet", include_in_schema=False, name="console.fleet")
+def fleet(request: Request) -> Response:
+    user = current_user(request)
+    if user is None:
+        return to_sign_in(request)
+    return render(request, "fleet.jinja", user=user, section="fleet", **fleet_view(request))
+
+
+# --- Catalog -------------------------------------------------------------------------------------------------------
+
+def catalog_view(request: Request) -> dict[str, Any]:
+    models: dict[str, dict[str, Any]] = {}
+    with request.app.state.read_session_factory() as session:
+        for version in catalog_service.list_versions(session):
+            entry = models.setdefault(version.model, {"name": version.model, "versions": [], "aliases": []})
+            entry["versions"].append({
+                "version": version.version, "location": version.location, "total_bytes": version.total_bytes,
+                "fingerprint": version.fingerprint, "fingerprint_parts": dict(version.fingerprint_parts or {}),
+                "registered_at": version.registered_at, "registered_by": version.registered_by,
+                "last_verified_at": version.last_verified_at, "last_verify_healthy": version.last_verify_healthy,
+                "last_verify_location": version.last_verify_location,
+                "issues": sorted(version.issues, key=lambda i: i.id),
+            })
+        for model, entry in models.items():
+            for alias in catalog_aliases.list_aliases(session, model=model):
+                moves = list(catalog_aliases.alias_history(session, model=model, name=alias.name))
+                ids = {alias.version_id} | {m.to_version_id for m in moves} | {
+                    m.from_version_id for m in moves if m.from_version_id}
+                labels = catalog_repository.version_labels(session, ids)
+                entry["aliases"].append({
+                    "name": alias.name, "version": labels[alias.version_id], "revision": alias.revision,
+                    "updated_at": alias.updated_at,
+                    "history": [{"action": m.action, "from": labels.get(m.from_version_id) if m.from_version_id
+                                 else None, "to": labels[m.to_version_id], "revision": m.revision,
+                                 "forced": m.forced, "actor": m.actor, "reason": m.reason, "at": m.moved_at,
+                                 "event_id": m.event_id} for m in moves],
+                })
+    return {"models": sorted(models.values(), key=lambda m: m["name"])}
+
+
+@router.get("/console/catalog", include_in_schema=False, name="console.catalog")
+def catalog(request: Request) -> Response:
+    user = current_user(request)
+    if user is None:
+        return to_sign_in(request)
+    return render(request, "catalog.jinja", user=user, section="catalog", **catalog_view(request))
+
+
+@router.post("/console/catalog/{model}/promote", include_in_schema=False, name="console.catalog_promote")
+def catalog_promote(model: NamePath, request: Request, form: Form) -> Response:
+    """Move an alias through `weight_catalog.aliases.promote`: the same refusals (fingerprint, critical issue,
+    failed verify) and the same event and snapshot bump as POST /api/v1/catalog/…/promote."""
+    checked = guard_action(request, form, Role.OPERATOR)
+    if not isinstance(checked, console_session.ConsoleUser):
+        return checked
+    user = checked
+
+    def act() -> Response:
+        with unit_of_work(request) as session:
+            body = parse(PromoteRequest, {"version": form.get("version", "").strip(),
+                                          "reason": form.get("reason", "").strip(), "force": form.get("force") == "on"})
+            alias = parse(AliasForm, {"alias": form.get("alias", "").strip()}).alias
+            catalog_aliases.promote(session, model=model, alias=alias, version=body.version, actor=user.actor,
+                                    reason=body.reason, force=body.force, clock=request.app.state.clock)
+        return redirect(f"/console/catalog#model-{model}")
+
+    return run_action(request, user, act, back="/console/catalog")
+
+
+@router.post("/console/catalog/{model}/aliases/{alias}/rollback", include_in_schema=False,
+             name="console.catalog_rollback")
+def catalog_rollback(model: NamePath, alias: NamePath, request: Request, form: Form) -> Response:
+    checked = guard_action(request, form, Role.OPERATOR)
+    if not isinstance(checked, console_session.ConsoleUser):
+        return checked
+    user = checked
+
+    def act() -> Response:
+        with unit_of_work(request) as session:
+            body = parse(CatalogRollback, {"reason": form.get("reason", "")})
+            catalog_aliases.rollback(session, model=model, alias=alias, actor=user.actor, reason=body.reason,
+                                     clock=request.app.state.clock)
+        return redirect(f"/console/catalog#model-{model}")
+
+    return run_action(request, user, act, back="/console/catalog")
+
+
+def utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+__all__ = ["router", "SECURITY_HEADERS"]
