@@ -53,6 +53,7 @@ def create_app(
     lease_reader: LeaseReader | None = None,
 ) -> FastAPI:
     from controlplane.api import build_api_router
+    from controlplane.console import build_console_router
 
     settings = settings or ControlPlaneSettings()
     engine = build_engine(settings.resolved_database_url(), timeouts=settings.database_timeouts())
@@ -87,6 +88,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(AuditMiddleware)
     app.include_router(build_api_router())
+    app.include_router(build_console_router())  # the operator console under /console (docs/console.md)
 
     app.include_router(health_router)
     return app

@@ -39,10 +39,6 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def console(settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock,
             lease_reader: InMemoryLeaseReader) -> Iterator[TestClient]:
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    if not any(getattr(r, "path", "") == "/console/fleet" for r in app.routes):
-        from controlplane.console import build_console_router
-
-        app.include_router(build_console_router())  # TEMP until controlplane/app.py mounts it
     with TestClient(app, raise_server_exceptions=False, base_url="http://testserver") as client:
         yield client
 
