@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 # and lint them with checkov, kept in its own venv: its pins would downgrade
 # boto3 and packaging in .venv. tests/integration/redis_ha and tests/e2e/redis_ha run
 # a Redis Sentinel lab (redis-server and redis-sentinel, lifeline.daemons).
+# tests/e2e/console drives Debian's chromium with Playwright (its own browser download cannot run here).
 SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy kubectl:kubernetes-client \
-  redis-server:redis-server redis-sentinel:redis-sentinel
+  redis-server:redis-server redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
 CHECKOV_VENV := .lifeline/tools/checkov
 
 .PHONY: install system-deps demo test bench
