@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from common.clock import Clock
+from contract.snapshot import RoutingSnapshot
 from controlplane.db import session_scope
 from controlplane.event.models import RoutingTier
 from cutover.models import CutoverTier, ScopeKind, TargetState
@@ -60,6 +61,11 @@ class ReportedGatewayVersions:
     cutover that evacuates a failing region. Stale replicas are named in the
     evidence (`gateways_stale`) as unconfirmed. No fresh replica in the
     region: None, and the step verifies by the snapshot version alone.
+
+    It reads `gateway_report.service.list_reports`, not `applied_versions`:
+    that one maps a stale replica to None, the same as a fresh replica that
+    has applied no snapshot yet, and this needs to tell them apart (the
+    first is left out and named, the second is lagging).
     """
 
     def __init__(self, read_factory: sessionmaker[Session], *, clock: Clock, stale_after: timedelta) -> None:
@@ -176,18 +182,18 @@ class SnapshotL7Driver:
             )
 
     # -- verifying
-    def _in_snapshot(self, snapshot: dict[str, Any], expected: dict[str, Any]) -> bool:
+    def _in_snapshot(self, snapshot: RoutingSnapshot, expected: dict[str, Any]) -> bool:
         target = expected["target"]
         if target["kind"] == "instance":
             present = any(
-                e["region"] == target["region"] and e["instance_id"] == target["instance_id"]
-                and e["generation"] == target["generation"]
-                for e in snapshot["ejections"]
+                e.region == target["region"] and e.instance_id == target["instance_id"]
+                and e.generation == target["generation"]
+                for e in snapshot.ejections
             )
             return present == expected["ejected"]
-        for cluster in snapshot["clusters"]:
-            if cluster["name"] == target["cluster"]:
-                return cluster["state"] == expected["state"] and cluster["weight"] == expected["weight"]
+        for cluster in snapshot.clusters:
+            if cluster.name == target["cluster"]:
+                return cluster.state == expected["state"] and cluster.weight == expected["weight"]
         return False
 
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
@@ -202,9 +208,9 @@ class SnapshotL7Driver:
         while True:
             polls += 1
             with session_scope(self.read_factory) as session:
-                snapshot = snapshot_service.build(session)
+                snapshot = snapshot_service.build_snapshot(session)
                 observed = self._read(session, expected["target"])
-            version = snapshot["version"]
+            version = snapshot.version
             in_snapshot = self._in_snapshot(snapshot, expected)
             reports = self.gateways.applied_versions(region)
             evidence: dict[str, Any] = {"snapshot_version": version, "in_snapshot": in_snapshot, "polls": polls}
