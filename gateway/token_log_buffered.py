@@ -25,11 +25,20 @@ connection error or a timeout (Redis down, paused, failing over):
   held in this gateway like the others (no other replica can resume them
   until the log is back) and written to Redis when it returns.
 - resumes, tails and cancels need the log: 503 `token_log_unavailable`.
+- **the log came back behind**: replication is asynchronous, so a failover
+  can lose a stream's last writes (its frames, an epoch move, even its
+  creation) that the client already has. When the log answers "no" to a
+  stream this replica created and drives, and the log's epoch is *behind*
+  ours (or the stream is gone), this replica writes the stream back whole
+  (`RedisTokenLog.restore`: meta, every frame, ownership) and carries on;
+  only a log *ahead* of us (another replica moved the stream) fences it off.
+  Without this the bench saw streams end silently after a failover to a
+  replica that had not synced.
 
 Metrics: `lifeline_gateway_token_log_available` (0/1),
 `…_token_log_buffered_frames`, `…_token_log_flushed_frames_total`,
 `…_token_log_degraded_total{action}` (`refused`, `admitted_non_resumable`,
-`buffered_stream`, `buffer_full`, `commit_timeout`, `fenced_on_flush`). Log
+`buffered_stream`, `buffer_full`, `commit_timeout`, `fenced_on_flush`, `restored`). Log
 lines: "token log unreachable; holding frames in the gateway", "token log
 back; held frames flushed".
 """
@@ -74,8 +83,9 @@ class _Held:
     migrations: int
     owner: str
     pending: list[tuple[str, tuple, dict]] = field(default_factory=list)
-    frames: list[Frame] = field(default_factory=list)  # held frames, for a resume on this replica
+    frames: list[Frame] = field(default_factory=list)  # every frame acknowledged while this replica drives it
     fenced: bool = False
+    complete: bool = True  # created here: `frames` is the whole history, so the stream can be written back
 
     def record(self) -> StreamRecord:
         return StreamRecord(self.request_id, self.request, self.epoch, self.status, self.migrations)
@@ -161,7 +171,12 @@ class BufferedTokenLog:
             return False
         if not held.pending:
             try:
-                return await self.inner.append(request_id, epoch, frame)
+                ok = await self.inner.append(request_id, epoch, frame)
+                if not ok and held.epoch == epoch and await self._restore_if_behind(held):
+                    ok = await self.inner.append(request_id, epoch, frame)
+                if ok:
+                    held.frames.append(frame)
+                return ok
             except UNREACHABLE as exc:
                 if self.buffer_frames <= 0:
                     return await self._append_strict(request_id, epoch, frame, exc)
@@ -191,9 +206,14 @@ class BufferedTokenLog:
             await asyncio.sleep(0.1)
             try:
                 ok = await self.inner.append(request_id, epoch, frame)  # safe to re-send: idempotent by frame id
+                held = self._held.get(request_id)
+                if not ok and held is not None and held.epoch == epoch and await self._restore_if_behind(held):
+                    ok = await self.inner.append(request_id, epoch, frame)
             except UNREACHABLE:
                 continue
             self._up()
+            if ok and held is not None:
+                held.frames.append(frame)
             return ok
         self.m_degraded.labels(action="commit_timeout").inc()
         raise RecoveryImpossible("token_log_unavailable",
@@ -205,6 +225,8 @@ class BufferedTokenLog:
         if held is None or not held.pending:
             try:
                 ok = await self.inner.advance_epoch(request_id, expected, owner=owner, migration=migration, nonce=nonce)
+                if not ok and held is not None and held.epoch == expected and await self._restore_if_behind(held):
+                    ok = await self.inner.advance_epoch(request_id, expected, owner=owner, migration=migration, nonce=nonce)
             except UNREACHABLE as exc:
                 if held is None:
                     raise TokenLogUnavailable(f"the committed-token log is unreachable: {exc}", retry_after_s=1.0) from None
@@ -226,7 +248,8 @@ class BufferedTokenLog:
             seen = self._seen.get(request_id)
             if seen is None:
                 return
-            held = self._held[request_id] = _Held(request_id, seen.request, expected, seen.status, seen.migrations, owner)
+            held = self._held[request_id] = _Held(request_id, seen.request, expected, seen.status, seen.migrations, owner,
+                                                   complete=False)
         held.epoch, held.status, held.owner = expected + 1, StreamStatus.ACTIVE, owner
         held.migrations += migration
 
@@ -235,6 +258,8 @@ class BufferedTokenLog:
         if held is None or not held.pending:
             try:
                 ok = await self.inner.apply(request_id, epoch, event)
+                if not ok and held is not None and held.epoch == epoch and await self._restore_if_behind(held):
+                    ok = await self.inner.apply(request_id, epoch, event)
             except UNREACHABLE as exc:
                 if held is None:
                     raise TokenLogUnavailable(f"the committed-token log is unreachable: {exc}", retry_after_s=1.0) from None
@@ -247,6 +272,21 @@ class BufferedTokenLog:
         if held.fenced or held.epoch != epoch or not self._step(held, event):
             return False
         held.pending.append(("apply", (request_id, epoch, event), {}))
+        return True
+
+    async def _restore_if_behind(self, held: _Held) -> bool:
+        """The log said no: if it is behind this replica (a lossy failover), write the stream back whole."""
+        if not held.complete:
+            return False
+        record = await self.inner.get(held.request_id)
+        if record is not None and record.epoch >= held.epoch and not (
+                record.epoch == held.epoch and record.status is StreamStatus.ACTIVE and held.status is StreamStatus.ACTIVE
+                and len(await self.inner.frames_after(held.request_id, -1)) < len(held.frames)):
+            return False  # level with us or ahead: a real refusal (another replica moved it, or it ended)
+        await self.inner.restore(held.record(), held.frames, owner=held.owner)
+        self.m_degraded.labels(action="restored").inc()
+        log.error("token log behind the gateway after a failover; stream written back", request_id=held.request_id,
+                  epoch=held.epoch, frames=len(held.frames), log_epoch=None if record is None else record.epoch)
         return True
 
     def _step(self, held: _Held, event: StreamEvent) -> bool:
@@ -324,6 +364,15 @@ class BufferedTokenLog:
                     self._buffered -= 1
                     self.m_flushed.inc()
                 if name in ("append", "advance_epoch", "apply") and result is False:
+                    try:
+                        if await self._restore_if_behind(held):  # the log lost writes: the whole state, once
+                            restored = sum(1 for op in held.pending if op[0] == "append")
+                            self._buffered -= restored
+                            self.m_flushed.inc(restored)
+                            held.pending.clear()
+                            break
+                    except UNREACHABLE:
+                        return False
                     # Another replica moved the stream while the log was away: what we held is not its history.
                     dropped = sum(1 for op in held.pending if op[0] == "append")
                     self._buffered -= dropped
@@ -334,7 +383,6 @@ class BufferedTokenLog:
                               request_id=held.request_id, dropped_frames=dropped)
                     break
             if not held.pending and not held.fenced:
-                held.frames.clear()
                 if held.status is StreamStatus.ACTIVE:
                     try:
                         await self.inner.refresh_owner(held.request_id, held.owner, held.epoch)

@@ -6,6 +6,7 @@ epoch, status, migrations), `…:frames` (a stream with explicit ids
 `…:owner` (the driving replica, with a TTL). Every change of epoch or status
 is one Lua script, built on the transition table of `stream_status`.
 
+Frames are contiguous: an append is refused unless the previous seq is there.
 Every script is safe to send again after an answer was lost (a primary that
 died or was paused mid-call, a Sentinel failover): an append whose frame id
 is already there with the same body answers 1 whatever happened since; an
@@ -37,6 +38,7 @@ if #held > 0 then
 end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 if TERMINAL[redis.call('HGET', KEYS[1], 'status')] then return 0 end
+if ARGV[5] ~= '' and #redis.call('XRANGE', KEYS[2], ARGV[5], ARGV[5]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], ARGV[2], 'f', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
@@ -111,6 +113,25 @@ class RedisTokenLog:
             pipe.set(owner_key, owner, px=self.owner_ttl_ms)
             await pipe.execute()
 
+    async def restore(self, record: StreamRecord, frames: list[Frame], *, owner: str) -> None:
+        """Write a stream's whole state as the replica driving it knows it (meta, every frame, ownership).
+
+        For a stream the log lost part of in a failover (asynchronous replication drops the last
+        writes): `token_log_buffered` calls it only when the log is *behind* that replica.
+        """
+        meta, stream, owner_key = self._keys(record.request_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(stream)
+            pipe.hset(meta, mapping={"request": json.dumps(record.request), "epoch": record.epoch,
+                                     "status": record.status.value, "migrations": record.migrations})
+            pipe.pexpire(meta, self.retention_ms)
+            for frame in frames:
+                pipe.xadd(stream, {"f": frame.to_json()}, id=f"{frame.seq + 1}-0")
+            if frames:
+                pipe.pexpire(stream, self.retention_ms)
+            pipe.set(owner_key, owner, px=self.owner_ttl_ms)
+            await pipe.execute()
+
     async def get(self, request_id: str) -> StreamRecord | None:
         raw = await self.redis.hgetall(self._keys(request_id)[0])
         if not raw:
@@ -119,7 +140,11 @@ class RedisTokenLog:
                             int(raw.get("migrations", 0)))  # absent in records written before the count was kept
 
     async def append(self, request_id: str, epoch: int, frame: Frame) -> bool:
-        ok = await self._append(keys=self._keys(request_id), args=[epoch, f"{frame.seq + 1}-0", frame.to_json(), self.retention_ms])
+        # ARGV[5]: the previous frame, which must be there: a log that lost frames in a failover refuses
+        # rather than take a frame after a hole (token_log_buffered then writes the stream back).
+        previous = f"{frame.seq}-0" if frame.seq > 0 else ""
+        ok = await self._append(keys=self._keys(request_id),
+                                args=[epoch, f"{frame.seq + 1}-0", frame.to_json(), self.retention_ms, previous])
         return bool(ok)
 
     async def frames_after(self, request_id: str, after_seq: int) -> list[Frame]:
