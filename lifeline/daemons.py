@@ -565,6 +565,28 @@ class RedisSentinelLab:
         raise RuntimeError(f"no failover away from {old_primary} within {timeout:g}s\n"
                            + "\n".join(s.log_tail(1500) for s in self.sentinels))
 
+    def wait_settled(self, timeout: float = 60.0) -> int:
+        """Block until every sentinel names one primary and every live replica has synced from it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ports = set()
+            for port in self.sentinel_ports:
+                try:
+                    client = self._sentinel(port)
+                    try:
+                        ports.add(int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)[1]))
+                    finally:
+                        client.close()
+                except Exception:  # noqa: BLE001 - a sentinel not answering is not settled
+                    ports.add(-1)
+            if len(ports) == 1 and (primary := ports.pop()) > 0 and b"role:master" in self._info(primary):
+                replicas = [n for n in self.nodes if n.port != primary and n.alive()]
+                if all(b"master_link_status:up" in self._info(n.port) and f"master_port:{primary}".encode()
+                       in self._info(n.port) for n in replicas):
+                    return primary
+            time.sleep(0.1)
+        raise RuntimeError(f"the Sentinel lab did not settle within {timeout:g}s")
+
     def stop(self) -> None:
         for proc in [*self.sentinels, *self.nodes]:
             if isinstance(proc, RedisNode):

@@ -133,8 +133,8 @@ def _assert_identical(stack: Stack, results) -> None:  # noqa: ANN001
 def test_primary_sigkill_under_eight_streams_every_stream_identical_no_generation_reused(stack: Stack) -> None:
     watch = GenerationWatch(stack.lab.url)
     pool, futures = _clients(stack)
+    old = stack.lab.wait_settled()
     time.sleep(1.0)  # streams under way
-    old = stack.lab.primary_port()
     stack.lab.node(old).kill()
     new = stack.lab.wait_for_failover(old)
     results = [f.result(timeout=180) for f in futures]
@@ -152,6 +152,7 @@ def test_primary_sigkill_under_eight_streams_every_stream_identical_no_generatio
         assert gens == sorted(set(gens)), seen  # never one seen before, never going back
     assert stack.gateway.metric("lifeline_gateway_token_log_flushed_frames_total") > 0
     stack.lab.node(old).start()  # back as a replica: the lab has two again
+    stack.lab.wait_settled()
 
 
 def test_redis_stopped_for_ten_seconds_in_flight_streams_complete_new_requests_get_503(stack: Stack) -> None:
