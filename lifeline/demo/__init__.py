@@ -2,14 +2,15 @@
 
 It builds the tiny model, starts the control plane (`lifeline controlplane
 serve`, SQLite in the work dir), registers the model in its weight catalog
-and promotes it to `prod`, declares a region with two zones, and starts a
-gateway that routes by the control plane's snapshot (a `gateway`-role
-token) with one engine per zone. It prints the snapshot version the gateway
-reports having applied (GET /api/v1/gateways), streams a greedy completion
-once undisturbed, then again while SIGKILLing the engine serving it: the
-client's tokens must equal the undisturbed run's, with contiguous sequence
-numbers and one migration. The killed engine restarts under a higher
-generation.
+and promotes it to `prod`, and declares two regions of two zones each. Each
+region gets a gateway that routes by the control plane's snapshot (a
+`gateway`-role token) and one engine per zone; `lifeline pool plan` says
+what the warm pool should be, and the demo says what it runs instead. It
+prints the snapshot version each gateway reports having applied (GET
+/api/v1/gateways), streams a greedy completion undisturbed at both regions,
+then again while SIGKILLing the engine serving it: the client's tokens must
+equal the undisturbed run's, with contiguous sequence numbers and one
+migration. The killed engine restarts under a higher generation.
 
 Every process is real and is stopped on exit (also on failure and Ctrl-C);
 logs stay in the work dir. docs/demo.md says what each part proves.
@@ -25,13 +26,15 @@ import typer
 from rich.console import Console
 
 from lifeline.demo.fleet import MODEL, DemoFleet
-from lifeline.demo.scenarios import engine_kill, restart, snapshot_line, stream
+from lifeline.demo.scenarios import engine_kill, mark, restart, snapshot_line, stream
 
 console = Console(highlight=False)
 
-REGION = "eu-west"
-ZONES = ("eu-west-a", "eu-west-b")
-
+REGIONS = {"eu-west": ("eu-west-a", "eu-west-b"), "us-east": ("us-east-a", "us-east-b")}
+# The demand the capacity plan is asked about: a small steady load the tiny model serves on one core.
+PLAN_ARGS = ["--demand-seqs", "6", "--demand-tokens-per-s", "150", "--context-tokens", "40", "--instance-seqs", "4",
+             "--instance-tokens-per-s", "100", "--instance-prefill-tokens-per-s", "1000", "--headroom", "1.0",
+             "--recovery-target-s", "5"]
 
 def demo(
     workdir: Annotated[Path, typer.Option(help="Model, database, configs, reports and logs go here")] = Path(
@@ -48,7 +51,7 @@ def demo(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     console.print("[bold]Lifeline demo[/] — embedded default: a served SQLite control plane, gateways routing by "
-                  "its snapshot, reference engines in two zones")
+                  "its snapshot, reference engines in two regions × two zones")
 
     model_dir = workdir / "models" / "tiny-seed0"
     if not (model_dir / "model.safetensors.index.json").exists():
@@ -64,17 +67,28 @@ def demo(
                       f"semantic fingerprint {version['fingerprint'][:16]}…, alias prod → {version['version']}; "
                       f"control plane at {fleet.controlplane.url}")
 
-        with console.status("starting the gateway and one engine per zone …"):
-            region = fleet.start_region(REGION, ZONES)
-            for zone, instance_id in zip(ZONES, ("engine-a", "engine-b")):
-                fleet.add_engine(region, zone, instance_id)
+        plan = fleet.pool_plan(next(iter(REGIONS)), next(iter(REGIONS.values())), PLAN_ARGS)
+        planned = ", ".join(f"{z['zone']} {z['serving']} serving + {z['warm']} warm" for z in plan["zones"])
+        with console.status("starting a gateway per region and one engine per zone …"):
+            for name, zones in REGIONS.items():
+                region = fleet.start_region(name, zones)
+                for zone in zones:
+                    fleet.add_engine(region, zone, f"{zone}-0")
             fleet.wait_serving()
-        console.print(f"[3/7] serving   region {REGION}: gateway {region.gateway.url}; leases {region.gateway.leases()}")
+        console.print(f"[3/7] serving   {len(REGIONS)} regions × 2 zones; `lifeline pool plan` asks per region: {planned}; "
+                      "the demo runs 1 serving engine per zone and no warm pool (the regional agent that keeps it "
+                      "needs a Redis lease registry, which the embedded default has not)")
+        for region in fleet.regions.values():
+            console.print(f"              {region.name}: gateway {region.gateway.url}, leases {region.gateway.leases()}")
         console.print(f"[4/7] snapshot  {snapshot_line(fleet)}")
 
-        victim, survivor = region.engine("engine-a"), region.engine("engine-b")
+        region = fleet.regions["eu-west"]
+        victim, survivor = region.engine("eu-west-a-0"), region.engine("eu-west-b-0")
         reference = stream(region.gateway.url, max_tokens=max_tokens, prefer=survivor.instance_id)
-        console.print(f"[5/7] reference {len(reference.token_ids)} tokens, undisturbed: {reference.text[:60]!r}…")
+        other = stream(fleet.regions["us-east"].gateway.url, max_tokens=max_tokens)
+        same = other.token_ids == reference.token_ids
+        console.print(f"[5/7] reference {len(reference.token_ids)} tokens, undisturbed, at both regions' gateways; "
+                      f"identical across regions: {mark(same)}: {reference.text[:60]!r}…")
 
         killed = engine_kill(region, victim, reference, max_tokens=max_tokens, kill_after=kill_after)
         console.print(f"[6/7] fault     {killed.line}")
@@ -83,7 +97,7 @@ def demo(
             before, after = restart(region, victim)
         console.print(f"[7/7] restart   {victim.instance_id} is back under generation {after} (was {before}); "
                       "frames of the old generation are refused")
-        if not killed.ok:
+        if not (killed.ok and same):
             console.print(f"[red]the recovery promise was broken; logs in {fleet.logs}[/]")
             raise typer.Exit(1)
         console.print(f"[green]done[/] in {time.monotonic() - began:.0f} s: the client saw one unbroken, "

@@ -13,6 +13,7 @@ embedded default does not have (docs/demo.md says what that leaves out).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -131,6 +132,11 @@ class DemoFleet:
         self.controlplane.start()
         self.controlplane.wait_ready(timeout=120)
         return self.api("GET", f"/catalog/models/{MODEL}/versions/{self.model_dir.name}").json()
+
+    def pool_plan(self, region: str, zones: tuple[str, ...], demand: list[str]) -> dict[str, Any]:
+        """`lifeline pool plan --json` for this region's zones and the given demand and instance capacity."""
+        return json.loads(self.controlplane.cli("pool", "plan", "--region", region, "--zones", ",".join(zones),
+                                                *demand, "--json"))
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = httpx.request(method, f"{self.controlplane.url}/api/v1{path}", timeout=60,

@@ -21,11 +21,15 @@ def test_demo_survives_engine_kill_with_identical_tokens(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     # The gateway routes by the served control plane's snapshot and says which version it applied.
-    applied = re.search(r"control plane serves snapshot (\d+); gw-eu-west applied snapshot (\d+) "
-                        r"\(routing_source snapshot; live: engine-a@eu-west-a, engine-b@eu-west-b\)", out)
-    assert applied and int(applied[2]) >= int(applied[1]), out
+    applied = re.findall(r"(gw-eu-west|gw-us-east) applied snapshot (\d+) \(routing_source snapshot; live: (.*?)\)", out)
+    served = int(re.search(r"control plane serves snapshot (\d+);", out)[1])  # type: ignore[index]
+    assert {(gateway, int(version) >= served, live) for gateway, version, live in applied} == {
+        ("gw-eu-west", True, "eu-west-a-0@eu-west-a, eu-west-b-0@eu-west-b"),
+        ("gw-us-east", True, "us-east-a-0@us-east-a, us-east-b-0@us-east-b"),
+    }, out
+    assert "identical across regions: yes" in out
     assert "identical to reference: yes" in out
     assert "seq 0..31 contiguous: yes" in out
     assert "migrations: 1;" in out
-    assert "engine-a is back under generation 2 (was 1)" in out
+    assert "eu-west-a-0 is back under generation 2 (was 1)" in out
     assert (tmp_path / "controlplane.sqlite3").exists()
