@@ -14,9 +14,9 @@ from fastapi import APIRouter
 
 
 def build_console_router() -> APIRouter:
-    from controlplane.console import cutovers, events, pages
+    from controlplane.console import cutovers, drills, events, pages
 
     console = APIRouter(include_in_schema=False)
-    for router in (pages.router, cutovers.router, events.router):
+    for router in (pages.router, cutovers.router, events.router, drills.router):
         console.include_router(router)
     return console

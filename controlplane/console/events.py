@@ -48,7 +48,7 @@ def link_for(event: Event) -> tuple[str, str] | None:
             return f"/console/cutovers/{body['cutover_id']}", f"cutover #{body['cutover_id']}"
     if event.kind.startswith("drill.") and isinstance((event.after or {}).get("run"), int):
         run = event.after["run"]  # type: ignore[index]
-        return f"/api/v1/drills/runs/{run}", f"drill run #{run}"
+        return f"/console/drills/runs/{run}", f"drill run #{run}"
     return None
 
 

@@ -316,7 +316,8 @@ def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
 def test_a_viewer_finds_no_way_to_act(page_for: Callable[[], Any], console: Console, artifacts: Path) -> None:
     page = page_for()
     sign_in(page, console.tokens["viewer"])
-    for path in ("/console/fleet", "/console/catalog", "/console/cutovers", "/console/events",
+    for path in ("/console/fleet", "/console/catalog", "/console/cutovers", "/console/events", "/console/drills",
+                 "/console/slo/tiny",
                  "/console/cutovers/1", "/console/cutovers/1/execute", "/console/cutovers/1/rollback"):
         page.goto(path)
         actions = page.locator("form[method=post]:not([action='/console/sign-out'])")
