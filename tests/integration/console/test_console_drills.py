@@ -62,3 +62,31 @@ def test_slo_document_marks_figures_without_a_run_unverified(console: TestClient
     page = console.get("/console/slo/m")
     assert page.status_code == 200
     assert "unverified" in page.text and "verified</span>" not in page.text.replace("unverified</span>", "")
+
+
+REPORT = {
+    "drill": "lose-eu-a", "version": 1, "run": 0, "model": "m", "scope": "zone", "fault": "zone_loss",
+    "fault_target": "eu-a", "region": "eu", "blast_radius": {"instances": [], "max_instances": 1},
+    "requests": 2, "migrated_streams": 1, "error_rate": 0.0, "passed": True,
+    "verdicts": [{"metric": "request_rto_s", "target": 2.0, "measured": 0.8, "met": True}],
+    "events": [], "follow_ups": [],
+    "timeline": [{"index": 0, "start": -0.5, "end": 1.2, "tokens": [-0.4, 0.1, 0.9], "epochs": [0, 1, 1],
+                  "error": None}],
+    "event_offsets": [[0.3, "cutover.step"]],
+}
+
+
+def test_a_runs_report_and_its_timeline_plot(console: TestClient, tokens: dict[str, str], awaiting_run: int,
+                                             session_factory: Any) -> None:
+    from controlplane.db import session_scope
+    from controlplane.drill.models import DrillRun
+
+    with session_scope(session_factory) as session:
+        session.get(DrillRun, awaiting_run).report = {**REPORT, "run": awaiting_run}  # as the runner stores it
+    sign_in(console, tokens["viewer"])
+    page = console.get(f"/console/drills/runs/{awaiting_run}").text
+    assert "RTO measured vs target" in page and "| request_rto_s | 2.000 | 0.800 | yes |" in page
+    assert f'src="/console/drills/runs/{awaiting_run}/timeline.png"' in page
+    plot = console.get(f"/console/drills/runs/{awaiting_run}/timeline.png")
+    assert plot.status_code == 200 and plot.headers["content-type"] == "image/png"
+    assert plot.content.startswith(b"\x89PNG\r\n\x1a\n")
