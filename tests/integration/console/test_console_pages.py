@@ -379,3 +379,41 @@ def test_csrf_token_is_bound_to_the_session(console: TestClient, tokens: dict[st
     second = sign_in(console, tokens["operator"])
     assert first != second
     assert csrf_of(console.get("/console/cutovers").text) == second
+
+
+@pytest.mark.usefixtures("topology_eu")
+def test_a_safety_rule_refuses_an_operator_and_an_admin_breaks_glass(
+    console: TestClient, tokens: dict[str, str], session_factory: Any,
+) -> None:
+    def plan_region(csrf: str, region: str) -> int:
+        planned = console.post("/console/cutovers", data={
+            "csrf_token": csrf, "scope_kind": "region", "region": region, "tier": "l7", "target_state": "out",
+            "reason": f"{region} out"}, follow_redirects=False)
+        assert planned.status_code == 303, planned.text
+        return int(planned.headers["location"].rsplit("/", 1)[1])
+
+    def execute(csrf: str, cutover_id: int, **extra: str) -> Any:
+        confirm = console.get(f"/console/cutovers/{cutover_id}/execute").text
+        key = confirm.split('name="idempotency_key" value="')[1].split('"')[0]
+        return console.post(f"/console/cutovers/{cutover_id}/execute",
+                            data={"csrf_token": csrf, "idempotency_key": key, **extra})
+
+    csrf = sign_in(console, tokens["operator"])
+    us = plan_region(csrf, "us")
+    assert 'data-testid="cutover-state">completed' in execute(csrf, us).text
+    eu = plan_region(csrf, "eu")
+    confirm = console.get(f"/console/cutovers/{eu}/execute").text
+    assert "assertion.serving_region" in confirm and "leaves no region serving m" in confirm
+    refused = execute(csrf, eu)
+    assert refused.status_code == 409 and "safety_rule_violation" in refused.text
+
+    admin_csrf = sign_in(console, tokens["admin"])
+    assert "Break-glass (admin)" in console.get(f"/console/cutovers/{eu}/execute").text
+    no_reason = execute(admin_csrf, eu, break_glass="on")
+    assert no_reason.status_code == 422 and "break_glass_needs_reason" in no_reason.text
+    done = execute(admin_csrf, eu, break_glass="on", break_glass_reason="both regions are being rebuilt")
+    assert 'data-testid="cutover-state">completed' in done.text and "both regions are being rebuilt" in done.text
+    with session_factory() as session:
+        kinds = [e.kind for e in event_service.list_events(session, EventFilter(kind="cutover.break_glass"),
+                                                           limit=10)]
+    assert kinds == ["cutover.break_glass"]
