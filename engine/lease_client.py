@@ -33,7 +33,7 @@ import asyncio
 import random
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import redis.exceptions
@@ -41,6 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_ex
 
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
+from common.redis_url import describe as describe_redis
 from contract.lease import DEFAULT_PREFIX, LeaseExpired, NotReplicated, RedisLeaseRegistry, Registration, StaleGeneration
 
 log = get_logger(__name__)
@@ -68,6 +69,10 @@ class LeaseTransport(Protocol):
     async def release(self, generation: int) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def describe(self) -> dict[str, Any]:
+        """Which registry this transport reaches (and, for Redis, which server in which role)."""
+        ...
 
 
 class HttpLeaseTransport:
@@ -108,10 +113,14 @@ class HttpLeaseTransport:
     async def close(self) -> None:
         await self.http.aclose()
 
+    async def describe(self) -> dict[str, Any]:
+        return {"mode": "gateway", "url": str(self.http.base_url)}
+
 
 class RedisLeaseTransport:
     def __init__(self, url: str, registration: dict[str, str], *, prefix: str = DEFAULT_PREFIX, ttl_s: float = 2.0) -> None:
         self.registration = Registration(**registration)
+        self.url = url
         self.registry = RedisLeaseRegistry.from_url(url, region=self.registration.region, prefix=prefix,
                                                     ttl=timedelta(seconds=ttl_s))
 
@@ -142,6 +151,9 @@ class RedisLeaseTransport:
 
     async def close(self) -> None:
         await self.registry.close()
+
+    async def describe(self) -> dict[str, Any]:
+        return await describe_redis(self.registry.redis, self.url)
 
 
 def transport_for(url: str, token: str | None, registration: dict[str, str]) -> LeaseTransport:
@@ -245,6 +257,10 @@ class LeaseClient:
                     log.warning("lease renewal failed; retrying before the lease lapses", error=detail[:200],
                                 lapses_in_s=round(self._lapses_in(), 3))
                     delay = min(delay, max(0.05, self._lapses_in()))
+
+    async def registry_details(self) -> dict[str, Any]:
+        """For the engine's `/healthz/ready` details: the registry, and for Redis its server and role."""
+        return await self.transport.describe()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="lease-client")

@@ -85,6 +85,7 @@ class _Held:
     pending: list[tuple[str, tuple, dict]] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)  # every frame acknowledged while this replica drives it
     fenced: bool = False
+    touched_at: float = 0.0  # loop time of the last call for it; a stream left alone this long is forgotten
     complete: bool = True  # created here: `frames` is the whole history, so the stream can be written back
 
     def record(self) -> StreamRecord:
@@ -93,13 +94,15 @@ class _Held:
 
 class BufferedTokenLog:
     def __init__(self, inner: RedisTokenLog, *, buffer_frames: int, admit_non_resumable: bool,
-                 commit_wait: float, registry: CollectorRegistry | None = None, flush_interval: float = 0.1) -> None:
+                 commit_wait: float, registry: CollectorRegistry | None = None, flush_interval: float = 0.1,
+                 forget_after: float | None = None) -> None:
         self.inner = inner
         self.redis = inner.redis
         self.buffer_frames = buffer_frames
         self.admit_non_resumable = admit_non_resumable
         self.commit_wait = commit_wait
         self.flush_interval = flush_interval
+        self.forget_after = forget_after if forget_after is not None else inner.retention_ms / 1000
         self._held: dict[str, _Held] = {}
         self._seen: OrderedDict[str, StreamRecord] = OrderedDict()  # last records read, for a resume's mirror
         self._buffered = 0
@@ -129,7 +132,14 @@ class BufferedTokenLog:
         self.m_available.set(1)
 
     # -- the stream's life -----------------------------------------------------------------
+    def _sweep(self) -> None:
+        """Forget streams nobody called about for a retention (ended by a path that tells the log nothing)."""
+        now = asyncio.get_running_loop().time()
+        for rid in [r for r, h in self._held.items() if not h.pending and now - h.touched_at > self.forget_after]:
+            del self._held[rid]
+
     async def create(self, request_id: str, request: dict[str, Any], *, owner: str) -> None:
+        self._sweep()
         try:
             await self.inner.create(request_id, request, owner=owner)
         except UNREACHABLE as exc:
@@ -141,11 +151,12 @@ class BufferedTokenLog:
                                           "until it returns", retry_after_s=1.0) from None
             self.m_degraded.labels(action="admitted_non_resumable").inc()
             log.warning("new stream admitted without resumability: token log unreachable", request_id=request_id)
-            held = _Held(request_id, request, 0, StreamStatus.ACTIVE, 0, owner)
+            held = _Held(request_id, request, 0, StreamStatus.ACTIVE, 0, owner, touched_at=asyncio.get_running_loop().time())
             held.pending.append(("create", (request_id, request), {"owner": owner}))
             self._held[request_id] = held
             return
-        self._held[request_id] = _Held(request_id, request, 0, StreamStatus.ACTIVE, 0, owner)
+        self._held[request_id] = _Held(request_id, request, 0, StreamStatus.ACTIVE, 0, owner,
+                                       touched_at=asyncio.get_running_loop().time())
 
     async def get(self, request_id: str) -> StreamRecord | None:
         held = self._held.get(request_id)
@@ -169,6 +180,7 @@ class BufferedTokenLog:
             return await self.inner.append(request_id, epoch, frame)
         if held.fenced:
             return False
+        held.touched_at = asyncio.get_running_loop().time()
         if not held.pending:
             try:
                 ok = await self.inner.append(request_id, epoch, frame)
@@ -252,6 +264,7 @@ class BufferedTokenLog:
                                                    complete=False)
         held.epoch, held.status, held.owner = expected + 1, StreamStatus.ACTIVE, owner
         held.migrations += migration
+        held.touched_at = asyncio.get_running_loop().time()
 
     async def apply(self, request_id: str, epoch: int, event: StreamEvent) -> bool:
         held = self._held.get(request_id)

@@ -219,3 +219,16 @@ async def test_frames_lost_in_a_failover_are_written_back_by_the_replica_driving
     finally:
         await log.close()
     assert [f.seq for f in frames] == list(range(7))  # no hole where the lost frames were
+
+
+async def test_streams_that_end_without_telling_the_log_are_forgotten_after_a_while(lab: RedisSentinelLab) -> None:
+    log = BufferedTokenLog(RedisTokenLog.from_url(lab.url), buffer_frames=10, admit_non_resumable=False, commit_wait=1.0,
+                           registry=CollectorRegistry(), forget_after=0.2)
+    try:
+        await log.create("req-8", {"prompt": [1]}, owner="gw-1")
+        assert await log.append("req-8", 0, _token(0))  # then fenced, say: no finish reaches the log
+        await asyncio.sleep(0.3)
+        await log.create("req-9", {"prompt": [1]}, owner="gw-1")
+        assert set(log._held) == {"req-9"}
+    finally:
+        await log.close()

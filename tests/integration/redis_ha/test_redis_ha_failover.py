@@ -181,6 +181,9 @@ async def test_engine_transport_and_control_plane_reader_follow_the_failover(lab
                 assert time.monotonic() - started < 30, "the transport never reached the new primary"
                 await asyncio.sleep(0.05)
         assert generation2 > generation
+        details = await transport.describe()  # what the engine's readiness can report
+        assert (details["mode"], details["role"]) == ("sentinel", "master")
+        assert details["address"] == f"127.0.0.1:{lab.primary_port()}" != f"127.0.0.1:{old}"
         assert [lease.generation for lease in reader.list_instances("local")] == [generation2]
     finally:
         sync.close()
