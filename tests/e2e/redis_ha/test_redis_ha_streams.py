@@ -196,3 +196,42 @@ def test_silent_redis_sigstop_times_out_instead_of_hanging(stack: Stack) -> None
     pool.shutdown()
     _assert_identical(stack, results)
     assert _wait_answering(stack).status_code == 200
+
+
+def test_silent_lease_registry_gateway_fails_static_then_refuses_with_a_typed_503(stack: Stack) -> None:
+    """A gateway whose only Redis store is the lease registry: last view for `fail_static`, then 503."""
+    config = gateway_config(stack.model, registry={"kind": "redis", "url": stack.lab.url, "ttl": 2.0, "token": "t",
+                                                   "fail_static": 3.0})
+    gw = GatewayProcess(config, free_port(), stack.workdir, replica_id="gw-static")
+    gw.start()
+    try:
+        gw.wait_live()
+        gw.wait_routable("tiny", 2)
+        stack.lab.wait_settled()
+        nodes = list(stack.lab.nodes)
+        for node in nodes:
+            node.pause()
+        try:
+            inside = httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
+            assert inside.status_code == 200, inside.text  # routed on the last view
+            refused = None
+            deadline = time.monotonic() + 60
+            while refused is None:
+                assert time.monotonic() < deadline, "the fail-static window never closed"
+                response = httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
+                if response.status_code == 503 and response.json()["error"]["type"] == "lease_registry_unavailable":
+                    refused = response
+                time.sleep(0.2)
+            assert refused.headers.get("Retry-After")
+            ready = httpx.get(f"{gw.url}/healthz/ready", timeout=10)
+            assert ready.status_code == 503 and ready.json()["lease_view"]["mode"] == "refusing"
+            assert gw.metric("lifeline_gateway_lease_registry_refused_total") >= 1
+        finally:
+            for node in nodes:
+                node.resume()
+        deadline = time.monotonic() + 60
+        while httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "the gateway never admitted again after the registry returned"
+            time.sleep(0.2)
+    finally:
+        gw.kill()
