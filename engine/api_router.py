@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from common.request_body import Body, parse_json_body
 from contract.identity import EngineIdentity
 from contract.openai import model_card, model_list
-from engine.errors import BadRequest
+from engine.errors import BadRequest, DecodeLoopStalled
 from engine.protocol import ChatCompletionRequest, CompletionRequest
 from engine.runtime import EngineRuntime
 from engine.serving import OpenAIServing
@@ -85,8 +85,12 @@ async def health(runtime: Runtime) -> Response:
 
 
 @health_router.get("/healthz/live")
-async def live() -> dict:
-    return {"status": "live"}
+async def live(runtime: Runtime) -> dict:
+    """Live means "can generate": 503 `decode_loop_stalled` while a decode step is over its bound (engine.watchdog)."""
+    liveness = runtime.scheduler.watchdog.check()
+    if not liveness.live:
+        raise DecodeLoopStalled(liveness.reason)
+    return {"status": "live", "step_age_s": liveness.step_age_s, "step_stall_bound_s": liveness.bound_s}
 
 
 @health_router.get("/healthz/ready")

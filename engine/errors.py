@@ -11,6 +11,7 @@ gateway through `contract.identity.DRAINING_ERROR_TYPE`.
     ├── MethodNotAllowed (405 MethodNotAllowedError)
     ├── NotReady (503 ServiceUnavailableError): starting, partitioned, superseded, draining
     ├── EngineDraining (503 engine_draining): a request cut short by a planned shutdown
+    ├── DecodeLoopStalled (503 decode_loop_stalled): /healthz/live while a step is over its bound
     └── InjectedFailure (500 InternalServerError): a fault drill
 """
 
@@ -53,3 +54,10 @@ class MethodNotAllowed(EngineError):
 class EngineDraining(EngineError):
     status_code = 503
     error_type = DRAINING_ERROR_TYPE
+
+
+class DecodeLoopStalled(EngineError):
+    """`/healthz/live` while the decode loop is wedged (`engine.watchdog`): the process answers, it cannot generate."""
+
+    status_code = 503
+    error_type = "decode_loop_stalled"

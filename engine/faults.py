@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import torch
 
@@ -30,6 +31,7 @@ class FaultInjector:
         self.model = model
         self.tokens_sent = 0
         self._hang_forever = asyncio.Event()  # never set
+        self._faults_changed = threading.Condition()  # wakes a stalled decode step when faults change
         self.apply(settings)
 
     def apply(self, settings: FaultSettings) -> None:
@@ -38,7 +40,9 @@ class FaultInjector:
             self._corrupt(self.model)
         elif self.settings.corrupt_weights:
             settings = settings.model_copy(update={"corrupt_weights": True})  # cannot be undone in place
-        self.settings = settings
+        with self._faults_changed:
+            self.settings = settings
+            self._faults_changed.notify_all()
         if settings.token_delay_ms:
             self._fired("token_delay", delay_ms=settings.token_delay_ms)
         if settings.first_token_delay_ms:
@@ -63,6 +67,25 @@ class FaultInjector:
 
     def token_delay_s(self) -> float:
         return self.settings.token_delay_ms / 1000.0
+
+    def _step_stalled(self) -> bool:
+        stall_after = self.settings.stall_step_after_tokens
+        return stall_after is not None and self.tokens_sent >= stall_after
+
+    def before_step(self) -> None:
+        """On the decode thread: block inside the step until the admin endpoint clears the fault.
+
+        Unlike `hang_after_tokens` (one stream stops sending, the loop keeps
+        stepping), this wedges the loop itself, as a stuck kernel would: every
+        stream stops and the watchdog sees a step that does not finish.
+        """
+        if not self._step_stalled():
+            return
+        self._fired("stall_step", tokens_sent=self.tokens_sent)
+        with self._faults_changed:
+            while self._step_stalled():
+                self._faults_changed.wait(timeout=1.0)
+        log.warning("decode step resumed", tokens_sent=self.tokens_sent)
 
     def admit_request(self) -> None:
         if self.settings.fail_next_requests <= 0:

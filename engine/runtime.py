@@ -205,7 +205,7 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
     faults = FaultInjector(fault_settings, metrics, model)
     scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
                           max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock,
-                          kv_pool=origin.kv_pool)
+                          kv_pool=origin.kv_pool, step_stall_bound_s=settings.step_stall_bound.total_seconds())
     runtime = EngineRuntime(
         settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
         model=model, scheduler=scheduler, metrics=metrics, faults=faults,

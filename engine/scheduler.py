@@ -2,7 +2,9 @@
 
 Each iteration prefills newly admitted sequences (at least one, then more
 while a token budget lasts), then runs one batched decode step over every
-running sequence that is due. Keeping model
+running sequence that is due. Each iteration is bracketed for the
+`engine.watchdog.StepWatchdog`, so `/healthz/live` can tell a loop that is
+idle from one wedged inside a step. Keeping model
 work on this thread keeps the HTTP event loop free; results go back to each
 request's asyncio queue with `call_soon_threadsafe`. A cancelled sequence is
 dropped at the start of the next iteration, so a client that disconnects
@@ -24,6 +26,7 @@ from engine.kv_pool import HolderKVPool
 from engine.metrics import EngineMetrics
 from engine.model import KVCache, LlamaModel
 from engine.sampling import SamplingParams, sample_token
+from engine.watchdog import StepWatchdog
 from common.logs import get_logger
 
 log = get_logger(__name__)
@@ -72,7 +75,8 @@ class Sequence:
 class Scheduler:
     def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
                  max_prefill_tokens: int = 2048, hooks: EngineHooks | None = None,
-                 clock: Clock | None = None, kv_pool: HolderKVPool | None = None) -> None:
+                 clock: Clock | None = None, kv_pool: HolderKVPool | None = None,
+                 step_stall_bound_s: float = 10.0) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
@@ -80,6 +84,7 @@ class Scheduler:
         self.hooks: EngineHooks = hooks or NoFaults()
         self.clock: Clock = clock or SystemClock()
         self.kv_pool = kv_pool
+        self.watchdog = StepWatchdog(self.clock, bound_s=step_stall_bound_s)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._wake = threading.Condition()
@@ -109,6 +114,13 @@ class Scheduler:
 
     # -- the loop ------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if not self._stopped:
+                self.watchdog.loop_exited()
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while not self._stopped and not self._has_work():
@@ -121,12 +133,16 @@ class Scheduler:
                 self.metrics.waiting.set(len(self._waiting))
                 self.metrics.running.set(len(self._running))
                 running = list(self._running)
+            self.watchdog.step_started()
             try:
+                self.hooks.before_step()
                 self._step(running)
             except Exception as exc:  # a bug must fail the requests, not wedge the loop
                 log.exception("decode step failed", error=str(exc))
                 for seq in running:
                     self._finish(seq, ErrorEvent(f"engine error: {exc}"))
+            finally:
+                self.watchdog.step_finished()
             with self._wake:
                 self._running = [s for s in self._running if not s.finished]
                 self.metrics.running.set(len(self._running))

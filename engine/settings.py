@@ -35,6 +35,9 @@ class FaultSettings(BaseSettings):
 
     exit_after_tokens: int | None = Field(None, ge=0, description="os._exit after this many tokens sent")
     hang_after_tokens: int | None = Field(None, ge=0, description="stop sending after this many tokens")
+    stall_step_after_tokens: int | None = Field(
+        None, ge=0, description="block the decode loop inside a step once this many tokens were sent "
+                                "(every stream stops; cleared by POST /admin/faults)")
     token_delay_ms: float = Field(0.0, ge=0, description="delay every token")
     first_token_delay_ms: float = Field(0.0, ge=0, description="delay the first token")
     fail_next_requests: int = Field(0, ge=0, description="answer the next K requests with HTTP 500")
@@ -63,6 +66,11 @@ class EngineSettings(BaseSettings):
     advertise_url: str | None = Field(None, description="URL the gateway should use to reach us")
     holder: str | None = Field(None, description="memory holder URL (`lifeline holder serve`): map its weights "
                                                  "instead of loading; falls back to disk when it cannot")
+    # Above the longest healthy step: a full 2048-token prefill of the tiny preset took 7.9 s on a loaded 2-core
+    # CPU. A bound under that fails liveness on a healthy engine (ejected, restarted), worse than a late verdict.
+    step_stall_bound: Seconds = Field(
+        timedelta(seconds=10), gt=timedelta(0),
+        description="/healthz/live answers 503 once one decode step has run longer than this many seconds")
     drain_unroute_wait: Seconds = Field(
         timedelta(seconds=1), ge=timedelta(0),
         description="on SIGTERM, after releasing the lease: seconds to keep refusing (503) so gateways stop routing here")

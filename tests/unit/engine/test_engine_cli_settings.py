@@ -53,3 +53,16 @@ def test_flags_beat_the_environment_and_defaults_come_from_settings(captured, ti
 def test_missing_model_names_the_key(captured) -> None:
     result = CliRunner().invoke(cli, ["engine", "serve"])
     assert result.exit_code != 0 and "model" in result.output and not captured
+
+
+def test_step_stall_bound_and_stall_fault_come_from_the_environment_and_flags(captured, tiny_model: Path) -> None:
+    env = {"LIFELINE_ENGINE_MODEL": str(tiny_model), "LIFELINE_ENGINE_STEP_STALL_BOUND": "2.5"}
+    result = CliRunner().invoke(cli, ["engine", "serve", "--fault-stall-step-after-tokens", "3"], env=env)
+    assert result.exit_code == 0, result.output
+    settings, faults = captured[0]
+    assert settings.step_stall_bound.total_seconds() == 2.5 and faults.stall_step_after_tokens == 3
+
+
+def test_a_step_stall_bound_of_zero_stops_start_up_naming_the_key(captured, tiny_model: Path) -> None:
+    result = CliRunner().invoke(cli, ["engine", "serve", "--model", str(tiny_model), "--step-stall-bound", "0"])
+    assert result.exit_code != 0 and "step_stall_bound" in result.output and not captured
