@@ -162,6 +162,18 @@ class EngineRuntime:
         return self.lease_generation if self.lease_generation is not None else self.boot_generation
 
     @property
+    def fences_by_generation(self) -> bool:
+        """Whether responses carry `X-Lifeline-Generation`: only when this process holds its own lease.
+
+        An engine started without `--registry` is leased by someone else (the
+        regional agent) under a generation it cannot know; stamping its boot
+        counter instead made gateways refuse its frames as `stale_generation`
+        once that lease was registered a second time. Leaving the header out
+        is what stock vLLM does, and the gateway checks only a header present.
+        """
+        return self.settings.registry is not None
+
+    @property
     def ready(self) -> bool:
         return self.status is EngineStatus.READY
 

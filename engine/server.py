@@ -38,7 +38,13 @@ log = get_logger(__name__)
 
 
 class GenerationHeaders:
-    """Stamps `X-Lifeline-Instance` and `X-Lifeline-Generation` on every response (pure ASGI)."""
+    """Stamps `X-Lifeline-Instance` on every response, and `X-Lifeline-Generation` when we hold our own lease.
+
+    The gateway refuses frames whose generation differs from the lease it
+    routed by; that fences a restarted self-leasing engine. An engine without
+    `--registry` leaves the header out (`EngineRuntime.fences_by_generation`):
+    the lease that routes to it is the agent's, under the agent's generation.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -53,7 +59,8 @@ class GenerationHeaders:
             if message["type"] == "http.response.start" and runtime is not None:
                 headers = list(message.get("headers", []))
                 headers.append((b"x-lifeline-instance", runtime.settings.instance_id.encode()))
-                headers.append((b"x-lifeline-generation", str(runtime.generation).encode()))
+                if runtime.fences_by_generation:
+                    headers.append((b"x-lifeline-generation", str(runtime.generation).encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
