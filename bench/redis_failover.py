@@ -16,6 +16,7 @@ run without a fault, and the failover time the sentinels took.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -69,7 +70,7 @@ def run(gateway: GatewayProcess, lab: RedisSentinelLab | None) -> dict:
         if lab is not None:
             lab.node(old).start()  # back as a replica for the next run
             lab.wait_settled()
-    gaps = [max((b - a for a, b in zip(arr, arr[1:], strict=False)), default=0.0) for arr, _, _ in results]
+    gaps = [max((b - a for a, b in itertools.pairwise(arr)), default=0.0) for arr, _, _ in results]
     return {"gaps": gaps, "failover_s": failover_s, "tokens": [t for _, t, _ in results],
             "errors": [e for _, _, e in results if e]}
 
@@ -113,10 +114,10 @@ def main() -> None:
                 gw.wait_routable("tiny", 2)
                 rows.append(("primary SIGKILL", name, run(gw, lab)))
         lines = [
-            f"Machine: {platform.machine()}, shared 2-core CPU, {date.today()}; Redis 7.0 Sentinel lab on loopback "
+            (f"Machine: {platform.machine()}, shared 2-core CPU, {date.today()}; Redis 7.0 Sentinel lab on loopback "
             f"(primary + 2 replicas + 3 sentinels, quorum 2, down-after-milliseconds 1000); {CLIENTS} greedy streams of "
             f"{BODY['max_tokens']} tokens over 2 reference engines (tiny); primary SIGKILLed 1.5 s in. Gap: the largest "
-            "interval between two token events one client saw; median and max over the streams of a run. One row per run.",
+            "interval between two token events one client saw; median and max over the streams of a run. One row per run."),
             "",
             "| fault | gateway | failover s (sentinels) | gap p50 ms | gap max ms | streams identical | typed errors |",
             "|---|---|---:|---:|---:|---|---|",

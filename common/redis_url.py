@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
-import redis.sentinel as sentinel
+from redis import sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -165,7 +165,7 @@ async def describe(client: aioredis.Redis, url: str | None = None) -> dict[str, 
         role = await client.execute_command("ROLE")
         info["role"] = role[0] if isinstance(role, (list, tuple)) and role else str(role)
         info["reachable"] = True
-    except Exception as exc:  # a readiness probe must answer even when Redis does not
+    except Exception as exc:  # noqa: BLE001 - a readiness probe must answer even when Redis does not
         info["reachable"] = False
         info["error"] = (str(exc) or type(exc).__name__)[:200]
     return info

@@ -42,7 +42,14 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_ex
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from common.redis_url import describe as describe_redis
-from contract.lease import DEFAULT_PREFIX, LeaseExpired, NotReplicated, RedisLeaseRegistry, Registration, StaleGeneration
+from contract.lease import (
+    DEFAULT_PREFIX,
+    LeaseExpired,
+    NotReplicated,
+    RedisLeaseRegistry,
+    Registration,
+    StaleGeneration,
+)
 
 log = get_logger(__name__)
 

@@ -112,7 +112,7 @@ class LeaseView:
         """Read the registry once; on failure keep the last view. True if it answered."""
         try:
             leases = await self.registry.live()
-        except Exception as exc:  # keep the last good view; the registry may be back next tick
+        except Exception as exc:  # noqa: BLE001 - keep the last good view; the registry may be back next tick
             if self.available:
                 log.error("lease registry unreachable; routing on the last view (fail static)",
                           error=(str(exc) or type(exc).__name__)[:200], endpoints=len(self.leases),

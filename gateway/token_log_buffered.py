@@ -56,7 +56,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from common.logs import get_logger
 from gateway.errors import GatewayError, RecoveryImpossible
-from gateway.stream_status import InvalidTransition, StreamEvent, StreamStatus, advances_epoch, transition
+from gateway.stream_status import (
+    InvalidTransition,
+    StreamEvent,
+    StreamStatus,
+    advances_epoch,
+    transition,
+)
 from gateway.token_log import Frame, StreamRecord
 from gateway.token_log_redis import RedisTokenLog
 

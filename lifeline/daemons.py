@@ -509,7 +509,7 @@ class RedisSentinelLab:
         except Exception:  # noqa: BLE001 - not up
             return b""
 
-    def _sentinel(self, port: int):  # noqa: ANN202
+    def _sentinel(self, port: int):
         import redis
 
         return redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, decode_responses=True)

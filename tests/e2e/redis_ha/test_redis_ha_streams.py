@@ -104,7 +104,7 @@ class GenerationWatch:
         return self.seen
 
 
-def _clients(stack: Stack, n: int = CLIENTS):  # noqa: ANN202
+def _clients(stack: Stack, n: int = CLIENTS):
     pool = ThreadPoolExecutor(n)
     return pool, [pool.submit(stream, stack.gateway.url, BODY, timeout=120) for _ in range(n)]
 
@@ -122,7 +122,7 @@ def _wait_answering(stack: Stack, within: float = 60.0) -> httpx.Response:
         time.sleep(0.2)
 
 
-def _assert_identical(stack: Stack, results) -> None:  # noqa: ANN001
+def _assert_identical(stack: Stack, results) -> None:
     for result in results:
         assert result.error is None, result.error
         assert result.done and result.finish_reason == "length"

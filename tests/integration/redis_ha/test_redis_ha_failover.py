@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 REG = Registration("engine-a", "http://127.0.0.1:9001", "tiny-seed0", "local-a", "local")
 
 
-async def _until(call, *, within: float = 30.0, pause: float = 0.05):  # noqa: ANN001, ANN202
+async def _until(call, *, within: float = 30.0, pause: float = 0.05):
     """Call until it stops raising a connection error (a failover in progress); bounded, never a hang."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -145,7 +145,7 @@ async def test_renewal_whose_answer_was_lost_is_read_back(lab: RedisSentinelLab)
     lease = await registry.register(REG)
     renew_script = registry._renew
 
-    async def applied_then_lost(**kwargs):  # noqa: ANN003, ANN202
+    async def applied_then_lost(**kwargs):
         await renew_script(**kwargs)
         raise redis.ConnectionError("connection reset after the script ran")
 
