@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -123,6 +124,10 @@ class DemoFleet:
         """A fresh database: tokens, the model registered and promoted to `prod`, the API serving. Returns the version."""
         database = self.workdir / "controlplane.sqlite3"
         database.unlink(missing_ok=True)  # every run measures its own numbers from an empty history
+        # Run ids and snapshot versions restart with the database: a gateway's cached snapshot from an
+        # earlier run would carry a higher version and the gateway would refuse every new one as older.
+        for stale in ("reports", "state"):
+            shutil.rmtree(self.workdir / stale, ignore_errors=True)
         self.controlplane.migrate()
         cli = self.controlplane.cli
         self.operator_token = cli("controlplane", "token", "create", "--role", "operator", "--name", "demo-operator").split()[0]
@@ -159,13 +164,14 @@ class DemoFleet:
     def gateway_reports(self) -> dict[str, dict[str, Any]]:
         return {g["replica_id"]: g for g in self.api("GET", "/gateways").json()}
 
-    def wait_applied(self, version: int, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+    def wait_applied(self, version: int, timeout: float = 60.0, engines: int | None = None) -> dict[str, dict[str, Any]]:
         """Until every gateway reports (GET /api/v1/gateways) a snapshot at least `version`; the reports."""
         deadline = time.monotonic() + timeout
         reports: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:
             reports = self.gateway_reports()
-            if all(_applied(reports.get(r.gateway.replica_id, {}), version, len(r.engines))
+            if all(_applied(reports.get(r.gateway.replica_id, {}), version,
+                            len(r.engines) if engines is None else engines)
                    for r in self.regions.values()):
                 return reports
             time.sleep(0.2)
@@ -213,7 +219,7 @@ class DemoFleet:
         """The fleet file the control plane's drill task acts on: this region's gateway and engines."""
         instances = {}
         for engine in region.engines:
-            restart = ["sh", "-c", f'echo $$ > "{engine.pid_file}"; exec "$@"', "restart", *engine.command()]
+            restart = ["sh", "-c", f'echo $$ > "{engine.pid_file}"; exec "$@" >> "{engine.process.log_path}" 2>&1', "restart", *engine.command()]
             instances[engine.instance_id] = {"url": engine.url, "served_model": self.model_dir.name,
                                              "pid_file": str(engine.pid_file), "restart": restart}
         self.fleet_file.write_text(yaml.safe_dump({
@@ -223,12 +229,13 @@ class DemoFleet:
         }))
 
     def close(self) -> None:
+        # The control plane first: a drill it is running may restart an engine, which must not outlive us.
+        self.controlplane.stop()
         for region in self.regions.values():
             for engine in region.engines:
                 engine.kill(signal.SIGTERM)
         for region in self.regions.values():
             region.gateway.kill(signal.SIGTERM)
-        self.controlplane.stop()
 
 
 
