@@ -16,7 +16,8 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
                 short zone; each zone is backfilled to serving + warm from cold
 
 An instance's admission canary (a loading pool instance, an external engine
-before its first lease) runs at once and outside the budget: once per load.
+before its first lease, any instance about to be leased again after a release,
+a lapse or a restart) runs at once and outside the budget.
 Engines that renew their own leases are probed and reported on; the agent
 does not touch their leases (the control plane ejects them through the
 snapshot, on the agent's events).
@@ -73,8 +74,11 @@ class Instance:
     lease: Lease | None = None  # held by the agent
     canaries: int = 0
     canary_task: asyncio.Task | None = None
-    unleasable: str | None = None  # why a lease can never route to it (a generation it cannot match)
+    unleasable: str | None = None  # why a lease can never route to it (it stamps a generation of its own lease)
     failed_probes: int = 0  # consecutive failed health probes
+    boot: tuple[int, float] | None = None  # (boot_generation, started_at) last seen: a change is a restart
+    canary_seq: int = 0  # when (Agent._seq) the last canary started
+    released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
 
     @property
     def agent_leased(self) -> bool:
@@ -116,6 +120,7 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.actor = f"agent:{settings.region}"
         self._pool_seq = 0
+        self._seq = 0  # orders canaries against releases (virtual time may not move between them)
         self._draining: set[asyncio.Task] = set()
 
     # -- desired state -------------------------------------------------------------------------------
@@ -229,8 +234,29 @@ class Agent:
             instance.failed_probes = 0 if result.ok else instance.failed_probes + 1
             if result.identity is not None and result.identity.model != instance.version:
                 instance.version = result.identity.model
+            if result.identity is not None:
+                boot = (result.identity.boot_generation, result.identity.started_at)
+                if instance.boot is not None and boot != instance.boot:
+                    await self._restarted(instance, instance.boot, boot)
+                instance.boot = boot
             self.metrics.probes.labels(result.verdict.value).inc()
             self.judge(instance)
+
+    async def _restarted(self, instance: Instance, before: tuple[int, float], after: tuple[int, float]) -> None:
+        """Another process answers at the instance's url: release its lease; a new one only after a fresh canary.
+
+        An engine without a lease of its own sends no generation header, so the gateway cannot fence a
+        restart at the same url; the lease holder does, from `boot_generation` and `started_at`.
+        """
+        log.warning("engine restarted under its lease", instance=instance.instance_id, before=before, after=after)
+        if instance.canary_task is not None:
+            instance.canary_task.cancel()  # its answer may be the old process's
+            instance.canary_task = None
+        instance.canary = None
+        instance.unleasable = None
+        await self._release(instance)
+        self._seq += 1
+        instance.released_seq = self._seq
 
     def start_canaries(self) -> None:
         admission, routine = [], []
@@ -239,9 +265,7 @@ class Agent:
                 continue
             if instance.health is None or not instance.health.ok:
                 continue
-            unadmitted = (instance.state is InstanceState.COLD or
-                          (instance.origin == "external" and instance.lease is None and instance.canary is None))
-            (admission if unadmitted else routine).append(instance)
+            (admission if self._needs_admission(instance) else routine).append(instance)
         budgeted = [i for i in self.instances.values() if self.canary_for(i.version) is not None]
         self.metrics.budget.set(self.budget.rate(len(budgeted)))
         due = set(self.budget.due([i.instance_id for i in budgeted]))
@@ -249,13 +273,31 @@ class Agent:
             instance.canary_task = asyncio.create_task(self._run_canary(instance),
                                                        name=f"canary-{instance.instance_id}")
 
+    def _needs_admission(self, instance: Instance) -> bool:
+        """An admission canary (at once, outside the budget): a loading instance, or one the agent would lease
+        that has no passing canary since its last lease went. A failing one waits for routine canaries."""
+        if instance.state is InstanceState.COLD:
+            return True
+        if instance.lease is not None or instance.origin == "registry" or self._fresh_canary(instance):
+            return False
+        if instance.canary is None:
+            return instance.origin == "external" or instance.released_seq is not None
+        return instance.canary.ok
+
+    def _fresh_canary(self, instance: Instance) -> bool:
+        """A canary has answered since the agent last let the instance's lease go."""
+        return instance.canary is not None and (instance.released_seq is None or
+                                                instance.canary_seq > instance.released_seq)
+
     async def _run_canary(self, instance: Instance) -> None:
         record = self.canary_for(instance.version)
+        self._seq += 1
+        started = self._seq
         try:
             if record is None:
                 return
             result = await self.prober.canary(instance.url, model=instance.version, record=record)
-            instance.canary = result
+            instance.canary, instance.canary_seq = result, started
             instance.canaries += 1
             self.metrics.instance_canaries.labels(instance.instance_id).set(instance.canaries)
             self.metrics.canaries.labels(result.verdict.value).inc()
@@ -265,7 +307,8 @@ class Agent:
         except Exception:  # a canary never takes the agent down
             log.exception("canary failed", instance=instance.instance_id)
         finally:
-            instance.canary_task = None
+            if instance.canary_task is asyncio.current_task():
+                instance.canary_task = None
 
     def judge(self, instance: Instance) -> None:
         health, canary = instance.health, instance.canary
@@ -298,14 +341,15 @@ class Agent:
                 await self._release(instance)
             elif instance.lease is not None:
                 await self._renew(instance)
-            elif instance.origin == "external" and self._admitted(instance) and instance.unleasable is None:
-                await self._register(instance)
+            elif self._admitted(instance) and instance.unleasable is None:
+                await self._register(instance)  # first lease, or again after a release or a lapse
 
     def _admitted(self, instance: Instance) -> bool:
+        """Routable now, and (with a canary record) a canary passed since the agent last held its lease."""
         if instance.verdict is not Verdict.OK:
             return False
         record = self.canary_for(instance.version)
-        return record is None or (instance.canary is not None and instance.canary.ok)
+        return record is None or (self._fresh_canary(instance) and instance.canary is not None and instance.canary.ok)
 
     async def _register(self, instance: Instance) -> None:
         try:
@@ -316,12 +360,15 @@ class Agent:
             log.warning("lease not registered", instance=instance.instance_id, error=str(exc)[:200])
             return
         log.info("lease registered for", instance=instance.instance_id, generation=instance.lease.generation)
-        identity = instance.health.identity if instance.health else None
-        if identity is not None and identity.generation != instance.lease.generation:
-            # The engine stamps its frames with its own generation (X-Lifeline-Generation); a lease under
-            # another one would have the gateway drop every frame as stale. Never route to it.
-            instance.unleasable = (f"engine stamps generation {identity.generation}; "
-                                   f"its lease would be {instance.lease.generation}")
+        health = instance.health
+        identity = health.identity if health else None
+        if health is not None and health.stamps_generation and identity is not None and \
+                identity.generation != instance.lease.generation:
+            # It sends X-Lifeline-Generation: it holds a lease of its own and is listed here by mistake. The
+            # gateway would drop every frame under the agent's generation as stale. Never route to it.
+            # (An engine without a lease of its own sends no header and is leased under any generation.)
+            instance.unleasable = (f"engine stamps generation {identity.generation} (a lease of its own); "
+                                   f"the agent's lease would be {instance.lease.generation}")
             await self._release(instance)
             log.warning("lease refused: generations disagree", instance=instance.instance_id,
                         reason=instance.unleasable)
@@ -332,16 +379,17 @@ class Agent:
         try:
             instance.lease = await self.registry.renew(instance.instance_id, instance.lease.generation)
         except LeaseExpired:
+            # Lapsed while the agent was slow: gateways stopped routing to it. Registered again (a new
+            # generation) after a fresh admission canary; the engine sends no generation header to disagree.
+            log.warning("lease lapsed", instance=instance.instance_id, generation=instance.lease.generation)
             instance.lease = None
-            if instance.origin == "pool":
-                # A reference engine stamps frames with its boot generation (1 for a fresh pool instance, as
-                # its first lease); a second lease would not match it, so a lapsed pool instance is replaced.
-                await self._lose(instance, "its lease lapsed")
-            else:
-                await self._register(instance)  # lapsed while the agent was slow; a new generation
+            self._seq += 1
+            instance.released_seq = self._seq
         except StaleGeneration:
             log.warning("another writer holds this instance's lease; not renewing", instance=instance.instance_id)
             instance.lease = None
+            self._seq += 1
+            instance.released_seq = self._seq
         except Exception as exc:  # registry away: the lease lapses on its own, which is the safe side
             log.warning("lease not renewed", instance=instance.instance_id, error=str(exc)[:200])
 
@@ -349,6 +397,8 @@ class Agent:
         lease, instance.lease = instance.lease, None
         if lease is None:
             return
+        self._seq += 1
+        instance.released_seq = self._seq
         with contextlib.suppress(Exception):
             await self.registry.release(lease.instance_id, lease.generation)
         log.info("lease released", instance=instance.instance_id, generation=lease.generation, verdict=instance.verdict)
@@ -370,18 +420,22 @@ class Agent:
                     await self._lose(instance, f"admission canary failed: {instance.canary.reason}")
                 elif instance.started_at is not None and now - instance.started_at > pool.start_timeout.total_seconds():
                     await self._lose(instance, f"not warm within {pool.start_timeout.total_seconds():g} s")
-            elif instance.verdict in EJECT and (instance.state is not InstanceState.WARM or
-                                                instance.verdict is Verdict.WRONG_OUTPUT or
+            elif instance.verdict in EJECT and (instance.verdict is Verdict.WRONG_OUTPUT or
                                                 instance.failed_probes >= WARM_FAILURES_TO_REPLACE):
-                # A serving instance's lease is gone already and it is leased once in its life; a warm one
-                # rides out a blip (never promoted meanwhile) unless its output is wrong.
                 await self._lose(instance, f"ejected: {instance.reason}")
+            elif instance.verdict in EJECT and instance.state is InstanceState.SERVING:
+                # Its lease is gone already; a warm one takes its place below. It rides out a blip as warm
+                # and is leasable again (a new generation) after a fresh admission canary.
+                await self._release(instance)
+                instance.state = transition(instance.state, PoolEvent.DEMOTED)
+                log.warning("serving instance ejected; demoted to warm", instance=instance.instance_id,
+                            reason=instance.reason)
         mine = [i for i in self.instances.values() if i.origin == "pool"]
         target = sum(z.serving for z in pool.zones.values())
         serving = [i for i in mine if i.state is InstanceState.SERVING]
         while len(serving) < target:
             warm = [i for i in mine if i.state is InstanceState.WARM and i.version == desired
-                    and i.verdict is Verdict.OK]
+                    and self._admitted(i)]
             if not warm:
                 break
             short = {z: t.serving - sum(1 for i in serving if i.zone == z) for z, t in pool.zones.items()}
@@ -414,7 +468,7 @@ class Agent:
                       key=lambda z: count[z] - pool.zones[z].serving, reverse=True)
         for zone in short:
             warm = [i for i in mine if i.zone == zone and i.state is InstanceState.WARM and i.version == desired
-                    and i.verdict is Verdict.OK]
+                    and self._admitted(i)]
             if not warm or not over:
                 continue
             victim = next(i for i in mine if i.zone == over[0] and i.state is InstanceState.SERVING)
@@ -426,9 +480,9 @@ class Agent:
     async def _retire(self, instance: Instance, reason: str) -> None:
         """Serving → draining → gone, and backfill replaces it warm.
 
-        Not demoted to warm: the reference engine keeps the generation of its one lease, and a second
-        lease would carry another, so an instance is leased once in its life. The drain (SIGTERM: stop
-        taking requests, finish or hand back in-flight ones) runs in the background.
+        Retired and backfilled rather than demoted to warm in place, as when an instance could be leased
+        only once; demoting would now work and save the load (docs/warm_pool.md, limits). The drain
+        (SIGTERM: stop taking requests, finish or hand back in-flight ones) runs in the background.
         """
         await self._release(instance)
         instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DRAIN)

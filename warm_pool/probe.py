@@ -59,12 +59,16 @@ class ProbeResult:
     identity: EngineIdentity | None = None
     ttft_s: float | None = None
     output_token_ids: tuple[int, ...] = field(default=())
+    # `X-Lifeline-Generation` was on the `/healthz/generation` response: the engine holds its own lease and
+    # stamps its frames with it (the gateway refuses frames of any other generation)
+    stamps_generation: bool = False
 
     @property
     def ok(self) -> bool:
         return self.verdict is Verdict.OK
 
 
+GENERATION_HEADER = "x-lifeline-generation"  # only an engine holding its own lease sends it
 DEFAULT_TIMEOUT = httpx.Timeout(connect=1.0, read=5.0, write=2.0, pool=1.0)
 
 
@@ -132,16 +136,18 @@ class Prober:
             identity = EngineIdentity.model_validate_json(generation.content)
         except ValidationError as exc:
             return ProbeResult(Verdict.ERROR, "generation", f"generation: not an identity: {str(exc)[:200]}")
+        stamps = GENERATION_HEADER in generation.headers
         if expected_versions is not None and identity.model not in expected_versions:
             return ProbeResult(Verdict.OLD_GENERATION, "generation",
                                f"serves {identity.model}; the snapshot's aliases name {sorted(expected_versions)}",
-                               identity=identity)
+                               identity=identity, stamps_generation=stamps)
         digest = (expected_digests or {}).get(identity.model)
         if digest is not None and identity.weights_digest != digest:
             return ProbeResult(Verdict.WRONG_OUTPUT, "generation",
                                f"weights digest {identity.weights_digest[:19]}… is not the catalog's {digest[:19]}…",
-                               identity=identity)
-        return ProbeResult(Verdict.OK, "generation", "live, ready, generation current", identity=identity)
+                               identity=identity, stamps_generation=stamps)
+        return ProbeResult(Verdict.OK, "generation", "live, ready, generation current", identity=identity,
+                           stamps_generation=stamps)
 
     async def canary(self, url: str, *, model: str, record: CanaryRecord) -> ProbeResult:
         """Send the recorded prompt greedily and compare token count, time to first token and output."""

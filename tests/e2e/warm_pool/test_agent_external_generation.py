@@ -9,11 +9,9 @@ the same Redis registry every request after each registration must come back
 whole, with no `stale_generation` refusal: the engine leaves
 `X-Lifeline-Generation` out when the lease is not its own.
 
-Today the agent still refuses a second lease whose generation differs from
-the engine's `/healthz/generation` (`warm_pool/agent.py`, `Agent._register`,
-`Instance.unleasable`), the workaround for the engine's old header. The test
-is marked to fail for exactly that refusal, strictly: once warm_pool drops
-the workaround it passes, and the marker must go.
+The agent refuses a lease whose generation differs from the engine's only
+when the engine sends `X-Lifeline-Generation` (a lease of its own); were it
+to refuse this engine, the test fails with `AgentRefusedLease`.
 """
 
 from __future__ import annotations
@@ -58,8 +56,6 @@ def until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any
     raise AssertionError(f"never: {what}")
 
 
-@pytest.mark.xfail(raises=AgentRefusedLease, strict=True,
-                   reason="warm_pool refuses a second lease for a reference engine (Instance.unleasable)")
 def test_agent_releases_and_registers_a_leaseless_engine_twice_without_stale_generation(
         engine_factory, tiny_model: Path, tmp_path: Path) -> None:
     prefix = f"test-{uuid.uuid4().hex[:8]}"

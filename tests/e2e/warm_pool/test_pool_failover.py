@@ -6,8 +6,7 @@ and the real Redis lease registry. The plan is one serving instance in z1
 and one warm in z2; killing z1's serving instance must leave it unroutable
 (its lease released, well within one TTL), promote z2's warm instance with
 a lease (a routing change, not a load), backfill z1, and once z1 is warm
-give it back its serving share (z2's instance drains and is backfilled: an
-instance is leased once in its life, see docs/warm_pool.md).
+give it back its serving share (z2's instance drains and is backfilled).
 """
 
 from __future__ import annotations

@@ -72,6 +72,8 @@ class ScriptedEngine:
         self.output = [5, 6, 7]
         self.live = True
         self.canaries = 0
+        self.boot_generation, self.started_at = 1, 0.0
+        self.own_lease = False  # True: started with --registry, sends X-Lifeline-Generation
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if not self.live:
@@ -80,9 +82,11 @@ class ScriptedEngine:
         if path in ("/healthz/live", "/healthz/ready"):
             return httpx.Response(200, json={"status": "ok"})
         if path == "/healthz/generation":
-            return httpx.Response(200, json={"instance_id": self.instance_id, "generation": 1, "boot_generation": 1,
-                                             "model": self.version, "weights_digest": "sha256:x", "zone": self.zone,
-                                             "region": "r1", "started_at": 0.0})
+            return httpx.Response(200, headers={"x-lifeline-generation": "1"} if self.own_lease else {},
+                                  json={"instance_id": self.instance_id, "generation": 1,
+                                        "boot_generation": self.boot_generation, "model": self.version,
+                                        "weights_digest": "sha256:x", "zone": self.zone, "region": "r1",
+                                        "started_at": self.started_at})
         if path == "/v1/completions":
             self.canaries += 1
             body = "".join(f"data: {json.dumps({'choices': [{'token_ids': [t]}]})}\n\n" for t in self.output)
@@ -239,7 +243,7 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     assert {e.kind: e.detail["changes_routing"] for e in shipper.buffer if e.kind.startswith("pool.")} == {
         "pool.started": False, "pool.lost": True, "pool.promoted": True}
     # z1 is backfilled cold, becomes warm and takes its serving share back; z2's instance is retired
-    # (leased once in its life) and z2 backfilled warm
+    # and z2 backfilled warm
     await settle(agent, clock, 6)
     assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
         ("z1", InstanceState.SERVING), ("z2", InstanceState.WARM)]
@@ -295,16 +299,41 @@ async def test_pool_instance_with_wrong_output_is_never_warm_and_is_replaced(tmp
     assert sorted(i.state for i in agent.instances.values()) == [InstanceState.SERVING, InstanceState.WARM]
 
 
-async def test_pool_instance_whose_lease_lapsed_is_replaced_not_reregistered(tmp_path: Path) -> None:
+async def test_pool_instance_whose_lease_lapsed_is_registered_again_after_a_fresh_canary(tmp_path: Path) -> None:
     clock, fleet = ManualClock(), Fleet()
     agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
     await settle(agent, clock, 4)
     [serving] = [i for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    canaries = fleet.engines[serving.instance_id].canaries
     clock.advance(5)  # the agent stalled past the TTL
     await settle(agent, clock)
-    assert serving.instance_id not in agent.instances
-    assert registry.generations[serving.instance_id] == 1
-    assert any(e.kind == "pool.lost" and "lapsed" in e.reason for e in shipper.buffer)
+    assert await registry.live() == []
+    await settle(agent, clock, 2)
+    assert [(lease.instance_id, lease.generation) for lease in await registry.live()] == [(serving.instance_id, 2)]
+    assert agent.instances[serving.instance_id].state is InstanceState.SERVING
+    assert fleet.engines[serving.instance_id].canaries == canaries + 1  # a fresh admission canary first
+    assert not any(e.kind in ("pool.lost", "pool.stopped") for e in shipper.buffer)
+    assert agent.driver.stopped == []
+
+
+async def test_serving_instance_that_blips_is_demoted_and_leased_again_later(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
+    agent.driver.alive = lambda instance_id: instance_id in fleet.engines  # unreachable is not exited
+    await settle(agent, clock, 4)
+    [z1] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    fleet.engines[z1].live = False
+    await settle(agent, clock)
+    assert agent.instances[z1].state is InstanceState.WARM  # released and demoted, not stopped
+    [promoted] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
+    assert promoted != z1 and [lease.instance_id for lease in await registry.live()] == [promoted]
+    fleet.engines[z1].live = True
+    await settle(agent, clock, 4)
+    # fresh admission canary, then z1 takes its serving share back under a new generation
+    assert agent.instances[z1].state is InstanceState.SERVING
+    assert [(lease.instance_id, lease.generation) for lease in await registry.live()] == [(z1, 2)]
+    assert z1 not in agent.driver.stopped and promoted in agent.driver.stopped
+    assert not any(e.kind == "pool.lost" for e in shipper.buffer)
 
 
 async def test_canary_record_on_the_snapshot_wins_over_the_file() -> None:
@@ -339,10 +368,28 @@ async def test_instances_serving_real_traffic_are_not_canaried() -> None:
     assert fleet.engines["idle"].canaries >= 1 + 30 * 0.5 * 0.8 - 1
 
 
-async def test_reference_engine_is_not_leased_under_a_generation_it_does_not_stamp() -> None:
+async def test_engine_without_a_lease_of_its_own_is_leased_again_under_a_new_generation() -> None:
     clock, fleet = ManualClock(), Fleet()
-    fleet.engines["e1"] = ScriptedEngine("e1")  # /healthz/generation says 1, and so do its frames
-    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1")
+    fleet.engines["e1"] = ScriptedEngine("e1")  # /healthz/generation says 1; no X-Lifeline-Generation
+    agent, registry, _ = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    assert (await registry.live())[0].generation == 1
+    fleet.engines["e1"].live = False
+    await settle(agent, clock)
+    assert await registry.live() == []
+    canaries = fleet.engines["e1"].canaries
+    fleet.engines["e1"].live = True
+    await settle(agent, clock, 3)
+    assert [lease.generation for lease in await registry.live()] == [2]
+    assert agent.instances["e1"].unleasable is None
+    assert fleet.engines["e1"].canaries == canaries + 1  # admitted again by a fresh canary
+
+
+async def test_engine_stamping_its_own_lease_generation_is_not_leased_under_another() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    fleet.engines["e1"].own_lease = True  # listed by mistake: it sends X-Lifeline-Generation: 1
+    agent, registry, _ = make_agent(fleet, clock, renew_leases_for="http://e1")
     await settle(agent, clock, 2)
     assert (await registry.live())[0].generation == 1
     fleet.engines["e1"].live = False
@@ -350,7 +397,28 @@ async def test_reference_engine_is_not_leased_under_a_generation_it_does_not_sta
     fleet.engines["e1"].live = True
     await settle(agent, clock, 3)
     assert await registry.live() == []  # generation 2 would have the gateway drop every frame
-    assert agent.instances["e1"].unleasable == "engine stamps generation 1; its lease would be 2"
+    assert agent.instances["e1"].unleasable == (
+        "engine stamps generation 1 (a lease of its own); the agent's lease would be 2")
+
+
+async def test_engine_restarted_at_the_same_url_is_released_and_leased_again_after_a_fresh_canary() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    agent, registry, _ = make_agent(fleet, clock, renew_leases_for="http://e1")
+    await settle(agent, clock, 2)
+    assert [lease.generation for lease in await registry.live()] == [1]
+    canaries = fleet.engines["e1"].canaries
+    fleet.engines["e1"].boot_generation, fleet.engines["e1"].started_at = 2, 100.0  # restarted between probes
+    fleet.engines["e1"].output = [0, 0, 0]  # and loaded something else: the old canary must not admit it
+    await settle(agent, clock)
+    assert await registry.live() == []
+    assert fleet.engines["e1"].canaries == canaries + 1
+    await settle(agent, clock, 4)
+    assert await registry.live() == []
+    fleet.engines["e1"].output = [5, 6, 7]
+    fleet.engines["e1"].started_at = 200.0  # restarted again, same boot counter: started_at tells
+    await settle(agent, clock, 2)
+    assert [lease.generation for lease in await registry.live()] == [2]
 
 
 async def test_a_restarted_agent_takes_over_the_lease_it_held_before() -> None:
