@@ -124,7 +124,7 @@ def token_revoke(
 @events_app.command("export")
 def events_export(
     kind: Annotated[str | None, typer.Option()] = None,
-    routing_tier: Annotated[str | None, typer.Option(help="l7 | mesh | zone | dns")] = None,
+    routing_tier: Annotated[str | None, typer.Option(help="l7 | mesh | anycast | dns")] = None,
     scope: Annotated[str | None, typer.Option(help="scope prefix")] = None,
 ) -> None:
     """Write matching events as JSON lines to stdout, oldest first."""

@@ -78,7 +78,7 @@ def test_every_routing_change_advances_the_snapshot_by_one_and_refusals_by_none(
         ("cluster create", "POST", "/api/v1/clusters", {"name": "a", "region": "us", "model": "llama"}, 1),
         ("cluster weight", "PATCH", "/api/v1/clusters/a", {"weight": 40, "reason": "shift"}, 1),
         ("drain", "PATCH", "/api/v1/clusters/a", {"state": "draining", "reason": "maint"}, 1),
-        ("cluster eject", "PATCH", "/api/v1/clusters/a", {"state": "ejected", "reason": "dead", "routing_tier": "zone"}, 1),
+        ("cluster eject", "PATCH", "/api/v1/clusters/a", {"state": "ejected", "reason": "dead", "routing_tier": "anycast"}, 1),
         ("reactivate", "PATCH", "/api/v1/clusters/a", {"state": "active", "reason": "back"}, 1),
         ("stale revision", "PATCH", "/api/v1/clusters/a", {"weight": 1, "reason": "r", "expected_revision": 1}, 0),
         ("instance eject", "POST", "/api/v1/regions/us/ejections", {"instance_id": "e1", "generation": 2, "reason": "r"}, 1),

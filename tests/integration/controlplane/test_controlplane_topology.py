@@ -66,7 +66,7 @@ def test_bad_input_is_422_and_changes_nothing(client: TestClient, as_role: Any, 
 def test_drain_writes_event_with_tier_and_before_after(client: TestClient, as_role: Any, declared: None) -> None:
     response = client.patch(
         "/api/v1/clusters/eu-a",
-        json={"state": "draining", "reason": "zone maintenance", "routing_tier": "zone", "expected_revision": 1},
+        json={"state": "draining", "reason": "zone maintenance", "routing_tier": "anycast", "expected_revision": 1},
         headers=as_role("operator"),
     )
     assert response.status_code == 200
@@ -74,7 +74,7 @@ def test_drain_writes_event_with_tier_and_before_after(client: TestClient, as_ro
     events = client.get("/api/v1/events", params={"kind": "topology.cluster.update"}, headers=as_role("viewer")).json()
     assert len(events) == 1
     event = events[0]
-    assert event["routing_tier"] == "zone"
+    assert event["routing_tier"] == "anycast"
     assert event["reason"] == "zone maintenance"
     assert event["actor"].startswith("token:test-operator#")
     assert event["scope"] == "region:eu-west/cluster:eu-a"
