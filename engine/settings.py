@@ -9,23 +9,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _seconds(value: Any) -> Any:
-    """Environment variables arrive as strings: read "1.5" as seconds, as flags and YAML numbers are."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+from common.durations import Seconds
 
 
 class FaultSettings(BaseSettings):

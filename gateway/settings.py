@@ -10,24 +10,13 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-
-def _seconds(value: Any) -> Any:
-    """Environment variables arrive as strings: read "1.5" as seconds, as YAML numbers are."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+from common.durations import Seconds
 
 
 class RecoveryStrategy(StrEnum):

@@ -5,22 +5,12 @@ from __future__ import annotations
 import hashlib
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _seconds(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+from common.durations import Seconds
 
 
 class HolderSettings(BaseSettings):

@@ -9,17 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _seconds(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+from common.durations import Seconds
 
 
 class ExternalEngine(BaseModel):
