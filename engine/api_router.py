@@ -10,6 +10,7 @@ The work happens in `engine.serving.OpenAIServing`; the process state is
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Annotated
 
@@ -94,10 +95,16 @@ async def live(runtime: Runtime) -> dict:
 
 
 @health_router.get("/healthz/ready")
-async def ready(runtime: Runtime) -> JSONResponse:
-    if not runtime.ready:
-        return JSONResponse({"status": "not_ready", "engine_status": runtime.status}, status_code=503)
-    return JSONResponse({"status": "ready", "engine_status": runtime.status})
+async def ready(runtime: Runtime, request: Request) -> JSONResponse:
+    is_ready = runtime.ready  # one reading: the registry call below may outlast a state change
+    body: dict[str, object] = {"status": "ready" if is_ready else "not_ready", "engine_status": runtime.status}
+    lease = getattr(request.app.state, "lease_client", None)
+    if lease is not None:
+        try:  # which registry, and for Redis which server in which role (a failover shows here)
+            body["lease_registry"] = await asyncio.wait_for(lease.registry_details(), timeout=1.0)
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            body["lease_registry"] = {"reachable": False, "error": type(exc).__name__}
+    return JSONResponse(body, status_code=200 if is_ready else 503)
 
 
 @health_router.get("/healthz/generation", response_model=EngineIdentity)

@@ -116,6 +116,7 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
             await asyncio.to_thread(tenancy.confirm)  # a consistent view: the holder may end a takeover
         log.info("engine ready", weights_digest=runtime.weights_digest, weights_source=runtime.weights_origin.source)
         lease = start_lease_client(runtime, settings.registry) if settings.registry else None
+        app.state.lease_client = lease  # /healthz/ready names the registry it renews against
         app.state.drainer = Drainer(runtime, app.state.serving, lease)
         try:
             yield

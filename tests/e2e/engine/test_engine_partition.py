@@ -120,12 +120,17 @@ def test_partitioned_engine_refuses_requests_then_returns_under_a_new_generation
         return leases[0].generation if leases else None
 
     first = _wait_for(live_generation, "the first registration")
+    registry_seen = _ready(engine.url)["lease_registry"]
+    assert (registry_seen["mode"], registry_seen["role"], registry_seen["address"]) == (
+        "single", "master", f"127.0.0.1:{proxy.port}")
     assert httpx.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"] == first
     reference = complete(engine.url, BODY).json()["choices"][0]["token_ids"]
 
     proxy.sever()
     partitioned = _wait_for(lambda: (r := _ready(engine.url))["code"] == 503 and r, "the engine to step down")
-    assert partitioned == {"code": 503, "status": "not_ready", "engine_status": "partitioned"}
+    assert {k: partitioned[k] for k in ("code", "status", "engine_status")} == {
+        "code": 503, "status": "not_ready", "engine_status": "partitioned"}
+    assert partitioned["lease_registry"]["reachable"] is False  # readiness says why, without hanging
     _wait_for(lambda: live_generation() is None, "the registry to let the lease lapse")
     refused = complete(engine.url, BODY)
     assert refused.status_code == 503
