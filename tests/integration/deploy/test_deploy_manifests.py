@@ -51,6 +51,8 @@ CHECKOV_SKIPS = {
     "CKV_K8S_35": "prefer secrets as files over environment variables",
 }
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
+# One replica by design (two would act twice): the regional agent and Celery beat.
+SINGLETONS = ("agent", "celery-beat")
 # engine/drain.py: after ending the stragglers, their streams get this long to flush.
 DRAIN_FLUSH_S = 5.0
 
@@ -246,8 +248,8 @@ def test_every_replicated_workload_has_exactly_one_pdb_and_it_selects_only_that(
                 for w in docs if w["kind"] in ("Deployment", "StatefulSet")}
         for name, labels in pods.items():
             covering = [p["metadata"]["name"] for p in pdbs if selects(p["spec"]["selector"]["matchLabels"], labels)]
-            if name == "agent":
-                assert covering == [], "the agent is a singleton: a PDB would block node drains"
+            if name in SINGLETONS:
+                assert covering == [], f"{name} is a singleton: a PDB would block node drains"
             else:
                 assert covering == [name], f"{overlay}: {name} is covered by {covering}"
         for pdb in pdbs:
@@ -418,3 +420,16 @@ def test_each_region_gateway_and_agent_config_loads_with_its_environment(rendere
         claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod_spec(by_name["gateway"])["volumes"]}
         assert claims[gateway_mounts["/models"]["name"]] == "lifeline-models"
         assert any(d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "lifeline-models" for d in docs)
+
+
+def test_celery_runs_beside_the_control_plane_with_exactly_one_beat(rendered: dict[str, Any]) -> None:
+    docs = overlays(rendered)["controlplane"]
+    by_name = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    beat, worker = by_name["celery-beat"], by_name["celery-worker"]
+    assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    assert worker["spec"]["replicas"] >= 2
+    for workload, role in ((beat, "beat"), (worker, "worker")):
+        c = containers(workload)[0]
+        assert c["command"] == ["celery", "-A", "controlplane.celery_app", role]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["LIFELINE_CONTROLPLANE_CELERY_BROKER_URL"]["valueFrom"]["secretKeyRef"]["key"] == "broker-url"
