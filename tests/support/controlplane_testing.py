@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 
 POSTGRES_ADMIN_URL = os.environ.get("LIFELINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -126,3 +127,9 @@ def write_artifact(
                          "vocab_size": 4096, "torch_dtype": "float32", "transformers_version": "4.45.0"})
     return root
 
+
+# Runs a module on SQLite only, through the integration suite's own session-scoped
+# `database_url`. A directory must not override that fixture instead: pytest would
+# keep the shared session `db_engine` pointing at the override's database for
+# every test that runs after it.
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

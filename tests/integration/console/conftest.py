@@ -21,18 +21,9 @@ from controlplane.db import session_scope
 from controlplane.topology import service as topology
 from controlplane.topology.lease import InMemoryLeaseReader
 from controlplane.topology.schemas import ClusterCreate
-from tests.support.controlplane_testing import throwaway_database
-from controlplane.schema import upgrade
 
 CSRF = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 SIGNIN_CSRF = re.compile(r'name="signin_csrf" value="([^"]+)"')
-
-
-@pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with throwaway_database("sqlite", tmp_path_factory.mktemp("console-db")) as url:
-        upgrade(url)
-        yield url
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
 from controlplane.event.repository import EventFilter
 from tests.integration.console.conftest import sign_in
+from tests.support.controlplane_testing import ON_SQLITE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_SQLITE]
 
 
 class StreamRequest:

@@ -20,11 +20,12 @@ from controlplane.event.repository import EventFilter
 from controlplane.gateway_report import service as gateway_report_service
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.console.conftest import csrf_of, sign_in
+from tests.support.controlplane_testing import ON_SQLITE
 from weight_catalog import aliases as catalog_aliases
 from weight_catalog import service as catalog_service
 from weight_catalog.store import open_store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_SQLITE]
 
 
 def audit_rows(session_factory: Any) -> list[tuple[str, str, str, int | None]]:
