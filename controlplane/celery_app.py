@@ -61,7 +61,7 @@ def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None)
 
     fleet_file = settings.drill_fleet_file
 
-    @app.task(name=drill_tasks.SCHEDULE_DUE)
+    @app.task(name=drill_tasks.SCHEDULE_DUE, shared=False)  # one app per process call: never shared across apps
     def schedule_due_drills() -> list[int]:
         ready = drill_tasks.schedule_due(factory(), clock=clock)
         if fleet_file is not None:
@@ -69,7 +69,7 @@ def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None)
                 run_drill.delay(run_id)
         return ready
 
-    @app.task(name=drill_tasks.RUN)
+    @app.task(name=drill_tasks.RUN, shared=False)
     def run_drill(run_id: int) -> str:
         from controlplane.drill.fleet import FileFleet
         from controlplane.drill.runner import HttpEventReader

@@ -15,6 +15,7 @@ bounded and raises with the daemon's log tail.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import secrets
 import shutil
@@ -309,7 +310,7 @@ class ExaBgpSpeaker(DaemonProcess):
         for fifo in (self.command_fifo, self.ack_fifo):
             if not fifo.exists():
                 os.mkfifo(fifo)
-        bridge = Path(__file__).resolve().parents[2] / "cutover" / "drivers" / "exabgp_bridge.py"
+        bridge = Path(importlib.util.find_spec("cutover.drivers.exabgp_bridge").origin)  # type: ignore[union-attr, arg-type]
         (self.workdir / "exabgp.conf").write_text(textwrap.dedent(f"""\
             process api-bridge {{
                 run {sys.executable} {bridge} {self.command_fifo} {self.ack_fifo};
