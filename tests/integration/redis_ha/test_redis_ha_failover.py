@@ -130,14 +130,16 @@ async def test_without_wait_a_failover_hands_a_generation_out_twice(lab: RedisSe
     registry = RedisLeaseRegistry(async_redis_client(lab.url), region="local", ttl=timedelta(seconds=2), min_replicas=0,
                                   clock_floor=False)
     try:
-        await registry.register(REG)
+        first = await registry.register(REG)
         old, replica_ports = await _lose_replication(lab)
         lost = await registry.register(REG)
         _fail_over_to_a_replica_without_them(lab, old, replica_ports)
         again = await _until(lambda: registry.register(REG))
     finally:
         await registry.close()
-    assert again.generation == lost.generation
+    # A generation already handed out comes back: `lost`'s, or `first`'s too when even
+    # that write had not reached the replica yet (replication is asynchronous).
+    assert again.generation in (first.generation, lost.generation)
 
 
 async def test_renewal_whose_answer_was_lost_is_read_back(lab: RedisSentinelLab) -> None:
