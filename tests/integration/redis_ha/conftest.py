@@ -14,6 +14,8 @@ from lifeline.daemons import RedisSentinelLab
 def lab(tmp_path: Path) -> Iterator[RedisSentinelLab]:
     started = RedisSentinelLab(tmp_path / "sentinel-lab").start()
     try:
+        # Replicas linked and synced first: a registration's WAIT 1 must not race the initial sync.
+        started.wait_settled()
         yield started
     finally:
         started.stop()

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from common.clock import ManualClock
-from contract.lease import RedisLeaseRegistry, Registration
+from contract.lease import Lease, NotReplicated, RedisLeaseRegistry, Registration
 from gateway.errors import RecoveryImpossible
 from gateway.router import LeaseRegistryUnavailable, LeaseView
 from gateway.stream_status import StreamEvent, StreamStatus
@@ -52,11 +52,23 @@ async def _flushed(log: BufferedTokenLog) -> None:
         await asyncio.sleep(0.05)
 
 
+
+async def _register_replicated(registry: RedisLeaseRegistry, registration: Registration, within: float = 15.0) -> Lease:
+    """Register as an engine does: a refusal for want of a replica's acknowledgement is retried (bounded)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await registry.register(registration)
+        except NotReplicated:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
 async def test_lease_view_fails_static_for_its_window_then_refuses_then_recovers(lab: RedisSentinelLab) -> None:
     clock = ManualClock()
     metrics = CollectorRegistry()
     registry = RedisLeaseRegistry.from_url(lab.url, region="local", ttl=timedelta(seconds=2))
-    lease = await registry.register(Registration("engine-a", "http://127.0.0.1:9001", "tiny-seed0"))
+    lease = await _register_replicated(registry, Registration("engine-a", "http://127.0.0.1:9001", "tiny-seed0"))
     view = LeaseView(registry, refresh_interval=3600, cached=True, fail_static=10.0, clock=clock, metrics_registry=metrics)
     try:
         await view.start()
