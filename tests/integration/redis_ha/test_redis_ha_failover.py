@@ -52,7 +52,7 @@ async def test_registry_follows_a_primary_sigkill_without_restart(lab: RedisSent
     registry = RedisLeaseRegistry.from_url(lab.url, region="local", ttl=timedelta(seconds=2))
     reader = RedisLeaseReader.from_url(lab.url)
     try:
-        first = await registry.register(REG)
+        first = await _until(lambda: registry.register(REG))
         old = lab.primary_port()
         assert (await describe(registry.redis, lab.url))["address"] == f"127.0.0.1:{old}"
         lab.node(old).kill()
@@ -114,7 +114,7 @@ async def test_registration_no_replica_acknowledged_is_refused_and_its_generatio
         lab: RedisSentinelLab) -> None:
     registry = RedisLeaseRegistry.from_url(lab.url, region="local", ttl=timedelta(seconds=2))
     try:
-        first = await registry.register(REG)
+        first = await _until(lambda: registry.register(REG))
         old, replica_ports = await _lose_replication(lab)
         with pytest.raises(NotReplicated):
             await registry.register(REG)  # generation first+1 exists only on the primary: not handed out
@@ -130,9 +130,9 @@ async def test_without_wait_a_failover_hands_a_generation_out_twice(lab: RedisSe
     registry = RedisLeaseRegistry(async_redis_client(lab.url), region="local", ttl=timedelta(seconds=2), min_replicas=0,
                                   clock_floor=False)
     try:
-        first = await registry.register(REG)
+        first = await _until(lambda: registry.register(REG))
         old, replica_ports = await _lose_replication(lab)
-        lost = await registry.register(REG)
+        lost = await _until(lambda: registry.register(REG))
         _fail_over_to_a_replica_without_them(lab, old, replica_ports)
         again = await _until(lambda: registry.register(REG))
     finally:
@@ -144,7 +144,7 @@ async def test_without_wait_a_failover_hands_a_generation_out_twice(lab: RedisSe
 
 async def test_renewal_whose_answer_was_lost_is_read_back(lab: RedisSentinelLab) -> None:
     registry = RedisLeaseRegistry.from_url(lab.url, region="local", ttl=timedelta(seconds=2))
-    lease = await registry.register(REG)
+    lease = await _until(lambda: registry.register(REG))
     renew_script = registry._renew
 
     async def applied_then_lost(**kwargs):
