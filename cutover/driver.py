@@ -30,6 +30,8 @@ before/after and rebuild it after a restart with `parse_state(json)`:
     dns       DnsTarget(zone, name, rdtype)          DnsState(values, ttl_s)
     anycast   AnycastTarget(prefix, zone, next_hop)  AnycastState(announced)
     l7        L7Target(backend, server)              L7State(admin_state, weight)
+    mesh      MeshTarget(namespace, virtual_service, MeshState(weights per destination,
+                         route, destinations)              reconciled)
 
 `verify` returns a `Verification`: what was expected and observed, whether
 they matched, the evidence as the system printed it (the DNS answer, BIRD's
@@ -171,19 +173,44 @@ class L7State(_Record):
                 and observed.weight == self.weight)
 
 
-Target = Annotated[DnsTarget | AnycastTarget | L7Target, Field(discriminator="tier")]
-TierState = Annotated[DnsState | AnycastState | L7State, Field(discriminator="tier")]
+class MeshTarget(_Record):
+    """One weighted HTTP route of a service mesh (an Istio VirtualService's `http[]` entry, by name).
 
-_STATE_ADAPTER: TypeAdapter[DnsState | AnycastState | L7State] = TypeAdapter(TierState)
-_TARGET_ADAPTER: TypeAdapter[DnsTarget | AnycastTarget | L7Target] = TypeAdapter(Target)
+    `destinations` are the ones this step moves — the scope's — as
+    `host` or `host/subset`; the route's other destinations take up the share.
+    """
+
+    tier: Literal[RoutingTier.MESH] = RoutingTier.MESH
+    namespace: str
+    virtual_service: str
+    route: str
+    destinations: tuple[str, ...] = Field(min_length=1)
 
 
-def parse_state(data: object) -> DnsState | AnycastState | L7State:
+class MeshState(_Record):
+    tier: Literal[RoutingTier.MESH] = RoutingTier.MESH
+    target: MeshTarget
+    weights: dict[str, int] = Field(description="every destination of the route → its weight (Istio: sums to 100)")
+    reconciled: bool = Field(True, description="the mesh's control plane reports this spec pushed to its proxies")
+
+    def matches(self, observed: MeshState) -> bool:
+        return (observed.target == self.target and observed.weights == self.weights
+                and observed.reconciled == self.reconciled)
+
+
+Target = Annotated[DnsTarget | AnycastTarget | L7Target | MeshTarget, Field(discriminator="tier")]
+TierState = Annotated[DnsState | AnycastState | L7State | MeshState, Field(discriminator="tier")]
+
+_STATE_ADAPTER: TypeAdapter[DnsState | AnycastState | L7State | MeshState] = TypeAdapter(TierState)
+_TARGET_ADAPTER: TypeAdapter[DnsTarget | AnycastTarget | L7Target | MeshTarget] = TypeAdapter(Target)
+
+
+def parse_state(data: object) -> DnsState | AnycastState | L7State | MeshState:
     """Rebuild a state stored as JSON (an event's before/after) — e.g. to roll back after a restart."""
     return _STATE_ADAPTER.validate_python(data)
 
 
-def parse_target(data: object) -> DnsTarget | AnycastTarget | L7Target:
+def parse_target(data: object) -> DnsTarget | AnycastTarget | L7Target | MeshTarget:
     return _TARGET_ADAPTER.validate_python(data)
 
 
@@ -204,7 +231,7 @@ class Verification(_Record):
 
 # ---------------------------------------------------------------- the protocol
 
-S = TypeVar("S", DnsState, AnycastState, L7State)
+S = TypeVar("S", DnsState, AnycastState, L7State, MeshState)
 
 
 @runtime_checkable
@@ -302,5 +329,5 @@ class PollingDriver(Generic[S]):
         return self.verify(before, timeout)
 
 
-def _describe(state: DnsState | AnycastState | L7State) -> str:
+def _describe(state: DnsState | AnycastState | L7State | MeshState) -> str:
     return str(state.model_dump(mode="json", exclude={"tier", "target"}))

@@ -3,7 +3,8 @@
     LifelineError
     ├── NotFound (404): cutover_not_found, zonal_shift_not_found
     ├── Conflict (409): invalid_transition, cutover_in_progress, scope_busy,
-    │                   safety_rule_violation, zonal_shift_active, zonal_shift_ended
+    │                   safety_rule_violation, zonal_shift_active, zonal_shift_ended,
+    │                   mesh_no_destination_left
     ├── InvalidInput (422): invalid_request, tier_not_configured, nothing_to_cut_over,
     │                       invalid_expiry, break_glass_needs_reason
     └── Forbidden (403): break_glass_needs_admin
@@ -58,6 +59,12 @@ class ZonalShiftActive(Conflict):
 
 class ZonalShiftEnded(Conflict):
     error_type = "zonal_shift_ended"
+
+
+class MeshNoDestinationLeft(Conflict):
+    """Taking the scope's destinations out of a mesh route would leave it no weight anywhere."""
+
+    error_type = "mesh_no_destination_left"
 
 
 class TierNotConfigured(InvalidInput):

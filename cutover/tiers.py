@@ -24,7 +24,7 @@ configured.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -80,10 +80,56 @@ def describe_target(target: Mapping[str, Any]) -> str:
     return ",".join(parts)[:400]
 
 
+def apportion(shares: Mapping[str, float], total: int) -> dict[str, int]:
+    """Integer weights summing to `total` in proportion to `shares` (largest remainder; ties by name)."""
+    mass = sum(shares.values())
+    if mass <= 0:
+        shares, mass = {k: 1.0 for k in shares}, float(len(shares))
+    exact = {k: v * total / mass for k, v in shares.items()}
+    floors = {k: int(v) for k, v in exact.items()}
+    left = total - sum(floors.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - floors[k]), k))[:left]:
+        floors[k] += 1
+    return floors
+
+
+def mesh_weights(weights: Mapping[str, int], moved: Sequence[str], target_state: TargetState) -> dict[str, int]:
+    """A weighted route with the scope's destinations `moved` out (to 0) or back in; the total is kept.
+
+    out: the moved ones get 0 and the others share the total in proportion
+    to what they had (an error if none had any). in: each moved destination
+    gets an even share (total / destinations) and the others the rest in
+    proportion. A rollback does not use this: it restores the recorded weights.
+    """
+    from cutover.errors import MeshNoDestinationLeft
+
+    total = sum(weights.values()) or 100
+    unknown = sorted(set(moved) - set(weights))
+    if unknown:
+        raise MeshNoDestinationLeft(f"the route has no destination {unknown}; it has {sorted(weights)}",
+                                    type="mesh_unknown_destination")
+    others = {k: float(v) for k, v in weights.items() if k not in moved}
+    if target_state == TargetState.OUT:
+        if not any(others.values()):
+            raise MeshNoDestinationLeft(
+                f"taking {sorted(moved)} out leaves the route no destination with weight (it has {dict(weights)})")
+        return {**apportion(others, total), **{k: 0 for k in moved}}
+    even = total / len(weights)
+    rest = total - even * len(moved)
+    shares = {k: even for k in moved}
+    if others:
+        mass = sum(others.values())
+        shares |= {k: (v / mass if mass else 1 / len(others)) * rest for k, v in others.items()}
+    return apportion(shares, total)
+
+
 def desired_out_in(before: Any, target_state: TargetState) -> Any:
     """Default meaning of out/in for the `cutover.driver` states that have an obvious one."""
-    from cutover.driver import AnycastState, L7State
+    from cutover.driver import AnycastState, L7State, MeshState
 
+    if isinstance(before, MeshState):
+        weights = mesh_weights(before.weights, before.target.destinations, target_state)
+        return before.model_copy(update={"weights": weights, "reconciled": True})
     if isinstance(before, AnycastState):
         return before.model_copy(update={"announced": target_state == TargetState.IN})
     if isinstance(before, L7State):

@@ -1,10 +1,12 @@
-"""An emulator of the few Kubernetes API calls the `kubernetes` pool driver makes, on loopback HTTP.
+"""An emulator of the few Kubernetes API calls Lifeline's drivers make, on loopback HTTP.
 
-No Kubernetes API server can run on these machines, so the driver's tests
-(`tests/integration/warm_pool/test_kubernetes_driver.py`) point the real
-`kubernetes` client at this instead. It emulates exactly these calls, with
-the semantics the driver depends on, and nothing else (a call outside the
-list answers 404 with the path, so a new call in the driver fails loudly):
+No Kubernetes API server can run on these machines, so the drivers' tests
+(`tests/integration/warm_pool/test_kubernetes_driver_emulator.py`, the
+warm-pool driver; `tests/integration/cutover/test_istio_driver_emulator.py`,
+the mesh tier's Istio driver) point the real `kubernetes` client at this
+instead. It emulates exactly these calls, with the semantics the drivers
+depend on, and nothing else (a call outside the list answers 404 with the
+path, so a new call in a driver fails loudly):
 
     GET    /apis/apps/v1/namespaces/{ns}/deployments/{name}     200 | 404
     POST   /apis/apps/v1/namespaces/{ns}/deployments            201 | 409 AlreadyExists
@@ -13,6 +15,9 @@ list answers 404 with the path, so a new call in the driver fails loudly):
     PATCH  /api/v1/namespaces/{ns}/pods/{name}                  strategic merge of metadata; a resourceVersion
                                                                 in the body is a precondition (409 if stale)
     DELETE /api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=N
+    GET    /apis/networking.istio.io/{v1|v1beta1}/namespaces/{ns}/virtualservices/{name}   200 | 404
+    PUT    /apis/networking.istio.io/{v1|v1beta1}/namespaces/{ns}/virtualservices/{name}   200 | 409 Conflict
+                                                                (stale resourceVersion) | 422 Invalid
 
 Behaviour emulated, and its source in Kubernetes:
 - one resourceVersion counter for every write (etcd's revision); a write
@@ -31,7 +36,19 @@ Behaviour emulated, and its source in Kubernetes:
   readiness probe passing; `kill_pod()` is a node lost;
 - every body received is validated by `kubernetes_validate` (strict) for
   the targeted Kubernetes version and refused with 422 `Invalid` when it
-  fails, as the API server refuses an object its schema rejects.
+  fails, as the API server refuses an object its schema rejects;
+- VirtualServices (a custom resource: `kubernetes_validate` has no schema
+  for it) are checked by `_check_virtual_service`: `spec.http[]` routes
+  with names, destinations with a host, integer weights 0–100 that sum to
+  100 when a route has several (Istio's API reference: "Sum of weights
+  across destinations SHOULD BE == 100"); a spec change bumps
+  `metadata.generation`, as the API server does for custom resources;
+- istiod's status reporting (`PILOT_ENABLE_STATUS`): after each spec
+  change it writes `status.observedGeneration` and a `Reconciled`
+  condition — itself a write that bumps the resourceVersion — unless
+  `pause_istiod()` holds it (proxies not acknowledging the push);
+  `interfere_virtual_service(n)` is another writer landing before each of
+  the next n PUTs.
 
 Not emulated: watches, field selectors, set-based label selectors,
 server-side apply, JSON patch, admission, scheduling.
@@ -60,6 +77,8 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 _DEPLOYMENTS = re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments(?:/(?P<name>[^/]+))?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
+_VIRTUAL_SERVICES = re.compile(
+    r"^/apis/networking\.istio\.io/(?P<version>v1|v1beta1)/namespaces/(?P<ns>[^/]+)/virtualservices/(?P<name>[^/]+)$")
 
 
 class _Refused(Exception):
@@ -85,12 +104,15 @@ class KubeApiEmulator:
     deployments: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     deleted: list[tuple[str, int | None]] = field(default_factory=list)  # (pod, gracePeriodSeconds asked for)
+    virtual_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._revision = itertools.count(1)
         self._pod_seq = itertools.count(1)
         self._interference: list[Callable[[dict[str, Any]], None]] = []
+        self._vs_interference: list[Callable[[dict[str, Any]], None]] = []
+        self._istiod_paused = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -162,6 +184,39 @@ class KubeApiEmulator:
             return [_public(p) for (ns, _), p in sorted(self.pods.items())
                     if ns == namespace and p["metadata"]["labels"].get("_owner") == deployment]
 
+    def add_virtual_service(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a VirtualService as `kubectl apply` would (the driver only reads and replaces them)."""
+        with self._lock:
+            _check_virtual_service(body)
+            stored = copy.deepcopy(body)
+            ns = stored["metadata"].setdefault("namespace", "default")
+            name = stored["metadata"]["name"]
+            stored["metadata"].update(generation=1, creationTimestamp=_now(), uid=_uid(ns, name))
+            self._bump(stored)
+            self.virtual_services[(ns, name)] = stored
+            self._istiod_reconcile(stored)
+            return _public(stored)
+
+    def virtual_service(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        with self._lock:
+            return _public(self.virtual_services[(namespace, name)])
+
+    def interfere_virtual_service(self, times: int, change: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Another writer changes the VirtualService just before each of the next `times` PUTs lands."""
+        with self._lock:
+            self._vs_interference.extend([change or _annotate_by_someone_else] * times)
+
+    def pause_istiod(self) -> None:
+        """istiod stops reporting: specs change, `status.observedGeneration` stays behind."""
+        with self._lock:
+            self._istiod_paused = True
+
+    def resume_istiod(self) -> None:
+        with self._lock:
+            self._istiod_paused = False
+            for stored in self.virtual_services.values():
+                self._istiod_reconcile(stored)
+
     def writes(self, method: str | None = None) -> list[EmulatedRequest]:
         return [r for r in self.requests if r.method != "GET" and (method is None or r.method == method)]
 
@@ -206,6 +261,12 @@ class KubeApiEmulator:
             if method == "DELETE" and name is not None:
                 grace = query.get("gracePeriodSeconds")
                 return HTTPStatus.OK, self._delete_pod(ns, name, None if grace is None else int(grace))
+        if match := _VIRTUAL_SERVICES.match(path):
+            ns, name = match["ns"], match["name"]
+            if method == "GET":
+                return HTTPStatus.OK, _public(self._virtual_service(ns, name))
+            if method == "PUT":
+                return HTTPStatus.OK, self._replace_virtual_service(ns, name, body)
         raise _Refused(404, "NotFound", f"the emulator does not serve {method} {path}")
 
     def _validated(self, body: dict[str, Any] | None) -> dict[str, Any]:
@@ -290,6 +351,50 @@ class KubeApiEmulator:
         deployment["status"] = {"replicas": len(replicas), "readyReplicas": sum(_ready(p) for p in replicas),
                                 "observedGeneration": deployment["metadata"]["generation"]}
 
+    # -- Istio VirtualServices, and istiod's status -------------------------------------------------
+    def _virtual_service(self, ns: str, name: str) -> dict[str, Any]:
+        try:
+            return self.virtual_services[(ns, name)]
+        except KeyError:
+            raise _Refused(404, "NotFound",
+                           f'virtualservices.networking.istio.io "{name}" not found') from None
+
+    def _replace_virtual_service(self, ns: str, name: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise _Refused(400, "BadRequest", "a JSON object is required")
+        try:
+            _check_virtual_service(body)
+        except ValueError as exc:
+            raise _Refused(422, "Invalid", f"VirtualService.networking.istio.io {name!r} is invalid: {exc}") from None
+        stored = self._virtual_service(ns, name)
+        if self._vs_interference:
+            self._vs_interference.pop(0)(stored)
+            self._bump(stored)
+        sent = body["metadata"].get("resourceVersion")
+        if sent is not None and sent != stored["metadata"]["resourceVersion"]:
+            raise _Refused(409, "Conflict", f'Operation cannot be fulfilled on virtualservices.networking.istio.io '
+                                            f'"{name}": the object has been modified; please apply your changes to '
+                                            "the latest version and try again")
+        replaced = copy.deepcopy(body)
+        kept = {k: stored["metadata"][k] for k in ("namespace", "creationTimestamp", "uid", "generation")}
+        replaced["metadata"].update(kept)
+        if replaced.get("spec") != stored.get("spec"):
+            replaced["metadata"]["generation"] = stored["metadata"]["generation"] + 1
+        replaced["status"] = stored.get("status", {})  # status is its own subresource: PUT cannot change it
+        self._bump(replaced)
+        self.virtual_services[(ns, name)] = replaced
+        self._istiod_reconcile(replaced)
+        return _public(replaced)
+
+    def _istiod_reconcile(self, stored: dict[str, Any]) -> None:
+        generation = stored["metadata"]["generation"]
+        if self._istiod_paused or stored.get("status", {}).get("observedGeneration") == generation:
+            return
+        stored["status"] = {"observedGeneration": generation, "conditions": [
+            {"type": "Reconciled", "status": "True", "lastProbeTime": _now(), "lastTransitionTime": _now(),
+             "message": "Reconciled across all proxies"}]}
+        self._bump(stored)  # istiod's status write is a write like any other
+
     # -- pods ---------------------------------------------------------------------------------------
     def _list_pods(self, ns: str, selector: str) -> dict[str, Any]:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
@@ -334,8 +439,8 @@ class KubeApiEmulator:
         obj["metadata"]["resourceVersion"] = str(next(self._revision))
 
     def _last(self) -> int:
-        return max((int(o["metadata"]["resourceVersion"]) for o in [*self.pods.values(), *self.deployments.values()]),
-                   default=0)
+        objects = [*self.pods.values(), *self.deployments.values(), *self.virtual_services.values()]
+        return max((int(o["metadata"]["resourceVersion"]) for o in objects), default=0)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -343,6 +448,34 @@ class _QuietServer(ThreadingHTTPServer):
         """A client closing its keep-alive connection is not an error; anything else is printed."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
+
+def _check_virtual_service(body: dict[str, Any]) -> None:
+    """The parts of Istio's VirtualService schema the mesh driver writes; raises ValueError naming the field."""
+    if body.get("apiVersion") not in ("networking.istio.io/v1", "networking.istio.io/v1beta1"):
+        raise ValueError(f"apiVersion {body.get('apiVersion')!r} is not networking.istio.io/v1 or v1beta1")
+    if body.get("kind") != "VirtualService":
+        raise ValueError(f"kind {body.get('kind')!r} is not VirtualService")
+    if not isinstance(body.get("metadata"), dict) or not body["metadata"].get("name"):
+        raise ValueError("metadata.name is required")
+    http = (body.get("spec") or {}).get("http")
+    if not isinstance(http, list) or not http:
+        raise ValueError("spec.http must be a non-empty list")
+    for i, route in enumerate(http):
+        destinations = route.get("route") if isinstance(route, dict) else None
+        if not isinstance(destinations, list) or not destinations:
+            raise ValueError(f"spec.http[{i}].route must be a non-empty list")
+        total = 0
+        for j, destination in enumerate(destinations):
+            where = f"spec.http[{i}].route[{j}]"
+            if not isinstance((destination.get("destination") or {}).get("host"), str):
+                raise ValueError(f"{where}.destination.host is required")
+            weight = destination.get("weight", 0)
+            if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= 100:
+                raise ValueError(f"{where}.weight must be an integer in 0..100, not {weight!r}")
+            total += weight
+        if len(destinations) > 1 and total != 100:
+            raise ValueError(f"spec.http[{i}]: total destination weight {total} != 100")
 
 
 def _deletion_rank(item: tuple[tuple[str, str], dict[str, Any]]) -> tuple[int, int, int]:

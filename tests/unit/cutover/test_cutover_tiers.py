@@ -109,3 +109,32 @@ def test_default_out_and_in_for_haproxy_servers() -> None:
     server = L7State(target=L7Target(backend="engines", server="s1"), admin_state="ready", weight=100)
     assert desired_out_in(server, TargetState.OUT).admin_state == "drain"
     assert desired_out_in(server, TargetState.IN).admin_state == "ready"
+
+
+# ---------------------------------------------------------------- mesh weights
+
+
+@pytest.mark.parametrize(("weights", "moved", "target_state", "expected"), [
+    ({"a": 50, "b": 50}, ["a"], TargetState.OUT, {"a": 0, "b": 100}),
+    ({"a": 34, "b": 33, "c": 33}, ["c"], TargetState.OUT, {"a": 51, "b": 49, "c": 0}),
+    ({"prod": 99, "canary": 1}, ["canary"], TargetState.OUT, {"prod": 100, "canary": 0}),
+    ({"a": 0, "b": 100}, ["a"], TargetState.IN, {"a": 50, "b": 50}),
+    ({"a": 0, "b": 0, "c": 100}, ["a", "b"], TargetState.IN, {"a": 34, "b": 33, "c": 33}),
+    ({"a": 0, "b": 60, "c": 40}, ["a"], TargetState.IN, {"a": 33, "b": 40, "c": 27}),
+    ({"a": 3, "b": 7}, ["b"], TargetState.OUT, {"a": 10, "b": 0}),  # the total is kept, not forced to 100
+])
+def test_mesh_weights_move_the_scope_and_keep_the_total(weights: dict[str, int], moved: list[str],
+                                                        target_state: TargetState, expected: dict[str, int]) -> None:
+    from cutover.tiers import mesh_weights
+
+    assert mesh_weights(weights, moved, target_state) == expected
+
+
+def test_mesh_weights_refuse_to_leave_a_route_empty_or_name_unknown_destinations() -> None:
+    from cutover.errors import MeshNoDestinationLeft
+    from cutover.tiers import mesh_weights
+
+    with pytest.raises(MeshNoDestinationLeft, match="no destination with weight"):
+        mesh_weights({"a": 100, "b": 0}, ["a"], TargetState.OUT)
+    with pytest.raises(MeshNoDestinationLeft, match="no destination \\['z'\\]"):
+        mesh_weights({"a": 100}, ["z"], TargetState.OUT)
