@@ -1,6 +1,6 @@
-"""What the data plane reports to the control plane: applied snapshots and automatic L7 actions.
+"""What the data plane reports to the control plane: applied snapshots, automatic L7 actions, agents' views.
 
-Gateways (and later regional agents) send these to the control plane over
+Gateways and regional agents send these to the control plane over
 HTTP, in the background and in batches; never on a request's path. The
 control plane stores events in its append-only event log with the same
 `routing_tier` label its own cutovers carry, so a post-mortem can tell a
@@ -65,3 +65,39 @@ class GatewayReport(_Record):
     suppressed: int = Field(0, ge=0)
     ejected: int = Field(0, ge=0)
     reported_at: datetime
+
+
+Verdict = Literal["ok", "timeout", "error", "wrong_output", "overloaded", "draining", "old_generation"]
+PoolState = Literal["cold", "warm", "serving", "draining", "gone"]
+
+
+class AgentInstance(_Record):
+    """One instance as the regional agent last saw it: health verdict, pool state, lease, last canary."""
+
+    instance_id: str = Field(min_length=1, max_length=200)
+    zone: str = Field(max_length=128)
+    version: str = Field(max_length=200)
+    url: str = Field(max_length=2000)
+    origin: Literal["registry", "external", "pool"] = Field(
+        description="registry: renews its own lease; external: the agent leases for it; pool: the agent runs it")
+    pool_state: PoolState | None = Field(None, description="pool instances only")
+    verdict: Verdict | None = Field(None, description="None until the first probe answered")
+    verdict_reason: str = Field("", max_length=2000)
+    verdict_since: datetime | None = Field(None, description="when the verdict last changed (the agent's clock)")
+    lease_held: bool = Field(False, description="the agent holds a lease for it")
+    lease_generation: int | None = None
+    canary_verdict: Verdict | None = None
+    canary_at: datetime | None = Field(None, description="when the last canary answered")
+    canaries: int = Field(0, ge=0, description="canaries it has answered since the agent first saw it")
+
+
+class AgentReport(_Record):
+    """A regional agent's view of its region; `PUT /api/v1/agents/{region}`, sent on the agent's loop."""
+
+    region: str = Field(min_length=1, max_length=128)
+    agent_id: str = Field(min_length=1, max_length=160, description="one agent process (host:pid or a pod name)")
+    sent_at: datetime
+    # bounded by the control plane's snapshot counter (a 32-bit column on both databases)
+    snapshot_version: int | None = Field(None, ge=0, le=2**31 - 1, description="the snapshot applied; None before "
+                                         "the first")
+    instances: list[AgentInstance] = Field(default_factory=list, max_length=10_000)

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from controlplane.agent_report.endpoints import router as agent_report_router
 from controlplane.auth.endpoints import router as auth_router
 from controlplane.drill.endpoints import router as drill_router
 from controlplane.event.endpoints import router as event_router
@@ -56,7 +57,7 @@ def document_errors(route: APIRoute) -> None:
 def build_api_router() -> APIRouter:
     api = APIRouter(prefix="/api/v1")
     for router in (auth_router, topology_router, snapshot_router, event_router, gateway_report_router,
-                   catalog_router, cutover_router, drill_router, slo_router):
+                   agent_report_router, catalog_router, cutover_router, drill_router, slo_router):
         # On the domain's own routes, before including: FastAPI includes
         # routers lazily, so the including router holds no APIRoutes to edit.
         for route in router.routes:

@@ -54,7 +54,7 @@ def migrate(
 
 @token_app.command("create")
 def token_create(
-    role: Annotated[str, typer.Option(help="viewer | operator | admin | gateway")],
+    role: Annotated[str, typer.Option(help="viewer | operator | admin | gateway | agent")],
     name: Annotated[str, typer.Option(help="What the token is for.")] = "bootstrap",
 ) -> None:
     """Create an API token and print it once. Bootstraps the first admin."""

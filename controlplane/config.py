@@ -39,6 +39,8 @@ class ControlPlaneSettings(BaseSettings):
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     # A gateway report received longer ago than this is shown as stale.
     gateway_report_stale_after: timedelta = timedelta(seconds=30)
+    # A regional agent's report received longer ago than this is shown as stale (agents report every second).
+    agent_report_stale_after: timedelta = timedelta(seconds=15)
     # Block size and parallelism for shard hashing in the weight catalog.
     hash_block_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     hash_workers: int = Field(default=4, ge=1, le=64)

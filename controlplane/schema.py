@@ -18,6 +18,7 @@ from controlplane.db import Base
 
 
 def metadata() -> MetaData:
+    from controlplane.agent_report import models as agent_report_models  # noqa: F401
     from controlplane.auth import models as auth_models  # noqa: F401
     from controlplane.drill import models as drill_models  # noqa: F401
     from controlplane.event import models as event_models  # noqa: F401

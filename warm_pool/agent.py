@@ -8,6 +8,8 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
                 probe_timeout); canaries under the probe budget, in the background
     judge       one verdict per instance (a failing health level, else the last canary); a change is a
                 `probe.verdict` event, routing_tier l7
+    report      the whole picture (`contract.events.AgentReport`: per instance verdict, pool state, lease,
+                last canary) to `PUT /api/v1/agents/{region}`, each replacing the last
     leases      for engines that cannot renew their own (stock vLLM, pool instances): register after the
                 admission canary, renew while the verdict keeps them routable, release at once on
                 timeout / error / wrong_output / draining, so they leave routing within one TTL at most
@@ -38,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.canary import CanaryRecord
-from contract.events import DataPlaneEvent
+from contract.events import AgentInstance, AgentReport, DataPlaneEvent
 from contract.identity import EngineIdentity
 from contract.lease import Lease, LeaseExpired, LeaseRegistry, Registration, StaleGeneration
 from contract.snapshot import RoutingSnapshot
@@ -47,6 +49,7 @@ from warm_pool.budget import ProbeBudget
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
+from warm_pool.report import ReportSender
 from warm_pool.settings import AgentSettings, ExternalEngine
 from warm_pool.states import InstanceState, PoolEvent, transition
 
@@ -78,6 +81,8 @@ class Instance:
     failed_probes: int = 0  # consecutive failed health probes
     boot: tuple[int, float] | None = None  # (boot_generation, started_at) last seen: a change is a restart
     canary_seq: int = 0  # when (Agent._seq) the last canary started
+    verdict_since: datetime | None = None  # wall time the verdict last changed
+    canary_at: datetime | None = None  # wall time the last canary answered
     released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
 
     @property
@@ -98,13 +103,16 @@ class AgentMetrics:
         self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
         self.instance_canaries = Gauge("lifeline_agent_instance_canaries", "canaries one instance has answered",
                                        ["instance"], registry=self.registry)
+        self.reports = Counter("lifeline_agent_reports", "reports to the control plane by outcome", ["outcome"],
+                               registry=self.registry)
 
 
 class Agent:
     def __init__(self, settings: AgentSettings, *, registry: LeaseRegistry, http: httpx.AsyncClient,
                  clock: Clock | None = None, driver: PoolDriver | None = None, shipper: EventShipper | None = None,
                  snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
-                 budget: ProbeBudget | None = None) -> None:
+                 budget: ProbeBudget | None = None, reporter: ReportSender | None = None,
+                 agent_id: str | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.http = http
@@ -119,6 +127,8 @@ class Agent:
         self.metrics = AgentMetrics()
         self.instances: dict[str, Instance] = {}
         self.actor = f"agent:{settings.region}"
+        self.reporter = reporter or ReportSender(None, None)
+        self.agent_id = agent_id or settings.agent_id or self.actor
         self._pool_seq = 0
         self._seq = 0  # orders canaries against releases (virtual time may not move between them)
         self._draining: set[asyncio.Task] = set()
@@ -298,6 +308,7 @@ class Agent:
                 return
             result = await self.prober.canary(instance.url, model=instance.version, record=record)
             instance.canary, instance.canary_seq = result, started
+            instance.canary_at = self.clock.utcnow()
             instance.canaries += 1
             self.metrics.instance_canaries.labels(instance.instance_id).set(instance.canaries)
             self.metrics.canaries.labels(result.verdict.value).inc()
@@ -325,6 +336,7 @@ class Agent:
         if verdict is before:
             return
         instance.verdict = verdict
+        instance.verdict_since = self.clock.utcnow()
         if instance.state is InstanceState.COLD and verdict is not Verdict.OK and level != "canary":
             return  # still loading: not a change anyone routes on
         self.emit("probe.verdict", instance, f"{before or 'unprobed'} → {verdict}: {reason}",
@@ -552,6 +564,25 @@ class Agent:
                 if instance.origin == "pool" and instance.state is not None:
                     self.metrics.instances.labels(instance.zone, instance.state.value).inc()
 
+    def report(self) -> AgentReport:
+        """What the agent sees now, for the control plane (`PUT /api/v1/agents/{region}`)."""
+        return AgentReport(
+            region=self.settings.region, agent_id=self.agent_id, sent_at=self.clock.utcnow(),
+            snapshot_version=self.snapshot.version if self.snapshot else None,
+            instances=[AgentInstance(
+                instance_id=i.instance_id, zone=i.zone, version=i.version, url=i.url, origin=i.origin,
+                pool_state=i.state.value if i.state else None, verdict=i.verdict.value if i.verdict else None,
+                verdict_reason=i.reason[:2000], verdict_since=i.verdict_since, lease_held=i.lease is not None,
+                lease_generation=i.lease.generation if i.lease else None,
+                canary_verdict=i.canary.verdict.value if i.canary else None, canary_at=i.canary_at,
+                canaries=i.canaries) for i in self.instances.values()])
+
+    async def send_report(self) -> str:
+        """Build and send the report; its outcome is counted (lifeline_agent_reports_total{outcome})."""
+        outcome = await self.reporter.send(self.report())
+        self.metrics.reports.labels(outcome).inc()
+        return outcome
+
     def status(self) -> dict:
         """What the agent believes, for tests and `/agent/status`."""
         return {"snapshot_version": self.snapshot.version if self.snapshot else None,
@@ -582,6 +613,13 @@ def _routing_class(verdict: Verdict | None) -> str:
             Verdict.OLD_GENERATION: "no new sessions"}.get(verdict, "routed")
 
 
+def _default_agent_id() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"[:160]
+
+
 def load_canary_file(path) -> dict[str, CanaryRecord]:
     raw = json.loads(path.read_text())
     return {version: CanaryRecord.model_validate(record) for version, record in raw.items()}
@@ -609,8 +647,9 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
         driver = LocalDriver(region=settings.region, versions=settings.pool.versions,
                              state_dir=settings.pool.state_dir, engine_args=settings.pool.engine_args)
     shipper = EventShipper(cp_http, settings.controlplane_url, token=settings.controlplane_token)
+    reporter = ReportSender(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
-                  snapshots=snapshots,
+                  snapshots=snapshots, reporter=reporter, agent_id=settings.agent_id or _default_agent_id(),
                   canary_records=load_canary_file(settings.canary_file) if settings.canary_file else {})
     if settings.port:
         from prometheus_client import start_http_server
@@ -636,7 +675,8 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
     try:
         await asyncio.gather(every(settings.snapshot_poll_interval.total_seconds(), poll_snapshot),
                              every(settings.probe_interval.total_seconds(), agent.tick),
-                             every(0.5, shipper.flush))
+                             every(0.5, shipper.flush),
+                             every(settings.report_interval.total_seconds(), agent.send_report))
     finally:
         await agent.close()
         await shipper.flush()

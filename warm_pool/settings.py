@@ -67,10 +67,14 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIFELINE_AGENT_", extra="forbid")
 
     region: str = Field(min_length=1)
+    agent_id: str | None = Field(None, max_length=160, description="names this agent in its reports; "
+                                 "default host:pid")
     controlplane_url: str | None = Field(None, description="the control plane: snapshot in, events out")
     controlplane_token: str | None = None
     snapshot_cache: Path | None = Field(None, description="the last good snapshot on disk")
     snapshot_poll_interval: Seconds = Field(timedelta(seconds=1), gt=timedelta(0))
+    report_interval: Seconds = Field(timedelta(seconds=1), gt=timedelta(0),
+                                     description="between reports to PUT /api/v1/agents/{region}")
     registry: str = Field("redis://127.0.0.1:6379/0", description="the region's Redis lease registry")
     registry_prefix: str = "lifeline"
     lease_ttl: Seconds = Field(timedelta(seconds=2), gt=timedelta(0))

@@ -54,7 +54,13 @@ def require(required: Role, *also: Role) -> Callable[..., Principal]:
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
-# The snapshot: people who may read, and gateways, which route by it.
-SnapshotReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.GATEWAY))]
+# The snapshot: people who may read, gateways, which route by it, and agents, which reconcile to it.
+SnapshotReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.GATEWAY, Role.AGENT))]
 # Data-plane reports: gateways only (admins too, to replay a report by hand).
 GatewayReporter = Annotated[Principal, Depends(require(Role.GATEWAY, Role.ADMIN))]
+# The gateways' reports, read: people, and agents (real traffic on an instance counts as its probe).
+GatewayReportReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.AGENT))]
+# A regional agent's view of its region: agents only (admins too, by hand).
+AgentReporter = Annotated[Principal, Depends(require(Role.AGENT, Role.ADMIN))]
+# Automatic data-plane events: gateways and agents, each only under its own actor prefix.
+DataPlaneReporter = Annotated[Principal, Depends(require(Role.GATEWAY, Role.AGENT, Role.ADMIN))]

@@ -6,6 +6,9 @@ snapshot, report what it applied (`PUT /api/v1/gateways/{replica}`) and
 ship its automatic L7 events (`POST /api/v1/events/dataplane`). A gateway
 token that leaks cannot read the catalog, the audit trail or the event log,
 and cannot change routing.
+`agent` (a regional agent), likewise outside it: read the snapshot and the
+gateways' reports (real traffic counts as a probe), report its view of the
+region (`PUT /api/v1/agents/{region}`) and ship its `agent:` events.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ class Role(StrEnum):
     OPERATOR = "operator"
     ADMIN = "admin"
     GATEWAY = "gateway"
+    AGENT = "agent"
 
     def allows(self, required: Role) -> bool:
-        if Role.GATEWAY in (self, required):
+        if self in MACHINES or required in MACHINES:
             return self is required
         order = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
         return order.index(self) >= order.index(required)
+
+
+MACHINES = frozenset({Role.GATEWAY, Role.AGENT})

@@ -30,20 +30,23 @@ def _scope(event: DataPlaneEvent) -> str:
     return f"{scope}/instance:{event.instance_id}" if event.instance_id else scope
 
 
-def _check_actor(actor: str, *, principal_is_gateway: bool) -> None:
-    allowed = ("gateway:",) if principal_is_gateway else ACTOR_PREFIXES
+def _check_actor(actor: str, *, allowed: tuple[str, ...]) -> None:
     if not actor.startswith(allowed) or len(actor) == len(actor.split(":", 1)[0]) + 1:
         raise InvalidInput(f"actor {actor!r} must be {' or '.join(p + '<name>' for p in allowed)}", param="actor")
 
 
-def record_batch(session: Session, *, batch: EventBatch, reported_by: str, principal_is_gateway: bool,
-                 clock: Clock) -> int:
-    """Write every event of the batch (and its drop count); the number of rows written."""
+def record_batch(session: Session, *, batch: EventBatch, reported_by: str, clock: Clock,
+                 actor_prefixes: tuple[str, ...] = ACTOR_PREFIXES) -> int:
+    """Write every event of the batch (and its drop count); the number of rows written.
+
+    `actor_prefixes` are the actors the sender's token may speak for: a gateway token only
+    `gateway:`, an agent token only `agent:` (an admin replaying by hand, either).
+    """
     nul = first_nul(batch.model_dump(mode="json"))
     if nul:
         raise InvalidInput(f"{nul} contains a NUL byte", param=nul)
     for event in batch.events:
-        _check_actor(event.actor, principal_is_gateway=principal_is_gateway)
+        _check_actor(event.actor, allowed=actor_prefixes)
     for event in batch.events:
         service.record(
             session, kind=event.kind, routing_tier=RoutingTier(event.routing_tier), actor=event.actor, reason=event.reason,

@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from contract.events import EventBatch
-from controlplane.auth.dependencies import GatewayReporter, Viewer
+from controlplane.auth.dependencies import DataPlaneReporter, Viewer
 from controlplane.auth.roles import Role
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep
@@ -80,14 +80,16 @@ class BatchAccepted(BaseModel):
 
 
 @router.post("/events/dataplane", status_code=202, response_model=BatchAccepted)
-def record_dataplane_events(body: EventBatch, session: DbSession, principal: GatewayReporter,
+def record_dataplane_events(body: EventBatch, session: DbSession, principal: DataPlaneReporter,
                             clock: ClockDep) -> BatchAccepted:
-    """A gateway's automatic L7 actions, into the event log (`routing_tier`, actor `gateway:<replica>`).
+    """A gateway's or agent's automatic L7 actions, into the event log (`routing_tier`, its actor).
 
     The whole batch is written or none of it (422 if any event's actor is
-    not `gateway:<name>`); its `dropped` count becomes one
+    not the token's: `gateway:<name>` for a gateway token, `agent:<region>`
+    for an agent token, either for an admin); its `dropped` count becomes one
     `dataplane.events_dropped` event.
     """
-    recorded = dataplane.record_batch(session, batch=body, reported_by=principal.actor,
-                                      principal_is_gateway=principal.role is Role.GATEWAY, clock=clock)
+    prefixes = {Role.GATEWAY: ("gateway:",), Role.AGENT: ("agent:",)}.get(principal.role, dataplane.ACTOR_PREFIXES)
+    recorded = dataplane.record_batch(session, batch=body, reported_by=principal.actor, clock=clock,
+                                      actor_prefixes=prefixes)
     return BatchAccepted(recorded=recorded)

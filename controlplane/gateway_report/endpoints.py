@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from contract.events import GatewayReport
-from controlplane.auth.dependencies import GatewayReporter, Viewer
+from controlplane.auth.dependencies import GatewayReporter, GatewayReportReader
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep, SettingsDep
 from controlplane.gateway_report import service
@@ -29,7 +29,7 @@ def report(replica_id: ReplicaPath, body: GatewayReport, session: DbSession, pri
 
 @router.get("/gateways", response_model=list[GatewayReportRead])
 def list_gateways(
-    session: DbSession, _: Viewer, clock: ClockDep, settings: SettingsDep,
+    session: DbSession, _: GatewayReportReader, clock: ClockDep, settings: SettingsDep,
     region: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
 ) -> list[GatewayReportRead]:
     """Every replica's last report, `stale` when older than LIFELINE_CONTROLPLANE_GATEWAY_REPORT_STALE_AFTER."""

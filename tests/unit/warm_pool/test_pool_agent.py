@@ -14,6 +14,7 @@ import pytest
 
 from common.clock import ManualClock
 from contract.canary import CanaryRecord
+from contract.events import AgentReport
 from contract.lease import Lease, LeaseExpired, Registration, StaleGeneration
 from contract.snapshot import RoutingSnapshot
 from warm_pool.agent import Agent
@@ -450,3 +451,63 @@ async def test_warm_instance_rides_out_a_blip_but_not_a_failure(tmp_path: Path) 
     fleet.engines[warm].live = False
     await settle(agent, clock, 3)
     assert warm not in agent.instances and warm in agent.driver.stopped
+
+
+async def test_report_carries_each_instance_verdict_pool_state_lease_and_last_canary(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, _ = make_agent(fleet, clock, agent_id="agent-7", **pool_settings(tmp_path))
+    await settle(agent, clock, 4)
+    report = agent.report()
+    assert (report.region, report.agent_id, report.snapshot_version) == ("r1", "agent-7", None)
+    assert report.sent_at == clock.utcnow()
+    by_zone = {i.zone: i for i in report.instances}
+    [lease] = await registry.live()
+    serving, warm = by_zone["z1"], by_zone["z2"]
+    assert (serving.pool_state, serving.verdict, serving.lease_held, serving.lease_generation) == (
+        "serving", "ok", True, lease.generation)
+    assert (warm.pool_state, warm.verdict, warm.lease_held, warm.lease_generation) == ("warm", "ok", False, None)
+    assert serving.canary_verdict == "ok" and serving.canary_at is not None and serving.canaries >= 1
+    assert serving.verdict_since is not None and serving.verdict_since <= serving.canary_at
+
+    fleet.engines[warm.instance_id].output = [5, 9, 7]  # wrong output on the next canary
+    agent.budget.note_served(warm.instance_id, clock.now() - 100)  # due at once
+    before = clock.utcnow()
+    for _ in range(40):
+        await settle(agent, clock)
+        if warm.instance_id not in agent.instances:
+            break
+    # lost and replaced: the report shows only what the agent holds now
+    assert warm.instance_id not in {i.instance_id for i in agent.report().instances}
+    assert all(i.verdict_since is not None for i in agent.report().instances if i.verdict is not None)
+    assert agent.report().sent_at > before
+
+
+async def test_report_outcomes_are_counted_and_an_unreachable_control_plane_costs_only_freshness() -> None:
+    from warm_pool.report import ReportSender
+
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    up = False
+    seen: list[tuple[str, str, bytes]] = []
+
+    def control_plane(request: httpx.Request) -> httpx.Response:
+        if not up:
+            raise httpx.ConnectError("down")
+        seen.append((request.method, request.url.path, request.content))
+        return httpx.Response(200, json={})
+
+    agent, _, _ = make_agent(fleet, clock, renew_leases_for="http://e1")
+    agent.reporter = ReportSender(httpx.AsyncClient(transport=httpx.MockTransport(control_plane)), "http://cp",
+                                  token="t")
+    await settle(agent, clock, 2)
+    assert await agent.send_report() == "unreachable"
+    up = True
+    assert await agent.send_report() == "sent"
+    [(method, path, body)] = seen
+    assert (method, path) == ("PUT", "/api/v1/agents/r1")
+    [instance] = AgentReport.model_validate_json(body).instances
+    assert (instance.instance_id, instance.origin, instance.lease_held, instance.pool_state) == (
+        "e1", "external", True, None)
+    samples = {s.labels["outcome"]: s.value for m in agent.metrics.registry.collect() if m.name == "lifeline_agent_reports"
+               for s in m.samples if s.name.endswith("_total")}
+    assert samples == {"unreachable": 1.0, "sent": 1.0}
