@@ -94,18 +94,29 @@ class TenantView(BaseModel):
     takeovers: int
 
 
+# How a block's tensor is laid out: [k|v, layer, kv head, position in block, head dim]. A second layout
+# (vLLM's paged [num_blocks, 2, block, heads, dim], say) gets a new name and so a new root: a miss.
+KV_ORDER = "kv.layer.kv_head.token.head_dim"
+# How positions are encoded: rotate-half ("neox") RoPE over the whole head, no scaling.
+ROPE_STYLE = "neox-rotate-half"
+
+
 class KVLayout(BaseModel):
     """One KV block: keys and values of `block_tokens` positions for every layer,
-    shaped [2, num_layers, num_kv_heads, block_tokens, head_dim] in `dtype`."""
+    shaped [2, num_layers, num_kv_heads, block_tokens, head_dim] in `dtype`, and the
+    position encoding those keys were rotated with."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     block_tokens: int = Field(ge=1)
     num_layers: int
+    num_heads: int  # query heads: with num_kv_heads, the attention geometry a block was computed under
     num_kv_heads: int
     head_dim: int
     dtype: str
+    kv_order: str = Field(KV_ORDER, description="axis order of a block's tensor")
     rope_theta: float  # position encoding: a block is only valid under the same one
+    rope_style: str = Field(ROPE_STYLE, description="rotation convention and scaling of the position encoding")
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -117,15 +128,63 @@ class KVLayout(BaseModel):
         return 2 * self.num_layers * self.num_kv_heads * self.block_tokens * self.head_dim * itemsize
 
 
-def kv_root_hash(weights_digest: str, layout: KVLayout) -> str:
-    """The chain's root: a block hash binds the weights, dtype, layout and position encoding (invariant 6)."""
-    material = json.dumps({"weights": weights_digest, "layout": layout.model_dump()}, sort_keys=True)
+def kv_layout_from_config(config: dict, *, block_tokens: int, dtype: str) -> KVLayout:
+    """The layout a model's `config.json` implies: the holder and the engine derive it the same way."""
+    heads = config["num_attention_heads"]
+    rope_theta = config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    scaling = config.get("rope_scaling")
+    style = ROPE_STYLE if not scaling else f"{ROPE_STYLE}+{json.dumps(scaling, sort_keys=True)}"
+    return KVLayout(block_tokens=block_tokens, num_layers=config["num_hidden_layers"], num_heads=heads,
+                    num_kv_heads=config.get("num_key_value_heads", heads),
+                    head_dim=config.get("head_dim") or config["hidden_size"] // heads, dtype=dtype,
+                    rope_theta=float(rope_theta), rope_style=style)
+
+
+def tokenizer_digest(tokenizer_json: bytes | None) -> str:
+    """sha256 of `tokenizer.json`: the same ids under another vocabulary are other tokens."""
+    return "sha256:" + hashlib.sha256(tokenizer_json if tokenizer_json is not None else b"<no tokenizer>").hexdigest()
+
+
+class KVValidity(BaseModel):
+    """The validity tuple: everything a block's keys and values depend on besides its tokens.
+
+    It roots every block hash chain (`kv_root_hash`), so two engines share a block only if
+    every field is equal; any difference (another weight version, tokenizer, dtype, block
+    size, geometry, position encoding) gives another root and so a miss, never a misuse
+    (invariant 6). Carried whole in every checkpoint manifest (`contract.kv_checkpoint`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weights_digest: str  # contract.identity.weights_digest: the weights' content, not their name
+    tokenizer_digest: str
+    layout: KVLayout
+
+    def mismatches(self, other: KVValidity) -> list[str]:
+        """The fields on which `other` differs from this tuple (for a refusal's message)."""
+        mine, theirs = self.model_dump(), other.model_dump()
+        differ = [k for k in ("weights_digest", "tokenizer_digest") if mine[k] != theirs[k]]
+        return differ + [f"layout.{k}" for k in mine["layout"] if mine["layout"][k] != theirs["layout"].get(k)]
+
+
+def kv_root_hash(validity: KVValidity) -> str:
+    """The chain's root: a block hash binds the whole validity tuple (invariant 6)."""
+    material = json.dumps(validity.model_dump(), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 def kv_block_hash(parent_hash: str, token_ids: list[int]) -> str:
     """The hash of a block: its parent's hash and its own token ids, so it names the whole prefix."""
     return hashlib.sha256(f"{parent_hash}:{','.join(map(str, token_ids))}".encode()).hexdigest()
+
+
+def kv_chain_hashes(root_hash: str, token_ids: list[int], block_tokens: int) -> list[str]:
+    """The hash of every full block of a prefix, in order: computable from the tokens alone."""
+    hashes, parent = [], root_hash
+    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+        parent = kv_block_hash(parent, token_ids[start:start + block_tokens])
+        hashes.append(parent)
+    return hashes
 
 
 def kv_block_checksum(data: bytes | memoryview) -> str:
@@ -136,9 +195,13 @@ class KVPoolDescription(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     region: RegionView  # purpose "kv"; block i starts at i * layout.block_bytes
-    layout: KVLayout
+    validity: KVValidity
     num_blocks: int
-    root_hash: str
+    root_hash: str  # kv_root_hash(validity)
+
+    @property
+    def layout(self) -> KVLayout:
+        return self.validity.layout
 
 
 class AttachResponse(BaseModel):

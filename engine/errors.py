@@ -12,6 +12,10 @@ gateway through `contract.identity.DRAINING_ERROR_TYPE`.
     ├── NotReady (503 ServiceUnavailableError): starting, partitioned, superseded, draining
     ├── EngineDraining (503 engine_draining): a request cut short by a planned shutdown
     ├── DecodeLoopStalled (503 decode_loop_stalled): /healthz/live while a step is over its bound
+    ├── KVCheckpointRefused (400 kv_checkpoint_invalid): an import that is not a valid KV bundle
+    ├── KVBlocksAbsent (404 kv_blocks_absent): nothing cached to export, or no prefix cache at all
+    ├── KVValidityRefused (409 kv_validity_mismatch): blocks made under another validity tuple
+    ├── KVImportTooLarge (413 kv_import_too_large): over --kv-import-max-bytes
     └── InjectedFailure (500 InternalServerError): a fault drill
 """
 
@@ -61,3 +65,27 @@ class DecodeLoopStalled(EngineError):
 
     status_code = 503
     error_type = "decode_loop_stalled"
+
+
+class KVCheckpointRefused(EngineError):
+    """An imported bundle that is malformed, breaks its hash chain or fails a checksum; nothing installed."""
+
+    status_code = 400
+    error_type = "kv_checkpoint_invalid"
+
+
+class KVBlocksAbsent(EngineError):
+    status_code = 404
+    error_type = "kv_blocks_absent"
+
+
+class KVValidityRefused(EngineError):
+    """Blocks made under another weights version, tokenizer, dtype, block size or geometry: a miss, not used."""
+
+    status_code = 409
+    error_type = "kv_validity_mismatch"
+
+
+class KVImportTooLarge(EngineError):
+    status_code = 413
+    error_type = "kv_import_too_large"

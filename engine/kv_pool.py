@@ -30,14 +30,17 @@ import torch
 from common.logs import get_logger
 from contract.holder import (
     KVCommitRequest,
+    KVCommitResponse,
     KVLookupResponse,
     KVPoolDescription,
     KVReserveResponse,
+    KVValidity,
     kv_block_checksum,
     kv_block_hash,
 )
 from engine.metrics import EngineMetrics
-from engine.model import KVCache, LlamaShape
+from engine.model import KVCache
+from engine.prefix_cache import KVBlock, usable_positions
 
 log = get_logger(__name__)
 
@@ -52,25 +55,30 @@ class HolderKVPool:
         self.generation = generation
         self.pool = pool
         self.layout = pool.layout
+        self.validity = pool.validity
+        self.root_hash = pool.root_hash
         self.metrics = metrics
         mapped = np.memmap(pool.region.path, dtype=np.uint8, mode="r+", shape=(pool.region.size,))  # MAP_SHARED
-        self.blocks = torch.from_numpy(mapped.view(self.layout.dtype).reshape(pool.num_blocks, *self.layout.shape))
+        self.pool_blocks = torch.from_numpy(mapped.view(self.layout.dtype).reshape(pool.num_blocks, *self.layout.shape))
         self.enabled = True
         self._free: list[int] = []
         self._client = httpx.Client(timeout=TIMEOUT)  # the decode thread's
         self._publisher_client = httpx.Client(timeout=TIMEOUT)
+        self._other_client = httpx.Client(timeout=TIMEOUT)  # export, import, checkpoints: not the decode thread
+        self._other_lock = threading.Lock()
         self._commits: queue.Queue[KVCommitRequest | None] = queue.Queue()
         self._publisher = threading.Thread(target=self._publish_loop, name="kv-publisher", daemon=True)
         self._publisher.start()
 
+    @property
+    def block_tokens(self) -> int:
+        return self.layout.block_tokens
+
     @staticmethod
-    def fits(pool: KVPoolDescription, shape: LlamaShape, dtype: torch.dtype) -> str | None:
-        """Why this pool's layout cannot hold this model's KV, or None."""
-        layout = pool.layout
-        wanted = (shape.num_layers, shape.num_kv_heads, shape.head_dim, str(dtype).removeprefix("torch."),
-                  shape.rope_theta)
-        held = (layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype, layout.rope_theta)
-        return None if wanted == held else f"pool layout {held} does not fit this model {wanted}"
+    def fits(pool: KVPoolDescription, engine: KVValidity) -> str | None:
+        """Why this pool's blocks are not valid for this engine (its tuple at the pool's block size), or None."""
+        differ = engine.mismatches(pool.validity)
+        return f"pool's validity tuple differs in {', '.join(differ)}" if differ else None
 
     def _off(self, what: str, exc: BaseException) -> None:
         if self.enabled:
@@ -84,13 +92,11 @@ class HolderKVPool:
         At least the last prompt position is always left to prefill: its logits pick the next token.
         """
         size = self.layout.block_tokens
-        usable = (len(prompt_ids) - 1) // size * size
+        usable = usable_positions(len(prompt_ids), size)
         if not self.enabled or usable == 0:
             return []
         try:
-            response = self._client.post(f"{self.url}/v1/kv/lookup", json={"token_ids": prompt_ids[:usable]})
-            response.raise_for_status()
-            found = KVLookupResponse.model_validate_json(response.content)
+            found = self._lookup(self._client, prompt_ids[:usable])
         except httpx.HTTPError as exc:
             self._off("lookup", exc)
             return []
@@ -98,7 +104,7 @@ class HolderKVPool:
             self.metrics.kv_discarded_blocks.inc(len(found.discarded))
         chain = []
         for index, ref in enumerate(found.blocks):
-            copy = self.blocks[ref.block].clone()
+            copy = self.pool_blocks[ref.block].clone()
             if kv_block_checksum(memoryview(copy.numpy()).cast("B")) != ref.checksum:
                 self.metrics.kv_discarded_blocks.inc()
                 log.warning("kv block changed between lookup and copy; prefilling from here", block=ref.block)
@@ -108,8 +114,83 @@ class HolderKVPool:
             cache.values[:, :, span] = copy[1]
             chain.append(ref.hash)
         cache.length = len(chain) * size
-        self.metrics.kv_reused_tokens.inc(cache.length)
         return chain
+
+    def _lookup(self, client: httpx.Client, token_ids: list[int]) -> KVLookupResponse:
+        response = client.post(f"{self.url}/v1/kv/lookup", json={"token_ids": token_ids})
+        response.raise_for_status()
+        return KVLookupResponse.model_validate_json(response.content)
+
+    # -- export, import (any thread but the decode thread's client) -------------------------
+    def cached_blocks(self, token_ids: list[int]) -> int:
+        if not self.enabled:
+            return 0
+        try:
+            with self._other_lock:
+                return len(self._lookup(self._other_client, token_ids).blocks)
+        except httpx.HTTPError as exc:
+            self._off("lookup", exc)
+            return 0
+
+    def blocks(self, token_ids: list[int]) -> list[KVBlock]:
+        """Copies of the vouched chain's blocks, each checked against its checksum after the copy."""
+        if not self.enabled:
+            return []
+        size = self.layout.block_tokens
+        try:
+            with self._other_lock:
+                found = self._lookup(self._other_client, token_ids)
+        except httpx.HTTPError as exc:
+            self._off("lookup", exc)
+            return []
+        chain, parent = [], self.root_hash
+        for index, ref in enumerate(found.blocks):
+            copy = self.pool_blocks[ref.block].clone()
+            if kv_block_checksum(memoryview(copy.numpy()).cast("B")) != ref.checksum:
+                self.metrics.kv_discarded_blocks.inc()
+                break
+            chain.append(KVBlock(ref.hash, parent, tuple(token_ids[index * size:(index + 1) * size]), copy))
+            parent = ref.hash
+        return chain
+
+    def install(self, token_ids: list[int], blocks: list[KVBlock]) -> int:
+        """Write verified blocks into reserved pool blocks and commit them in chain order, synchronously:
+        a lookup right after this returns them. The holder refuses a block whose parent it lacks, so
+        an install that starts after a gap installs nothing."""
+        if not self.enabled or not blocks:
+            return 0
+        first = len(token_ids) // self.layout.block_tokens - len(blocks)  # chain index of blocks[0]
+        held = 0
+        try:
+            with self._other_lock:
+                known = len(self._lookup(self._other_client, token_ids).blocks)
+                todo = blocks[max(0, known - first):]
+                held = len(blocks) - len(todo)
+                if not todo:
+                    return held
+                response = self._other_client.post(f"{self.url}/v1/tenants/{self.tenant_id}/kv/reserve",
+                                                   json={"generation": self.generation, "count": len(todo)})
+                response.raise_for_status()
+                reserved = KVReserveResponse.model_validate_json(response.content).blocks
+                for block, slot in zip(todo, reserved):  # a short reservation installs a shorter chain
+                    self.pool_blocks[slot].copy_(block.kv)
+                    commit = KVCommitRequest(generation=self.generation, block=slot, parent_hash=block.parent_hash,
+                                             token_ids=list(block.token_ids))
+                    answer = self._other_client.post(f"{self.url}/v1/tenants/{self.tenant_id}/kv/commit",
+                                                     content=commit.model_dump_json(),
+                                                     headers={"content-type": "application/json"})
+                    if answer.status_code != 200:
+                        log.info("kv install stopped: commit refused", status=answer.status_code, body=answer.text[:200])
+                        break
+                    KVCommitResponse.model_validate_json(answer.content)
+                    self.metrics.kv_published_blocks.inc()
+                    held += 1
+        except httpx.HTTPError as exc:
+            self._off("install", exc)
+        return held
+
+    def summary(self) -> dict:
+        return {"kind": "holder", "enabled": self.enabled, "blocks": self.pool.num_blocks, "holder": self.url}
 
     # -- publish (after a prefill or decode step) ------------------------------------------
     def publish(self, token_ids: list[int], cache: KVCache, chain: list[str]) -> None:
@@ -121,8 +202,8 @@ class HolderKVPool:
                 return
             index = len(chain)
             span = slice(index * size, (index + 1) * size)
-            self.blocks[block][0] = cache.keys[:, :, span]
-            self.blocks[block][1] = cache.values[:, :, span]
+            self.pool_blocks[block][0] = cache.keys[:, :, span]
+            self.pool_blocks[block][1] = cache.values[:, :, span]
             parent = chain[-1] if chain else self.pool.root_hash
             tokens = token_ids[span]
             chain.append(kv_block_hash(parent, tokens))

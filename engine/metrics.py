@@ -35,8 +35,21 @@ class EngineMetrics:
         self.holder_connected = Gauge(
             "lifeline_engine_holder_connected", "1 while the memory holder answers this engine's heartbeats", registry=r)
         self.kv_reused_tokens = Counter(
-            "lifeline_engine_kv_reused_tokens", "Prompt positions restored from the holder's KV pool, not prefilled",
+            "lifeline_engine_kv_reused_tokens",
+            "Prompt positions restored from the prefix cache (the holder's KV pool or process memory), not prefilled",
             registry=r)
+        self.kv_imported_tokens = Counter(
+            "lifeline_engine_kv_imported_tokens",
+            "Prompt positions restored from blocks imported from the KV checkpoint store for that request",
+            registry=r)
+        self.kv_imports = Counter(
+            "lifeline_engine_kv_imports", "KV checkpoint imports by source (store, http) and outcome",
+            ["source", "outcome"], registry=r)
+        self.kv_checkpoints = Counter(
+            "lifeline_engine_kv_checkpoints", "KV checkpoints by outcome (written, skipped, failed)", ["outcome"],
+            registry=r)
+        self.kv_checkpoint_blocks = Counter(
+            "lifeline_engine_kv_checkpoint_blocks", "KV blocks written to the checkpoint store", registry=r)
         self.kv_published_blocks = Counter(
             "lifeline_engine_kv_published_blocks", "KV blocks committed to the holder's pool", registry=r)
         self.kv_discarded_blocks = Counter(

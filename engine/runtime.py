@@ -25,10 +25,14 @@ from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
 from engine.boot_generation import next_boot_generation
 from engine.faults import FaultInjector
 from engine.holder_client import HolderTenancy, HolderUnavailable, attach, check_compatible, map_weights
+from contract.holder import KVValidity
+from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from engine.kv_pool import HolderKVPool
+from engine.kv_transfer import KVCheckpointer, engine_validity
 from engine.lifecycle import EngineStatus, InvalidTransition, LifecycleEvent, transition
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
+from engine.prefix_cache import LocalPrefixCache, PrefixCache
 from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence
 from engine.settings import EngineSettings, FaultSettings
@@ -102,7 +106,9 @@ def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int, 
                            holder_epoch=attached.holder_epoch, takeover=attached.takeover,
                            attach_s=attached_at - started, map_s=clock.now() - attached_at, tenancy=tenancy)
     if attached.kv is not None:
-        unfit = HolderKVPool.fits(attached.kv, model.shape, dtype)
+        validity = engine_validity(settings.model, attached.weights.weights_digest,
+                                   block_tokens=attached.kv.layout.block_tokens, dtype=settings.dtype)
+        unfit = HolderKVPool.fits(attached.kv, validity)
         if unfit is None:
             origin.kv_pool = HolderKVPool(settings.holder, settings.instance_id, generation, attached.kv, metrics)
         else:
@@ -139,6 +145,24 @@ def load_weights_for(settings: EngineSettings, dtype: torch.dtype, generation: i
                                         load_s=clock.now() - started)
 
 
+def build_kv(settings: EngineSettings, digest: str, origin: WeightsOrigin, metrics: EngineMetrics,
+             clock: Clock) -> tuple[PrefixCache | None, KVCheckpointer | None]:
+    """The prefix cache (the holder's pool if attached, else in process memory) and the checkpoint store."""
+    prefix_cache: PrefixCache | None = origin.kv_pool
+    if prefix_cache is None and settings.kv_cache_blocks:
+        validity = engine_validity(settings.model, digest, block_tokens=settings.kv_block_tokens, dtype=settings.dtype)
+        prefix_cache = LocalPrefixCache(validity, settings.kv_cache_blocks)
+    if not settings.kv_checkpoint_store or prefix_cache is None:
+        return prefix_cache, None
+    store = open_kv_store(settings.kv_checkpoint_store, s3_endpoint_url=settings.kv_checkpoint_s3_endpoint_url)
+    checkpointer = KVCheckpointer(KVCheckpointStore(store), prefix_cache.validity, prefix_cache.root_hash,
+                                  prefix_cache, metrics, clock, instance_id=settings.instance_id,
+                                  every_tokens=settings.kv_checkpoint_every)
+    log.info("kv checkpoints on", store=store.location, every_tokens=settings.kv_checkpoint_every,
+             block_tokens=prefix_cache.block_tokens, root_hash=prefix_cache.root_hash[:16])
+    return prefix_cache, checkpointer
+
+
 @dataclass
 class EngineRuntime:
     settings: EngineSettings
@@ -156,6 +180,9 @@ class EngineRuntime:
     # The lease registry's generation supersedes the boot counter once registered.
     lease_generation: int | None = None
     weights_origin: WeightsOrigin = field(default_factory=lambda: WeightsOrigin(source="disk"))
+    kv_validity: KVValidity | None = None  # the tuple that roots this engine's KV block chains
+    prefix_cache: PrefixCache | None = None  # the holder's pool, the in-process cache, or none
+    checkpointer: KVCheckpointer | None = None  # with --kv-checkpoint-store
 
     @property
     def generation(self) -> int:
@@ -215,14 +242,18 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
     dtype = torch.float64 if settings.dtype == "float64" else torch.float32
     model, digest, origin = await asyncio.to_thread(load_weights_for, settings, dtype, boot_generation, metrics, clock)
     faults = FaultInjector(fault_settings, metrics, model)
+    prefix_cache, checkpointer = build_kv(settings, digest, origin, metrics, clock)
     scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
                           max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock,
-                          kv_pool=origin.kv_pool, step_stall_bound_s=settings.step_stall_bound.total_seconds())
+                          prefix_cache=prefix_cache, checkpointer=checkpointer,
+                          step_stall_bound_s=settings.step_stall_bound.total_seconds())
     runtime = EngineRuntime(
         settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
         model=model, scheduler=scheduler, metrics=metrics, faults=faults,
         chat_template=_load_chat_template(settings.model), boot_generation=boot_generation,
         weights_digest=digest, started_at=clock.wall(), weights_origin=origin,
+        kv_validity=prefix_cache.validity if prefix_cache is not None else None, prefix_cache=prefix_cache,
+        checkpointer=checkpointer,
     )
     scheduler.start()
     return runtime

@@ -22,9 +22,10 @@ import torch
 
 from common.clock import Clock, SystemClock
 from engine.hooks import EngineHooks, NoFaults
-from engine.kv_pool import HolderKVPool
+from engine.kv_transfer import KVCheckpointer
 from engine.metrics import EngineMetrics
 from engine.model import KVCache, LlamaModel
+from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingParams, sample_token
 from engine.watchdog import StepWatchdog
 from common.logs import get_logger
@@ -63,6 +64,10 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     cache: KVCache | None = None
     kv_chain: list[str] = field(default_factory=list)  # hashes of the KV blocks published or restored
+    # Set by the serving layer's checkpoint lookup (engine.kv_transfer.KVCheckpointer.prefetch), in positions:
+    kv_cached_before: int = 0  # the prefix cache held these before the lookup
+    kv_imported_upto: int = 0  # and these after it: the difference came from the checkpoint store
+    kv_checkpointed_blocks: int = 0  # blocks handed to the checkpoint writer so far
     cancelled: bool = False
     finished: bool = False
     not_before: float = 0.0
@@ -75,15 +80,16 @@ class Sequence:
 class Scheduler:
     def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
                  max_prefill_tokens: int = 2048, hooks: EngineHooks | None = None,
-                 clock: Clock | None = None, kv_pool: HolderKVPool | None = None,
-                 step_stall_bound_s: float = 10.0) -> None:
+                 clock: Clock | None = None, prefix_cache: PrefixCache | None = None,
+                 checkpointer: KVCheckpointer | None = None, step_stall_bound_s: float = 10.0) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.hooks: EngineHooks = hooks or NoFaults()
         self.clock: Clock = clock or SystemClock()
-        self.kv_pool = kv_pool
+        self.prefix_cache = prefix_cache
+        self.checkpointer = checkpointer
         self.watchdog = StepWatchdog(self.clock, bound_s=step_stall_bound_s)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -164,6 +170,8 @@ class Scheduler:
             if seq.cancelled and not seq.finished:
                 seq.finished = True
                 seq.cache = None
+                if self.checkpointer is not None:
+                    self.checkpointer.forget(seq.request_id)
                 self.metrics.requests.labels(outcome="aborted").inc()
                 log.info("request aborted", request_id=seq.request_id, generated=len(seq.output_ids))
         self._waiting = deque(s for s in self._waiting if not s.finished)
@@ -182,12 +190,12 @@ class Scheduler:
             if prefilled and len(seq.prompt_ids) > budget:
                 break
             seq.cache = self.model.new_cache(len(seq.prompt_ids) + seq.max_tokens)
-            if self.kv_pool is not None:
-                seq.kv_chain = self.kv_pool.restore(seq.prompt_ids, seq.cache)
+            if self.prefix_cache is not None:
+                seq.kv_chain = self.prefix_cache.restore(seq.prompt_ids, seq.cache)
             reused = seq.cache.length
             logits = self.model.prefill(seq.prompt_ids[reused:], seq.cache)
             self._publish(seq)
-            self.metrics.prompt_tokens.inc(len(seq.prompt_ids) - reused)
+            self._count_prefill(seq, reused)
             self.metrics.ttft.observe(self.clock.now() - seq.arrived_at)
             self._emit(seq, logits)
             prefilled.append(seq)
@@ -199,10 +207,28 @@ class Scheduler:
                 self._publish(seq)
                 self._emit(seq, row)
 
+    def _count_prefill(self, seq: Sequence, restored: int) -> None:
+        """Restored positions split into cached and imported (from the checkpoint store), and the rest prefilled."""
+        imported = max(0, min(restored, seq.kv_imported_upto) - seq.kv_cached_before)
+        prefilled = len(seq.prompt_ids) - restored
+        self.metrics.prompt_tokens.inc(prefilled)
+        self.metrics.kv_reused_tokens.inc(restored - imported)
+        self.metrics.kv_imported_tokens.inc(imported)
+        if restored:
+            log.info("prompt prefilled after restored kv", request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids),
+                     cached_tokens=restored - imported, imported_tokens=imported, prefilled_tokens=prefilled)
+
     def _publish(self, seq: Sequence) -> None:
-        """Hand every KV block this sequence has filled to the holder's pool (engine.kv_pool)."""
-        if self.kv_pool is not None and seq.cache is not None:
-            self.kv_pool.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
+        """Hand every KV block this sequence has filled to the prefix cache (engine.prefix_cache)."""
+        if self.prefix_cache is not None and seq.cache is not None:
+            self.prefix_cache.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
+
+    def _checkpoint(self, seq: Sequence) -> None:
+        """Every `every_tokens` committed tokens, queue the new full blocks for the checkpoint store."""
+        if self.checkpointer is not None and seq.cache is not None and self.checkpointer.due(len(seq.output_ids)):
+            seq.kv_checkpointed_blocks = self.checkpointer.offer(
+                seq.request_id, seq.cache.length, [*seq.prompt_ids, *seq.output_ids], seq.cache,
+                seq.kv_checkpointed_blocks)
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> None:
         position = len(seq.prompt_ids) + len(seq.output_ids)
@@ -226,11 +252,14 @@ class Scheduler:
         if finish_reason is not None:
             self._finish(seq, event)
         else:
+            self._checkpoint(seq)
             seq.loop.call_soon_threadsafe(seq.events.put_nowait, event)
 
     def _finish(self, seq: Sequence, event: TokenEvent | ErrorEvent) -> None:
         seq.finished = True
         seq.cache = None
+        if self.checkpointer is not None:
+            self.checkpointer.forget(seq.request_id)
         outcome = "error" if isinstance(event, ErrorEvent) else "finished"
         self.metrics.requests.labels(outcome=outcome).inc()
         seq.loop.call_soon_threadsafe(seq.events.put_nowait, event)

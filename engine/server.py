@@ -2,8 +2,8 @@
 
 Endpoints (see `engine.api_router`): POST /v1/completions, POST
 /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET
-/healthz/{live,ready,generation,weights}, and with `--enable-fault-admin` GET/POST
-/admin/faults. Every error leaves in the OpenAI shape (`engine.errors`).
+/healthz/{live,ready,generation,weights}, with `--enable-fault-admin` GET/POST
+/admin/faults, and with `--enable-kv-admin` GET /admin/kv, POST /admin/kv/{export,import}. Every error leaves in the OpenAI shape (`engine.errors`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from engine.api_router import admin_router, health_router, openai_router
+from engine.kv_router import kv_router
 from common.errors import error_body
 from engine.drain import Drainer
 from engine.errors import EngineError, MethodNotAllowed, NotFound
@@ -123,6 +124,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
         finally:
             await app.state.drainer.step_down()
             runtime.scheduler.stop()
+            if runtime.checkpointer is not None:
+                await asyncio.to_thread(runtime.checkpointer.close)
             if runtime.weights_origin.kv_pool is not None:
                 await asyncio.to_thread(runtime.weights_origin.kv_pool.close)
             if tenancy is not None:
@@ -137,6 +140,8 @@ def create_app(settings: EngineSettings, fault_settings: FaultSettings | None = 
     app.include_router(health_router)
     if settings.enable_fault_admin:
         app.include_router(admin_router)
+    if settings.enable_kv_admin:
+        app.include_router(kv_router)
     return app
 
 

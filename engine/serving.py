@@ -154,6 +154,10 @@ class OpenAIServing:
                  stream=body.stream)
         shape_type = ChatShape if kind == "chat" else CompletionShape
         shape = shape_type(runtime.tokenizer, runtime.settings.model_name, request_id, body, int(runtime.clock.wall()))
+        if runtime.checkpointer is not None:
+            prefetched = await asyncio.to_thread(runtime.checkpointer.prefetch, prompt_ids, request_id)
+            seq.kv_cached_before = prefetched.cached_blocks * runtime.checkpointer.block_tokens
+            seq.kv_imported_upto = prefetched.upto_blocks * runtime.checkpointer.block_tokens
         self._begin(seq)
         runtime.scheduler.submit(seq)
         if body.stream:

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.durations import Seconds
@@ -55,6 +55,18 @@ class EngineSettings(BaseSettings):
     advertise_url: str | None = Field(None, description="URL the gateway should use to reach us")
     holder: str | None = Field(None, description="memory holder URL (`lifeline holder serve`): map its weights "
                                                  "instead of loading; falls back to disk when it cannot")
+    kv_block_tokens: int = Field(16, ge=1, le=1024, description="positions per KV block of the in-process prefix "
+                                 "cache (a holder's KV pool sets its own)")
+    kv_cache_blocks: int = Field(512, ge=0, description="KV blocks the in-process prefix cache keeps, least recently "
+                                 "used evicted first (0: no prefix cache without a holder)")
+    kv_checkpoint_store: str | None = Field(
+        None, description="regional KV checkpoint store: a directory, file://…, redis://…?key_prefix=… or "
+                          "s3://bucket/prefix; continuations import from it instead of prefilling")
+    kv_checkpoint_s3_endpoint_url: str | None = Field(None, description="S3 endpoint for an s3:// checkpoint store")
+    kv_checkpoint_every: int = Field(64, ge=1, description="checkpoint a running sequence every this many "
+                                     "generated tokens (full blocks only)")
+    enable_kv_admin: bool = Field(False, description="expose GET /admin/kv, POST /admin/kv/export and /admin/kv/import")
+    kv_import_max_bytes: int = Field(256 << 20, ge=1, description="largest KV bundle POST /admin/kv/import accepts")
     # Above the longest healthy step: a full 2048-token prefill of the tiny preset took 7.9 s on a loaded 2-core
     # CPU. A bound under that fails liveness on a healthy engine (ejected, restarted), worse than a late verdict.
     step_stall_bound: Seconds = Field(
@@ -66,6 +78,12 @@ class EngineSettings(BaseSettings):
     drain_timeout: Seconds = Field(
         timedelta(seconds=30), ge=timedelta(0),
         description="then seconds in-flight requests may finish before they end with an engine_draining error")
+
+    @model_validator(mode="after")
+    def _checkpoints_need_a_cache(self) -> EngineSettings:
+        if self.kv_checkpoint_store and self.kv_cache_blocks == 0 and not self.holder:
+            raise ValueError("kv_checkpoint_store needs a prefix cache to import into: kv_cache_blocks > 0 or a holder")
+        return self
 
     @property
     def model_name(self) -> str:

@@ -38,9 +38,9 @@ from contract.holder import (
     AttachResponse,
     HeartbeatResponse,
     KVBlockRef,
-    KVLayout,
     KVLookupResponse,
     KVPoolDescription,
+    KVValidity,
     RegionView,
     TenantState,
     TenantView,
@@ -48,7 +48,9 @@ from contract.holder import (
     WeightsDescription,
     kv_block_checksum,
     kv_block_hash,
+    kv_layout_from_config,
     kv_root_hash,
+    tokenizer_digest,
 )
 from holder import store
 from holder.errors import HolderNotReady, KVConflict, KVPoolAbsent, TenantSuperseded, UnknownTenant
@@ -171,14 +173,15 @@ class MemoryHolder:
         if self.settings.kv_blocks == 0:
             return None
         weights = self.ready_weights()
-        config = json.loads((Path(weights.model_dir) / "config.json").read_text())
-        heads = config["num_attention_heads"]
-        layout = KVLayout(
-            block_tokens=self.settings.kv_block_tokens, num_layers=config["num_hidden_layers"],
-            num_kv_heads=config.get("num_key_value_heads", heads),
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads, dtype=weights.dtype,
-            rope_theta=float(config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
-        meta = {"weights_digest": weights.weights_digest, "layout": layout.model_dump(),
+        model_dir = Path(weights.model_dir)
+        config = json.loads((model_dir / "config.json").read_text())
+        tokenizer = model_dir / "tokenizer.json"
+        validity = KVValidity(
+            weights_digest=weights.weights_digest,
+            tokenizer_digest=tokenizer_digest(tokenizer.read_bytes() if tokenizer.exists() else None),
+            layout=kv_layout_from_config(config, block_tokens=self.settings.kv_block_tokens, dtype=weights.dtype))
+        layout = validity.layout
+        meta = {"weights_digest": weights.weights_digest, "validity": validity.model_dump(),
                 "num_blocks": self.settings.kv_blocks}
         with self._lock:
             region = next((r for r in self.state.live_regions() if r.purpose == "kv" and r.meta == meta
@@ -199,8 +202,8 @@ class MemoryHolder:
                 log.info("kv pool adopted", region=region.region_id, committed=len(self.state.kv_by_hash))
             view = RegionView(region_id=region.region_id, path=region.path, size=region.size, purpose="kv",
                               owner="holder", epoch=region.epoch or self.epoch, checksum=store.PER_BLOCK, tensors=[])
-            self.kv = KVPoolDescription(region=view, layout=layout, num_blocks=self.settings.kv_blocks,
-                                        root_hash=kv_root_hash(weights.weights_digest, layout))
+            self.kv = KVPoolDescription(region=view, validity=validity, num_blocks=self.settings.kv_blocks,
+                                        root_hash=kv_root_hash(validity))
             self._kv_bytes = np.memmap(region.path, dtype=np.uint8, mode="r")
             return self.kv
 

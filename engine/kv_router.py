@@ -1,0 +1,77 @@
+"""Admin routes for KV blocks (only with `--enable-kv-admin`): thin handlers over `engine.kv_transfer`.
+
+    GET  /admin/kv          the validity tuple, its root hash, the prefix cache and the checkpoint store
+    POST /admin/kv/export   {"token_ids": [...]} → the cached blocks of that prefix, one safetensors bundle
+    POST /admin/kv/import   a bundle (application/octet-stream) → verified, then installed in the prefix cache
+
+Refusals are typed and install nothing: 400 kv_checkpoint_invalid, 404 kv_blocks_absent, 409
+kv_validity_mismatch (names the fields that differ), 413 kv_import_too_large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.request_body import parse_json_body
+from engine.errors import BadRequest, KVImportTooLarge
+from engine.kv_transfer import export_bundle, import_bundle
+from engine.runtime import EngineRuntime
+
+
+def _runtime(request: Request) -> EngineRuntime:
+    return request.app.state.runtime
+
+
+Runtime = Annotated[EngineRuntime, Depends(_runtime)]
+
+kv_router = APIRouter()
+
+
+class KVExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int] = Field(min_length=1, max_length=1 << 17)
+
+
+@kv_router.get("/admin/kv")
+async def kv_summary(runtime: Runtime) -> dict:
+    cache = runtime.prefix_cache
+    return {"validity": runtime.kv_validity.model_dump() if runtime.kv_validity else None,
+            "root_hash": cache.root_hash if cache else None,
+            "prefix_cache": cache.summary() if cache else None,
+            "checkpoint_store": runtime.checkpointer.store.store.location if runtime.checkpointer else None,
+            "checkpoint_every_tokens": runtime.checkpointer.every_tokens if runtime.checkpointer else None}
+
+
+@kv_router.post("/admin/kv/export")
+async def kv_export(request: Request, runtime: Runtime) -> Response:
+    body = parse_json_body(await request.body(), KVExportRequest, BadRequest)
+    exported = await asyncio.to_thread(export_bundle, runtime.prefix_cache, body.token_ids,
+                                       instance_id=runtime.settings.instance_id, clock=runtime.clock)
+    return Response(exported.data, media_type="application/octet-stream",
+                    headers={"X-Lifeline-KV-Blocks": str(exported.blocks), "X-Lifeline-KV-Tokens": str(exported.tokens),
+                             "X-Lifeline-KV-Root": exported.root_hash})
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise KVImportTooLarge(f"a KV bundle of {declared} bytes is over the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise KVImportTooLarge(f"a KV bundle over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@kv_router.post("/admin/kv/import")
+async def kv_import(request: Request, runtime: Runtime) -> dict:
+    data = await _bounded_body(request, runtime.settings.kv_import_max_bytes)
+    return await asyncio.to_thread(import_bundle, runtime.prefix_cache, data, runtime.metrics)

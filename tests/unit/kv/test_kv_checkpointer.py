@@ -1,0 +1,135 @@
+"""Checkpoints through a store: written off the decode thread every M tokens, imported before a prefill,
+verified block by block; a corrupted or foreign checkpoint is refused and the prompt prefilled instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.clock import ManualClock
+from contract.kv_checkpoint import FilesystemKVStore, KVCheckpointStore, block_key, manifest_key
+from engine.kv_transfer import KVCheckpointer, engine_validity
+from engine.metrics import EngineMetrics
+from engine.model import LlamaModel
+from engine.prefix_cache import LocalPrefixCache
+from engine.runtime import compute_weights_digest
+from lifeline.processes import built_model
+
+pytestmark = pytest.mark.unit
+
+BLOCK = 16
+EVERY = 8
+PROMPT = [(i * 53 + 7) % 4096 for i in range(41)]
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaModel:
+    torch.set_num_threads(1)
+    return LlamaModel.load(built_model("tiny", 0), torch.float64)
+
+
+def checkpointer(model_dir: Path, store_dir: Path, *, block_tokens: int = BLOCK, dtype: str = "float64"):
+    validity = engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=block_tokens, dtype=dtype)
+    cache = LocalPrefixCache(validity, max_blocks=256)
+    metrics = EngineMetrics()
+    return KVCheckpointer(KVCheckpointStore(FilesystemKVStore(store_dir)), validity, cache.root_hash, cache, metrics,
+                          ManualClock(), instance_id="engine-a", every_tokens=EVERY), cache, metrics
+
+
+def metric(metrics: EngineMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def run(model: LlamaModel, prompt: list[int], steps: int, *, writer: KVCheckpointer | None = None,
+        restore_from: LocalPrefixCache | None = None) -> tuple[list[int], int]:
+    """What the scheduler does for one sequence: restore, prefill the rest, decode, checkpoint every EVERY."""
+    cache = model.new_cache(len(prompt) + steps)
+    if restore_from is not None:
+        restore_from.restore(prompt, cache)
+    restored = cache.length
+    logits = model.prefill(prompt[restored:], cache)
+    tokens: list[int] = []
+    done = 0
+    for _ in range(steps):
+        tokens.append(int(logits.argmax()))
+        if writer is not None and writer.due(len(tokens)):
+            done = writer.offer("req-1", cache.length, prompt + tokens, cache, done)
+        logits = model.decode([tokens[-1]], [cache])[0]
+    return tokens, restored
+
+
+def test_a_survivor_imports_the_newest_checkpoint_and_prefills_only_the_tail(model, tmp_path):
+    model_dir = built_model("tiny", 0)
+    writer, _, writer_metrics = checkpointer(model_dir, tmp_path / "store")
+    expected, _ = run(model, PROMPT, 40)
+    committed, _ = run(model, PROMPT, 27, writer=writer)  # due at 8, 16 and 24 generated tokens
+    writer.flush()
+    assert committed == expected[:27]
+    # Positions with KV when due: 48 (3 full blocks), 56 (no new full block: nothing queued), 64 (4 blocks).
+    assert metric(writer_metrics, "lifeline_engine_kv_checkpoints_total", {"outcome": "written"}) == 2
+    assert metric(writer_metrics, "lifeline_engine_kv_checkpoint_blocks_total") == 4  # each block written once
+
+    survivor, cache, metrics = checkpointer(model_dir, tmp_path / "store")
+    continuation = PROMPT + committed  # 68 positions
+    found = survivor.prefetch(continuation, "req-1")
+    assert (found.cached_blocks, found.upto_blocks, found.refused) == (0, 4, None)
+    rest, restored = run(model, continuation, 40 - 27, restore_from=cache)
+    assert restored == 4 * BLOCK
+    assert committed + rest == expected
+    assert metric(metrics, "lifeline_engine_kv_imports_total", {"source": "store", "outcome": "imported"}) == 1
+
+
+@pytest.mark.parametrize("corruption", ["flipped byte in a block", "block of other weights", "manifest of float32"])
+def test_a_corrupted_or_foreign_checkpoint_is_refused_and_recomputed(model, tmp_path, corruption):
+    model_dir = built_model("tiny", 0)
+    writer, _, _ = checkpointer(model_dir, tmp_path / "store")
+    committed, _ = run(model, PROMPT, 25, writer=writer)
+    writer.flush()
+    store = FilesystemKVStore(tmp_path / "store")
+    root = writer.root_hash
+    manifest_keys = store.list(f"kv/{root}/manifests/")
+    newest = max(manifest_keys, key=lambda k: len(store.get(k)))
+    blocks = [k for k in store.list(f"kv/{root}/blocks/")]
+    if corruption == "flipped byte in a block":
+        data = bytearray(store.get(blocks[1]))
+        data[-50] ^= 0x01
+        store.put(blocks[1], bytes(data))
+    elif corruption == "block of other weights":
+        other, _, _ = checkpointer(built_model("tiny", 1), tmp_path / "other")
+        run(LlamaModel.load(built_model("tiny", 1), torch.float64), PROMPT, 25, writer=other)
+        other.flush()
+        other_store = FilesystemKVStore(tmp_path / "other")
+        theirs = sorted(other_store.list(f"kv/{other.root_hash}/blocks/"))
+        for mine, foreign in zip(sorted(blocks), theirs):  # same shapes, other numbers, under our keys
+            store.put(mine, other_store.get(foreign))
+    else:
+        import json
+        body = json.loads(store.get(newest))
+        body["validity"]["layout"]["dtype"] = "float32"
+        store.put(newest, json.dumps(body).encode())
+
+    survivor, cache, metrics = checkpointer(model_dir, tmp_path / "store")
+    continuation = PROMPT + committed
+    found = survivor.prefetch(continuation, "req-1")
+    assert found.upto_blocks == 0 and found.refused
+    assert cache.summary()["blocks"] == 0  # nothing installed
+    reason = "refused_validity" if corruption == "manifest of float32" else "refused_invalid"
+    assert metric(metrics, "lifeline_engine_kv_imports_total", {"source": "store", "outcome": reason}) == 1
+    rest, restored = run(model, continuation, 40 - 25, restore_from=cache)
+    assert restored == 0
+    assert committed + rest == run(model, PROMPT, 40)[0]
+
+
+def test_another_block_size_finds_no_checkpoint(model, tmp_path):
+    model_dir = built_model("tiny", 0)
+    writer, _, _ = checkpointer(model_dir, tmp_path / "store")
+    committed, _ = run(model, PROMPT, 25, writer=writer)
+    writer.flush()
+    survivor, cache, metrics = checkpointer(model_dir, tmp_path / "store", block_tokens=8)
+    found = survivor.prefetch(PROMPT + committed, "req-1")
+    assert (found.upto_blocks, found.refused) == (0, None)  # another root: nothing to find, a plain miss
+    assert metric(metrics, "lifeline_engine_kv_imports_total", {"source": "store", "outcome": "imported"}) == 0
+    assert block_key(writer.root_hash, "x").startswith(f"kv/{writer.root_hash}/")
+    assert manifest_key(survivor.root_hash, "x") != manifest_key(writer.root_hash, "x")
