@@ -59,6 +59,8 @@ class GatewayReport(_Record):
     region: str = Field(min_length=1, max_length=128)
     zone: str = Field(max_length=128)
     snapshot_version: int | None = Field(None, description="the snapshot applied; None while routing from static config")
+    # Paired with snapshot_version: a version means something only within the epoch it came from.
+    snapshot_epoch: str | None = Field(None, max_length=64, description="controlplane_epoch of the applied snapshot")
     snapshot_applied_at: datetime | None = None
     routing_source: Literal["static", "snapshot"]
     live_endpoints: list[LiveEndpoint] = Field(default_factory=list, max_length=10_000)

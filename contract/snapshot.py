@@ -3,10 +3,20 @@
 One model for producer (`controlplane/snapshot/service.py`) and consumers
 (gateway, regional agent). The control plane labels each snapshot with a
 version that only grows; consumers poll `GET /api/v1/snapshot` with
-`If-None-Match: "snapshot-N"`, apply a new one atomically (a request sees
-one snapshot, never half of one) and keep the last good one, on disk, to
-serve from while the control plane is away (invariant 7). A body that fails
-`RoutingSnapshot.model_validate` is refused and the old snapshot stays.
+`If-None-Match: "snapshot-<epoch>-N"`, apply a new one atomically (a
+request sees one snapshot, never half of one) and keep the last good one,
+on disk, to serve from while the control plane is away (invariant 7). A
+body that fails `RoutingSnapshot.model_validate` is refused and the old
+snapshot stays.
+
+The version only grows *within one control-plane database*: a fresh
+database (a new demo, a rebuilt control plane) or a restore from backup
+starts again lower. So each database has a `controlplane_epoch` (a random
+id made when it is migrated, rotated by `lifeline controlplane epoch
+rotate` after a restore), and versions are compared only within an epoch:
+a snapshot from another epoch replaces the held one whatever its version
+(`contract.snapshot_client.refusal`). The epoch is in the ETag too, so an
+`If-None-Match` from one database never matches another's equal version.
 
 `schema_version` changes only when a consumer built for an older schema
 would misroute on the new one; fields a consumer does not know are ignored.
@@ -80,9 +90,17 @@ class EjectionEntry(_Record):
     reason: str
 
 
+# A uuid in practice; restricted to what can sit inside a quoted ETag unescaped.
+EPOCH_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$"
+
+
 class RoutingSnapshot(_Record):
     schema_version: Literal[1] = SCHEMA_VERSION
     version: int = Field(ge=0)
+    controlplane_epoch: str | None = Field(
+        None, pattern=EPOCH_PATTERN,
+        description="the control-plane database this snapshot came from; versions compare only within one "
+                    "(None: a control plane from before epochs, one epoch of its own)")
     changed_at: datetime | None = None
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     clusters: list[ClusterEntry] = Field(default_factory=list)
@@ -94,7 +112,7 @@ class RoutingSnapshot(_Record):
 
     @property
     def etag(self) -> str:
-        return etag_for(self.version)
+        return etag_for(self.version, self.controlplane_epoch)
 
     def is_ejected(self, region: str, instance_id: str, generation: int | None) -> bool:
         """An ejection with no generation covers every generation of the instance."""
@@ -102,8 +120,9 @@ class RoutingSnapshot(_Record):
                    for e in self.ejections)
 
 
-def etag_for(version: int) -> str:
-    return f'"snapshot-{version}"'
+def etag_for(version: int, epoch: str | None = None) -> str:
+    """`"snapshot-<epoch>-<version>"`: two databases' equal versions never share a tag."""
+    return f'"snapshot-{epoch}-{version}"' if epoch else f'"snapshot-{version}"'
 
 
 def if_none_match_hits(header: str | None, etag: str) -> bool:

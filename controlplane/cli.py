@@ -1,4 +1,4 @@
-"""`lifeline controlplane serve|migrate|token create|list|revoke|events export`.
+"""`lifeline controlplane serve|migrate|token create|list|revoke|events export|epoch show|rotate`.
 
 SQLAlchemy, uvicorn and the app are imported inside the commands, so
 mounting this sub-app costs `lifeline engine serve` nothing.
@@ -18,6 +18,9 @@ token_app = typer.Typer(no_args_is_help=True, add_completion=False, help="API to
 events_app = typer.Typer(no_args_is_help=True, add_completion=False, help="The event log.")
 controlplane_app.add_typer(token_app, name="token")
 controlplane_app.add_typer(events_app, name="events")
+epoch_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="The database's epoch: snapshot versions compare only within one.")
+controlplane_app.add_typer(epoch_app, name="epoch")
 
 @controlplane_app.command()
 def serve(
@@ -139,3 +142,42 @@ def events_export(
     flt = EventFilter(kind=kind, routing_tier=tier, scope_prefix=scope)
     settings = load_settings()
     read_only(settings, lambda session: sys.stdout.writelines(service.export_jsonl(session, flt)))
+
+
+@epoch_app.command("show")
+def epoch_show() -> None:
+    """Print the database's epoch and snapshot version."""
+    from controlplane.routing_version import service
+
+    settings = load_settings()
+    stamp = read_only(settings, service.stamp)
+    typer.echo(f"epoch {stamp.epoch} version {stamp.version}")
+
+
+@epoch_app.command("rotate")
+def epoch_rotate(
+    reason: Annotated[str, typer.Option(help="Why, for the event log (e.g. 'restored from the 03:00 backup').")],
+) -> None:
+    """Start a new epoch: run it after restoring this database from a backup, or on a clone.
+
+    A restored database serves versions its gateways already applied with
+    other content, and they refuse its lower ones; after this they take the
+    next snapshot whatever its version.
+    """
+    from controlplane.event import service as events
+    from controlplane.event.models import RoutingTier
+    from controlplane.routing_version import service
+
+    if not reason.strip():
+        fail("invalid_request", "--reason must not be empty", code=2)
+    settings = load_settings()
+
+    def work(session, clock):  # type: ignore[no-untyped-def]
+        old, new = service.rotate_epoch(session, clock=clock)
+        events.record(session, kind="controlplane.epoch_rotated", actor=cli_actor(), reason=reason,
+                      scope="controlplane", clock=clock, before={"epoch": old}, after={"epoch": new},
+                      routing_tier=RoutingTier.L7)
+        return old, new
+
+    old, new = run_mutation(settings, action="controlplane.epoch.rotate", target="controlplane:epoch", work=work)
+    typer.echo(f"epoch {old} -> {new}; gateways and agents take the next snapshot whatever its version")

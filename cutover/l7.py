@@ -80,7 +80,8 @@ class ReportedGatewayVersions:
         with session_scope(self.read_factory) as session:
             found = reports.list_reports(session, clock=self.clock, stale_after=self.stale_after, region=region)
         self.last_stale = sorted(r.replica_id for r in found if r.stale)
-        fresh = {r.replica_id: r.snapshot_version for r in found if not r.stale}
+        # A version from another control-plane epoch counts another database's changes: not applied here.
+        fresh = {r.replica_id: None if r.foreign_epoch else r.snapshot_version for r in found if not r.stale}
         return fresh or None
 
 

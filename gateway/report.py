@@ -7,6 +7,9 @@ and how many live instances it leaves out: `ejected` by the snapshot
 failure. A cutover step verifies an L7 change by reading back that every
 gateway of the region reports `snapshot_version >= N`, so a report goes out
 at once after each apply (`nudge`) as well as every `routing.report_interval`.
+It names the snapshot's control-plane epoch beside its version
+(`snapshot_epoch`): versions of two databases are not comparable, and the
+control plane does not count a version from another epoch as applied.
 Reports are state, not a log: a lost one is replaced by the next, so a
 failure is logged and nothing is queued.
 
@@ -83,6 +86,7 @@ async def build_report(*, replica_id: str, region: str, zone: str, table: Routin
     return GatewayReport(
         replica_id=replica_id, region=region, zone=zone,
         snapshot_version=snapshot.version if snapshot else None,
+        snapshot_epoch=snapshot.epoch if snapshot else None,
         snapshot_applied_at=snapshot.applied_at if snapshot else None,
         routing_source="snapshot" if snapshot is not None else "static",
         live_endpoints=endpoints,
@@ -90,6 +94,19 @@ async def build_report(*, replica_id: str, region: str, zone: str, table: Routin
         ejected=max(0, len(every) - len(through)),
         reported_at=clock.utcnow(),
     )
+
+
+def report_body(report: GatewayReport) -> dict:
+    """The PUT body; `snapshot_epoch` left out when there is none.
+
+    A control plane from before epochs serves snapshots without one and
+    refuses fields it does not know (the contract forbids extras), so a
+    gateway routing by its snapshot must not send the field to it.
+    """
+    body = report.model_dump(mode="json")
+    if body.get("snapshot_epoch") is None:
+        body.pop("snapshot_epoch", None)
+    return body
 
 
 class GatewayReporter:
@@ -115,7 +132,7 @@ class GatewayReporter:
     async def report_once(self) -> bool:
         report = await self.collect()
         try:
-            response = await self.http.put(f"/api/v1/gateways/{self.replica_id}", json=report.model_dump(mode="json"))
+            response = await self.http.put(f"/api/v1/gateways/{self.replica_id}", json=report_body(report))
         except httpx.HTTPError as exc:
             log.warning("gateway report not sent", error=repr(exc)[:200])
             return False

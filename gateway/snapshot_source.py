@@ -1,8 +1,8 @@
 """Poll the control plane's routing snapshot; apply good ones atomically; keep the last good one on disk.
 
     contract.snapshot_client.SnapshotClient          (shared with the regional agent)
-      GET /api/v1/snapshot, If-None-Match: "snapshot-N" ──► 304: nothing to do
-                                                       └► 200: validate, refuse if older → cache_path (atomic)
+      GET /api/v1/snapshot, If-None-Match: "snapshot-E-N" ──► 304: nothing to do
+                                                         └► 200: validate, refuse if older (same epoch) → cache_path
     this module:  verify artifacts → SnapshotRouting.apply(new table)   (one swap)
 
 Invariant 7 (data plane outlives control plane): on start the gateway loads
@@ -14,7 +14,9 @@ poll carries the ETag of what is applied and gets a full snapshot if
 anything changed (no deltas, so nothing to reconcile piecemeal).
 
 A body that fails `RoutingSnapshot` validation, or whose version is below
-the one applied, is refused: logged, emitted as a `snapshot.refused` L7
+the one applied within the same control-plane epoch, is refused (a
+snapshot from another epoch — the gateway now polls another database —
+applies whatever its version; `contract.snapshot_client.refusal`): logged, emitted as a `snapshot.refused` L7
 event, and the old table stays. A version whose artifacts fail verification
 is left out of the new table (its names answer 503 `version_unverified`),
 also with a `snapshot.refused` event naming the version; the rest of the
@@ -136,8 +138,9 @@ class SnapshotSource:
             self._refuse(self.client.last_refusal or "snapshot refused")
             return outcome
         snapshot = self.client.current
-        if snapshot is None or (snapshot.version == self.applied.version
-                                and (outcome is PollOutcome.UNCHANGED or not self.applied.unverified)):
+        same = (snapshot is not None and snapshot.version == self.applied.version
+                and snapshot.controlplane_epoch == self.applied.epoch)  # another database's equal version is new
+        if snapshot is None or (same and (outcome is PollOutcome.UNCHANGED or not self.applied.unverified)):
             return PollOutcome.UNCHANGED
         await self._apply(snapshot)
         return PollOutcome.APPLIED
@@ -184,7 +187,8 @@ class SnapshotSource:
         verified = await self._verify(snapshot)
         previous = self.applied
         for version, why in verified.unverified.items():
-            if previous.unverified.get(version) != why or previous.version != snapshot.version:
+            if (previous.unverified.get(version) != why or previous.version != snapshot.version
+                    or previous.epoch != snapshot.controlplane_epoch):
                 self._refuse(f"version {version!r} is not routed to: {why}", version=snapshot.version,
                              weight_version=version, scope="version")
         table = SnapshotTable.build(snapshot, region=self.routing.table.region, artifacts=verified.artifacts,

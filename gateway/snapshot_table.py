@@ -126,6 +126,11 @@ class SnapshotTable:
     def version(self) -> int | None:
         return self.snapshot.version if self.snapshot else None
 
+    @property
+    def epoch(self) -> str | None:
+        """The control-plane epoch `version` counts in (`RoutingSnapshot.controlplane_epoch`)."""
+        return self.snapshot.controlplane_epoch if self.snapshot else None
+
     # -- the RoutingTable protocol ---------------------------------------------------
     def resolve(self, name: str) -> ModelVersion:
         found = self.by_name.get(name)

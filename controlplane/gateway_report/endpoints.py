@@ -12,6 +12,7 @@ from controlplane.db import DbSession
 from controlplane.deps import ClockDep, SettingsDep
 from controlplane.gateway_report import service
 from controlplane.gateway_report.schemas import GatewayReportRead
+from controlplane.routing_version import service as routing_version
 from controlplane.types import NAME_PATTERN
 
 router = APIRouter(tags=["gateways"])
@@ -24,7 +25,8 @@ def report(replica_id: ReplicaPath, body: GatewayReport, session: DbSession, pri
            clock: ClockDep, settings: SettingsDep) -> GatewayReportRead:
     """A gateway replica's state as it sees it; the last one per replica is kept (an older one is ignored)."""
     row = service.store(session, replica_id=replica_id, report=body, actor=principal.actor, clock=clock)
-    return service.read(row, clock=clock, stale_after=settings.gateway_report_stale_after)
+    return service.read(row, clock=clock, stale_after=settings.gateway_report_stale_after,
+                        epoch=routing_version.current_epoch(session))
 
 
 @router.get("/gateways", response_model=list[GatewayReportRead])

@@ -19,6 +19,7 @@ class GatewayReportRow(Base):
     zone: Mapped[str] = mapped_column(String(128))
     routing_source: Mapped[str] = mapped_column(String(16))
     snapshot_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    snapshot_epoch: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the version counts in this
     snapshot_applied_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     live_endpoints: Mapped[list[Any]] = mapped_column(JSON)
     suppressed: Mapped[int] = mapped_column(Integer)

@@ -13,6 +13,7 @@ from contract.events import GatewayReport
 from controlplane.errors import InvalidInput
 from controlplane.gateway_report.models import GatewayReportRow
 from controlplane.gateway_report.schemas import GatewayReportRead
+from controlplane.routing_version import service as routing_version
 from controlplane.types import first_nul
 
 # How far ahead of ours a gateway's clock may be before its reports are refused.
@@ -22,7 +23,8 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)
 def _fields(report: GatewayReport) -> dict[str, object]:
     return {
         "region": report.region, "zone": report.zone, "routing_source": report.routing_source,
-        "snapshot_version": report.snapshot_version, "snapshot_applied_at": report.snapshot_applied_at,
+        "snapshot_version": report.snapshot_version, "snapshot_epoch": report.snapshot_epoch,
+        "snapshot_applied_at": report.snapshot_applied_at,
         "live_endpoints": [e.model_dump(mode="json") for e in report.live_endpoints],
         "suppressed": report.suppressed, "ejected": report.ejected, "reported_at": report.reported_at,
     }
@@ -67,14 +69,17 @@ def store(session: Session, *, replica_id: str, report: GatewayReport, actor: st
     return row
 
 
-def read(row: GatewayReportRow, *, clock: Clock, stale_after: timedelta) -> GatewayReportRead:
+def read(row: GatewayReportRow, *, clock: Clock, stale_after: timedelta, epoch: str | None) -> GatewayReportRead:
+    """`epoch`: this database's (`routing_version.current_epoch`); a snapshot from any other is foreign."""
     age = (clock.utcnow() - row.received_at).total_seconds()
     return GatewayReportRead(
         replica_id=row.replica_id, region=row.region, zone=row.zone, routing_source=row.routing_source,  # type: ignore[arg-type]
-        snapshot_version=row.snapshot_version, snapshot_applied_at=row.snapshot_applied_at,
+        snapshot_version=row.snapshot_version, snapshot_epoch=row.snapshot_epoch,
+        snapshot_applied_at=row.snapshot_applied_at,
         live_endpoints=row.live_endpoints, suppressed=row.suppressed, ejected=row.ejected,  # type: ignore[arg-type]
         reported_at=row.reported_at, received_at=row.received_at, reported_by=row.reported_by,
         age_s=round(age, 3), stale=age > stale_after.total_seconds(),
+        foreign_epoch=row.snapshot_version is not None and row.snapshot_epoch != epoch,
     )
 
 
@@ -83,14 +88,17 @@ def list_reports(session: Session, *, clock: Clock, stale_after: timedelta,
     query = select(GatewayReportRow).order_by(GatewayReportRow.region, GatewayReportRow.replica_id)
     if region is not None:
         query = query.where(GatewayReportRow.region == region)
-    return [read(row, clock=clock, stale_after=stale_after) for row in session.scalars(query)]
+    epoch = routing_version.current_epoch(session)
+    return [read(row, clock=clock, stale_after=stale_after, epoch=epoch) for row in session.scalars(query)]
 
 
 def applied_versions(session: Session, *, region: str, clock: Clock, stale_after: timedelta) -> dict[str, int | None]:
     """Replica → the snapshot version it applied, for a cutover step's read-back.
 
     A stale replica's version is None, never its last known one: a gateway
-    that stopped reporting has not been seen to apply anything since.
+    that stopped reporting has not been seen to apply anything since. So is
+    a version from another control-plane epoch: it counts another
+    database's changes, not this one's.
     """
-    return {r.replica_id: None if r.stale else r.snapshot_version
+    return {r.replica_id: None if r.stale or r.foreign_epoch else r.snapshot_version
             for r in list_reports(session, clock=clock, stale_after=stale_after, region=region)}

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 
-from contract.snapshot import RoutingSnapshot, etag_for, if_none_match_hits
+from contract.snapshot import RoutingSnapshot, if_none_match_hits
 from controlplane.auth.dependencies import SnapshotReader
 from controlplane.db import DbSession
 from controlplane.deps import SettingsDep
@@ -27,12 +27,13 @@ def get_snapshot(
 ) -> Response:
     """Gateways poll this with If-None-Match and keep their last good copy when it fails.
 
-    The tag is compared with the current version before the body is built,
-    so an unchanged poll reads one row. `W/"snapshot-N"`, lists and `*`
+    The tag (`"snapshot-<epoch>-<version>"`) is compared with the current
+    one before the body is built, so an unchanged poll reads one row; a tag
+    from another database's epoch never matches. `W/` tags, lists and `*`
     are honoured (RFC 9110 weak comparison).
     """
     max_age = f"max-age={int(settings.snapshot_max_age.total_seconds())}"
-    etag = etag_for(service.current_version(session))
+    etag = service.current_etag(session)
     if if_none_match_hits(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag, "Cache-Control": max_age})
     snapshot = service.build_snapshot(session)  # may be newer than the version compared: labelled with its own

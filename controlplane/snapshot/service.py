@@ -14,6 +14,11 @@ check it: location, semantic fingerprint, `weights_digest` over the
 recorded shard digests (`contract.identity.weights_digest`, what engines
 report), the sha256 of each tokenizer/template/config file the catalog
 recorded, and its open known issues.
+
+Every snapshot names the database's `controlplane_epoch`, and its ETag
+carries it: versions only grow within one database, so a consumer compares
+them only within an epoch, and an `If-None-Match` from another database's
+equal version does not match.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from contract.snapshot import (
     ModelEntry,
     RoutingSnapshot,
     VersionEntry,
+    etag_for,
 )
 from controlplane.routing_version import service as routing_version
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
@@ -44,6 +50,12 @@ GATEWAY_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja
 
 def current_version(session: Session) -> int:
     return routing_version.current_version(session)
+
+
+def current_etag(session: Session) -> str:
+    """The ETag of the snapshot `build_snapshot` would label now: epoch and version, one indexed read."""
+    stamp = routing_version.stamp(session)
+    return etag_for(stamp.version, stamp.epoch)
 
 
 def _models(session: Session) -> dict[str, dict[str, Any]]:
@@ -71,7 +83,7 @@ def _models(session: Session) -> dict[str, dict[str, Any]]:
 
 
 def build_snapshot(session: Session) -> RoutingSnapshot:
-    version, changed_at = routing_version.current(session)  # first: see the module docstring
+    stamp = routing_version.stamp(session)  # first: see the module docstring
     models = _models(session)
     clusters = session.scalars(select(ServingCluster).order_by(ServingCluster.name)).all()
     tier_weights: dict[str, dict[str, dict[str, int]]] = {}
@@ -85,8 +97,9 @@ def build_snapshot(session: Session) -> RoutingSnapshot:
         select(InstanceEjection).order_by(InstanceEjection.region, InstanceEjection.instance_id)
     ).all()
     return RoutingSnapshot(
-        version=version,
-        changed_at=changed_at,
+        version=stamp.version,
+        controlplane_epoch=stamp.epoch,
+        changed_at=stamp.changed_at,
         models={name: ModelEntry(**entry) for name, entry in models.items()},
         clusters=[
             ClusterEntry(name=c.name, region=c.region, zone=c.zone, model=c.model, endpoint=c.endpoint,

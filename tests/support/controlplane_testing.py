@@ -62,7 +62,8 @@ def clean_tables(engine: Any) -> None:
             # A session a test left open would block TRUNCATE forever; fail fast instead.
             conn.execute(text("SET LOCAL lock_timeout = '10s'"))
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-            conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+            conn.execute(text("INSERT INTO snapshot_counter (id, version, epoch) VALUES (1, 0, :epoch)"),
+                         {"epoch": str(uuid.uuid4())})  # a cleaned database is a fresh one
         return
     with engine.connect() as conn:
         triggers = dict(
@@ -76,7 +77,8 @@ def clean_tables(engine: Any) -> None:
                 conn.execute(text(f"DELETE FROM {table}"))
             if _has_sqlite_sequence(conn):
                 conn.execute(text("DELETE FROM sqlite_sequence"))
-            conn.execute(text("INSERT INTO snapshot_counter (id, version) VALUES (1, 0)"))
+            conn.execute(text("INSERT INTO snapshot_counter (id, version, epoch) VALUES (1, 0, :epoch)"),
+                         {"epoch": str(uuid.uuid4())})  # a cleaned database is a fresh one
     finally:
         # Separately, and whatever happened above: pysqlite runs a DROP that
         # comes before any DML outside the transaction, so a failed clean

@@ -122,13 +122,15 @@ def test_timestamps_carry_a_utc_offset_on_both_databases(client: TestClient, as_
                       headers=as_role("viewer")).json() == []
 
 
-@pytest.mark.parametrize("header", ['W/"snapshot-{v}"', "*", '"snapshot-0", W/"snapshot-{v}"', ' "snapshot-{v}" '])
+@pytest.mark.parametrize("header", ['W/"snapshot-{e}-{v}"', "*", '"snapshot-{e}-0", W/"snapshot-{e}-{v}"',
+                                    ' "snapshot-{e}-{v}" '])
 def test_if_none_match_honours_weak_tags_lists_and_star(client: TestClient, as_role: Any, header: str) -> None:
     viewer = as_role("viewer")
-    version = client.get("/api/v1/snapshot", headers=viewer).json()["version"]
-    response = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": header.format(v=version)})
+    body = client.get("/api/v1/snapshot", headers=viewer).json()
+    version, epoch = body["version"], body["controlplane_epoch"]
+    response = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": header.format(v=version, e=epoch)})
     assert response.status_code == 304
-    stale = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": f'W/"snapshot-{version + 1}"'})
+    stale = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": f'W/"snapshot-{epoch}-{version + 1}"'})
     assert stale.status_code == 200
 
 

@@ -30,9 +30,12 @@ def test_gateways_report_and_stale_reports_are_never_shown_as_current(
     from controlplane.gateway_report import service
 
     gateway, viewer = as_role("gateway"), as_role("viewer")
-    assert client.put("/api/v1/gateways/gw-1", json=report("gw-1", 7, clock.utcnow()), headers=gateway).status_code == 200
+    epoch = client.get("/api/v1/snapshot", headers=gateway).json()["controlplane_epoch"]
+    assert client.put("/api/v1/gateways/gw-1", json=report("gw-1", 7, clock.utcnow(), snapshot_epoch=epoch),
+                      headers=gateway).status_code == 200
     clock.advance(timedelta(seconds=20))
-    assert client.put("/api/v1/gateways/gw-2", json=report("gw-2", 8, clock.utcnow()), headers=gateway).status_code == 200
+    assert client.put("/api/v1/gateways/gw-2", json=report("gw-2", 8, clock.utcnow(), snapshot_epoch=epoch),
+                      headers=gateway).status_code == 200
     shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
     assert (shown["gw-1"]["snapshot_version"], shown["gw-1"]["stale"], shown["gw-1"]["age_s"]) == (7, False, 20.0)
     assert [(e["instance_id"], e["generation"], e["version"], e["zone"]) for e in shown["gw-1"]["live_endpoints"]] == [
@@ -45,6 +48,35 @@ def test_gateways_report_and_stale_reports_are_never_shown_as_current(
         assert service.applied_versions(session, region="eu", clock=clock,
                                         stale_after=settings.gateway_report_stale_after) == {"gw-1": None, "gw-2": 8}
     assert client.get("/api/v1/gateways", params={"region": "us"}, headers=viewer).json() == []
+
+
+def test_a_version_from_another_epoch_is_shown_foreign_and_never_taken_as_applied(
+    client: TestClient, as_role: Any, clock: ManualClock, session_factory: Any, settings: Any
+) -> None:
+    """A gateway that last applied another database's snapshot (higher versions) has applied nothing of ours."""
+    from controlplane.db import session_scope
+    from controlplane.gateway_report import service
+
+    gateway, viewer = as_role("gateway"), as_role("viewer")
+    snapshot = client.get("/api/v1/snapshot", headers=gateway).json()
+    ours = snapshot["controlplane_epoch"]
+    assert ours and snapshot["version"] == 0
+    now = clock.utcnow()
+    for replica, epoch in (("gw-ours", ours), ("gw-other", "0f0f0f0f-dead-4bee-8bad-000000000099"), ("gw-old", None)):
+        put = client.put(f"/api/v1/gateways/{replica}", json=report(replica, 41, now, snapshot_epoch=epoch),
+                         headers=gateway)
+        assert put.status_code == 200 and put.json()["foreign_epoch"] is (epoch != ours)
+    put = client.put("/api/v1/gateways/gw-static", json=report("gw-static", None, now, routing_source="static"),
+                     headers=gateway)
+    assert put.json()["foreign_epoch"] is False  # applied no snapshot: nothing to compare
+    shown = {g["replica_id"]: g for g in client.get("/api/v1/gateways", headers=viewer).json()}
+    assert {r: (g["snapshot_epoch"], g["foreign_epoch"]) for r, g in shown.items()} == {
+        "gw-ours": (ours, False), "gw-other": ("0f0f0f0f-dead-4bee-8bad-000000000099", True), "gw-old": (None, True),
+        "gw-static": (None, False)}
+    with session_scope(session_factory) as session:
+        assert service.applied_versions(session, region="eu", clock=clock,
+                                        stale_after=settings.gateway_report_stale_after) == {
+            "gw-ours": 41, "gw-other": None, "gw-old": None, "gw-static": None}
 
 
 def test_a_newer_report_replaces_the_last_and_an_older_one_is_ignored(client: TestClient, as_role: Any,

@@ -85,3 +85,76 @@ def test_migrate_command_works_from_any_directory(tmp_path: Path, monkeypatch: p
     assert (tmp_path / "data" / "controlplane.sqlite3").is_file()
     bad = CliRunner().invoke(app, ["controlplane", "token", "create", "--role", "root"])
     assert bad.exit_code == 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_each_database_gets_its_own_epoch_and_a_downgrade_forgets_it(backend: str, tmp_path: Path) -> None:
+    """Migration 0011: snapshot versions compare only within an epoch, so two databases must never share one."""
+    import uuid
+
+    def epoch_and_columns(url: str) -> tuple[str | None, set[str]]:
+        engine = build_engine(url)
+        try:
+            with engine.connect() as conn:
+                epoch = conn.exec_driver_sql("SELECT epoch FROM snapshot_counter WHERE id = 1").scalar()
+                columns = {c["name"] for c in inspect(conn).get_columns("gateway_reports")}
+            return epoch, columns
+        finally:
+            engine.dispose()
+
+    with throwaway_database(backend, tmp_path) as first, throwaway_database(backend, tmp_path) as second:
+        upgrade(first)
+        upgrade(second)
+        epoch_a, columns = epoch_and_columns(first)
+        epoch_b, _ = epoch_and_columns(second)
+        assert uuid.UUID(epoch_a) and uuid.UUID(epoch_b) and epoch_a != epoch_b
+        assert "snapshot_epoch" in columns
+        upgrade(first)  # at head: a no-op keeps the epoch
+        assert epoch_and_columns(first)[0] == epoch_a
+
+        downgrade(first, "0010")
+        engine = build_engine(first)
+        try:
+            with engine.connect() as conn:
+                assert "epoch" not in {c["name"] for c in inspect(conn).get_columns("snapshot_counter")}
+                assert "snapshot_epoch" not in {c["name"] for c in inspect(conn).get_columns("gateway_reports")}
+                assert conn.exec_driver_sql("SELECT version FROM snapshot_counter WHERE id = 1").scalar() == 0
+        finally:
+            engine.dispose()
+        upgrade(first)
+        again, _ = epoch_and_columns(first)
+        assert again and again != epoch_a  # forgotten and made anew: consumers take it as another database
+
+
+def test_epoch_rotate_gives_a_restored_database_a_new_epoch_and_an_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from lifeline.cli import app
+
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("LIFELINE_CONTROLPLANE_DATABASE_URL", raising=False)
+    runner = CliRunner()
+    assert runner.invoke(app, ["controlplane", "migrate"], catch_exceptions=False).exit_code == 0
+    shown = runner.invoke(app, ["controlplane", "epoch", "show"], catch_exceptions=False)
+    assert shown.exit_code == 0
+    _, before, _, version = shown.stdout.split()
+    assert version == "0"
+
+    refused = runner.invoke(app, ["controlplane", "epoch", "rotate", "--reason", " "])
+    assert refused.exit_code == 2 and "reason" in refused.output
+    assert runner.invoke(app, ["controlplane", "epoch", "show"]).stdout.split()[1] == before  # changed nothing
+
+    rotated = runner.invoke(app, ["controlplane", "epoch", "rotate", "--reason", "restored from backup"],
+                            catch_exceptions=False)
+    assert rotated.exit_code == 0 and before in rotated.stdout
+    _, after, _, version = runner.invoke(app, ["controlplane", "epoch", "show"]).stdout.split()
+    assert after != before and version == "1"
+    exported = runner.invoke(app, ["controlplane", "events", "export", "--kind", "controlplane.epoch_rotated"])
+    [event] = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert (event["before"], event["after"], event["reason"], event["routing_tier"]) == (
+        {"epoch": before}, {"epoch": after}, "restored from backup", "l7")
+    assert event["actor"].startswith("cli:")

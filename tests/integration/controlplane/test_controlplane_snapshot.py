@@ -189,6 +189,33 @@ def test_an_unchanged_poll_is_answered_before_any_snapshot_is_built(
     assert built == [1]
 
 
+def test_the_snapshot_names_the_databases_epoch_and_its_etag_matches_no_other_database(
+    client: TestClient, as_role: Any, session_factory: Any, clock: Any
+) -> None:
+    from contract.snapshot import RoutingSnapshot, etag_for
+    from controlplane.db import session_scope
+    from controlplane.routing_version import service as routing_version
+
+    viewer = as_role("viewer")
+    first = client.get("/api/v1/snapshot", headers=viewer)
+    epoch = first.json()["controlplane_epoch"]
+    assert epoch and RoutingSnapshot.model_validate(first.json()).controlplane_epoch == epoch
+    assert first.headers["etag"] == etag_for(0, epoch) == f'"snapshot-{epoch}-0"'
+    # Another database's equal version (or a tag from before epochs) does not match: the whole snapshot comes back.
+    for tag in (etag_for(0, "0f0f0f0f-dead-4bee-8bad-000000000099"), etag_for(0)):
+        assert client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": tag}).status_code == 200
+    assert client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": f"W/{first.headers['etag']}"}
+                      ).status_code == 304
+
+    with session_scope(session_factory) as session:  # what `lifeline controlplane epoch rotate` does
+        old, new = routing_version.rotate_epoch(session, clock=clock)
+    assert old == epoch and new != epoch
+    rotated = client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": first.headers["etag"]})
+    assert rotated.status_code == 200
+    assert (rotated.json()["controlplane_epoch"], rotated.json()["version"]) == (new, 1)
+    assert rotated.headers["etag"] == etag_for(1, new)
+
+
 def test_a_gateway_token_reads_the_snapshot_and_nothing_else(client: TestClient, as_role: Any) -> None:
     gateway = as_role("gateway")
     assert client.get("/api/v1/snapshot", headers=gateway).status_code == 200

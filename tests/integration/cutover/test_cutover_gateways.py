@@ -38,10 +38,13 @@ class Gateways:
         self.clock = clock
         self.following: set[str] = set()  # replicas that apply each new snapshot when they poll
 
-    def report(self, replica: str, version: int | None) -> None:
+    def report(self, replica: str, version: int | None, epoch: str | None = "ours") -> None:
+        """`epoch`: "ours" (this database's, as a gateway that applied our snapshot says), another, or None."""
         with session_scope(self.factory) as session:
+            if epoch == "ours":
+                epoch = snapshot_service.build_snapshot(session).controlplane_epoch
             reports.store(session, replica_id=replica, actor="test", clock=self.clock, report=GatewayReport(
-                replica_id=replica, region="eu", zone="eu-a", snapshot_version=version,
+                replica_id=replica, region="eu", zone="eu-a", snapshot_version=version, snapshot_epoch=epoch,
                 routing_source="snapshot", reported_at=self.clock.utcnow()))
 
     def current(self) -> int:
@@ -122,3 +125,15 @@ def test_without_a_fresh_report_the_snapshot_version_alone_verifies_and_says_so(
     done = flows.execute(runtime, cutover_id=plan(runtime), idempotency_key="k", actor="op")
     assert done.state == "completed"
     assert "snapshot version alone" in done.steps[0].evidence["gateway_reports"]
+
+
+@pytest.mark.parametrize("epoch", ["0f0f0f0f-dead-4bee-8bad-000000000099", None])
+def test_a_report_from_another_control_plane_epoch_is_not_counted_as_applied(
+    runtime: CutoverRuntime, gateways: Gateways, epoch: str | None
+) -> None:
+    """A gateway that applied another database's snapshot (a higher version there) has applied nothing here."""
+    gateways.report("gw-1", gateways.current() + 100, epoch=epoch)  # fresh, and far "ahead": of another count
+    done = flows.execute(runtime, cutover_id=plan(runtime), idempotency_key="k", actor="op")
+    assert done.steps[0].evidence["gateways_lagging"] == ["gw-1"]
+    assert done.steps[0].evidence["gateway_versions"] == {"gw-1": None}
+    assert done.state == "failed"
