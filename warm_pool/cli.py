@@ -37,18 +37,19 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Serving and warm instances per zone so the region survives losing its largest zone; with the arithmetic."""
-    from warm_pool.capacity import DrTier, InstanceCapacity, PlanRequest, RegionDemand, plan
+    from pydantic import ValidationError
+
+    from contract.capacity import PlanError, PlanInputs, plan_inputs
     from warm_pool.render import plan_json, print_plan
 
     try:
-        request = PlanRequest(
-            region=region, zones=tuple(z.strip() for z in zones.split(",") if z.strip()),
-            instance=InstanceCapacity(instance_seqs, instance_tokens_per_s, instance_prefill_tokens_per_s),
-            demand=RegionDemand(demand_seqs, demand_tokens_per_s, context_tokens),
-            headroom=headroom, recovery_target_s=recovery_target_s, tier=DrTier(tier),
-            previous_version_share=previous_version_share)
-        result = plan(request)
-    except ValueError as exc:  # PlanError, or an unknown tier
+        inputs = PlanInputs(
+            region=region, zones=zones, demand_seqs=demand_seqs, demand_tokens_per_s=demand_tokens_per_s,
+            context_tokens=context_tokens, instance_seqs=instance_seqs, instance_tokens_per_s=instance_tokens_per_s,
+            instance_prefill_tokens_per_s=instance_prefill_tokens_per_s, headroom=headroom,
+            recovery_target_s=recovery_target_s, tier=tier, previous_version_share=previous_version_share)
+        result = plan_inputs(inputs)  # the function /api/v1/pool/plan runs
+    except (PlanError, ValidationError) as exc:
         raise typer.BadParameter(str(exc)) from None
     if as_json:
         typer.echo(json.dumps(plan_json(result), indent=2))

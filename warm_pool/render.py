@@ -7,23 +7,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from warm_pool.capacity import CapacityPlan
+from contract.capacity import CapacityPlan, PlanRecord
 
 
 def plan_json(result: CapacityPlan) -> dict[str, Any]:
-    req = result.request
-    return {
-        "region": req.region, "tier": str(req.tier), "required_serving": result.required_serving,
-        "zones": [{"zone": z.zone, "serving": z.serving, "warm": z.warm, "warm_previous": z.warm_previous}
-                  for z in result.zones],
-        "largest_zone": result.largest_zone, "survivors_after_zone_loss": result.survivors_after_zone_loss,
-        "replay_tokens": result.replay_tokens, "replay_seconds": result.replay_seconds,
-        "survives_zone_loss": result.survives_zone_loss,
-        "tiers": [{"tier": str(c.tier), "serving": c.serving, "warm": c.warm, "warm_previous": c.warm_previous,
-                   "loaded_instances": c.loaded_instances, "cost_ratio": round(c.cost_ratio, 3),
-                   "survives_zone_loss": c.survives_zone_loss, "recovery": c.recovery} for c in result.tier_costs],
-        "arithmetic": [{"name": s.name, "formula": s.formula, "value": s.value, "unit": s.unit} for s in result.steps],
-    }
+    """The same record the control plane answers on `/api/v1/pool/plan` (contract.capacity.PlanRecord)."""
+    return PlanRecord.of(result).model_dump(mode="json")
 
 
 def print_plan(result: CapacityPlan, console: Console | None = None) -> None:

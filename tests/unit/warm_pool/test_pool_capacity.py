@@ -143,3 +143,57 @@ def test_pool_plan_command_names_a_bad_input() -> None:
         "--instance-prefill-tokens-per-s", "1"])
     assert result.exit_code == 2
     assert "two or more" in result.output
+
+
+FLAGS = dict(region="r1", zones="a,b,c", demand_seqs=200, demand_tokens_per_s=5000, context_tokens=1000,
+             instance_seqs=32, instance_tokens_per_s=800, instance_prefill_tokens_per_s=4000)
+
+
+def test_plan_record_is_the_plan_with_its_arithmetic() -> None:
+    from warm_pool.capacity import PlanInputs, plan_record
+
+    record = plan_record(PlanInputs(**FLAGS))
+    result = plan(request())
+    assert [(z.zone, z.serving, z.warm) for z in record.zones] == [(z.zone, z.serving, z.warm) for z in result.zones]
+    assert [(s.name, s.formula, s.value) for s in record.arithmetic] == [
+        (s.name, s.formula, s.value) for s in result.steps]
+    assert record.replay_seconds == pytest.approx(75_000 / 16_375)
+    assert {t.tier: t.loaded_instances for t in record.tiers} == {DrTier.HOT: 18, DrTier.WARM: 12, DrTier.COLD: 8}
+
+
+@pytest.mark.parametrize(("zones", "expected"), [
+    ("a,b,c", ["a", "b", "c"]), (" a , b ,", ["a", "b"]), (["a", "b"], ["a", "b"]), (["a,b", "c"], ["a", "b", "c"]),
+])
+def test_plan_inputs_take_zones_as_a_list_or_comma_separated(zones, expected) -> None:
+    from warm_pool.capacity import PlanInputs
+
+    assert PlanInputs(**{**FLAGS, "zones": zones}).zones == expected
+
+
+@pytest.mark.parametrize(("overrides", "param", "says"), [
+    ({"instance_seqs": 0}, "instance_seqs", "instance_seqs must be a finite number > 0, got 0"),
+    ({"context_tokens": -1}, "context_tokens", "context_tokens must be"),
+    ({"demand_tokens_per_s": math.inf}, "demand_tokens_per_s", "demand_tokens_per_s must be a finite number"),
+    ({"zones": "a"}, "zones", "two or more"),
+    ({"zones": "a,a"}, "zones", "each zone once"),
+    ({"headroom": 0.5}, "headroom", "headroom must be ≥ 1"),
+    ({"recovery_target_s": 1e-9}, "recovery_target_s", "no plan up to"),
+])
+def test_plan_inputs_name_the_input_a_plan_cannot_use(overrides, param, says) -> None:
+    from warm_pool.capacity import PlanInputs, plan_record
+
+    with pytest.raises(PlanError) as caught:
+        plan_record(PlanInputs(**{**FLAGS, **overrides}))
+    assert caught.value.param == param
+    assert says in str(caught.value)
+
+
+def test_a_replay_nothing_can_absorb_is_none_not_infinity() -> None:
+    from warm_pool.capacity import PlanInputs, plan_record
+
+    # cold, demand filling both instances exactly: the survivor has no spare share and there is no warm
+    record = plan_record(PlanInputs(**{**FLAGS, "zones": "a,b", "demand_seqs": 64, "demand_tokens_per_s": 1,
+                                       "headroom": 1.0, "tier": "cold"}))
+    assert record.replay_seconds is None and record.survives_zone_loss is False
+    assert [s.value for s in record.arithmetic if s.name == "replay time"] == [None]
+    assert "Infinity" not in record.model_dump_json()
