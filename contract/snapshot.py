@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.canary import CanaryRecord
+from contract.mesh import MeshRoute
 
 SCHEMA_VERSION = 1
 
@@ -109,6 +110,8 @@ class RoutingSnapshot(_Record):
     drains: list[str] = Field(default_factory=list)
     ejected_clusters: list[str] = Field(default_factory=list)
     ejections: list[EjectionEntry] = Field(default_factory=list)
+    # The mesh tier: version splits and header cohorts per model (contract.mesh); empty: no split.
+    mesh_routes: list[MeshRoute] = Field(default_factory=list)
 
     @property
     def etag(self) -> str:

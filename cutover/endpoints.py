@@ -9,6 +9,8 @@
     POST   /zonal-shifts                start (expires_in ≤ 72 h)                              operator
     GET    /zonal-shifts[/{id}]                                                               viewer
     DELETE /zonal-shifts/{id}?reason=   cancel (reverts now)                                  operator
+    GET    /mesh-routes                 the mesh tier's version/cohort splits                 viewer
+    PUT    /mesh-routes                 set one (bumps the snapshot; a mesh.route event)      operator
 
 Execute and rollback run in the request's worker thread until the cutover
 is completed, rolled back or failed (each step bounded by its timeout);
@@ -30,10 +32,11 @@ from controlplane.auth.roles import Role
 from controlplane.db import DbSession
 from controlplane.deps import IdPath
 from controlplane.types import Reason
-from cutover import flows, zonal_shift
+from cutover import flows, mesh, zonal_shift
 from cutover import service as cutover_service
 from cutover.errors import BreakGlassNeedsAdmin
 from cutover.l7 import ReportedGatewayVersions, SnapshotL7Driver
+from cutover.mesh import MeshRouteRead, MeshRouteSpec, SnapshotMeshDriver
 from cutover.policy import CutoverPolicy
 from cutover.schemas import (
     CutoverPlanRequest,
@@ -55,8 +58,9 @@ router = APIRouter(tags=["cutover"])
 
 
 def runtime_for(state: Any) -> CutoverRuntime:
-    """The app's runtime: `state.cutover_runtime` if the composition root set one, else the built-in l7 tier.
+    """The app's runtime: `state.cutover_runtime` if the composition root set one, else the built-in tiers.
 
+    Built in: l7 and mesh through the snapshot (`cutover.l7`, `cutover.mesh`).
     `state` is `app.state`. Drivers for other tiers come from
     `state.cutover_drivers` (a list of `StepDriver`s, e.g.
     `TierDriverAdapter`s over cutover/drivers/*), the policy from
@@ -74,9 +78,13 @@ def runtime_for(state: Any) -> CutoverRuntime:
             state.session_factory, read_factory=state.read_session_factory, clock=state.clock, sleep=time.sleep,
             gateways=gateways,
         )
+        mesh = SnapshotMeshDriver(
+            state.session_factory, read_factory=state.read_session_factory, clock=state.clock, sleep=time.sleep,
+            gateways=gateways,
+        )
         runtime = CutoverRuntime(
             factory=state.session_factory, clock=state.clock,
-            drivers=[l7, *getattr(state, "cutover_drivers", [])],
+            drivers=[l7, mesh, *getattr(state, "cutover_drivers", [])],
             policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
             capacity=getattr(state, "cutover_capacity", None),
             read_factory=state.read_session_factory,
@@ -206,3 +214,14 @@ def cancel_zonal_shift(
     return _shift_read(zonal_shift.cancel(build_runtime(request), shift_id=shift_id, actor=principal.actor,
                                           reason=reason))
 
+
+
+@router.get("/mesh-routes", response_model=list[MeshRouteRead])
+def list_mesh_routes(session: DbSession, _: Viewer) -> list[MeshRouteRead]:
+    return mesh.list_routes(session)
+
+
+@router.put("/mesh-routes", response_model=MeshRouteRead)
+def put_mesh_route(body: MeshRouteSpec, request: Request, session: DbSession, principal: Operator) -> MeshRouteRead:
+    """Set a model's version/zone weights for one cohort (a 99/1 canary, a shadow cohort); gateways follow the snapshot."""
+    return mesh.put_route(session, body, actor=principal.actor, clock=request.app.state.clock)

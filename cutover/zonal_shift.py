@@ -2,8 +2,10 @@
 
 A zonal shift is carried out by one cutover of the zone (target `out`):
 the l7 tier (its clusters drain, so the snapshot's weight for the zone is
-zero) and, when an anycast driver is configured, the anycast tier (the
-zone withdraws the region's prefix). Ending it — by `cancel` or when
+zero), the mesh tier where a driver is configured and has routes naming
+the zone (their weights for it go to zero: the snapshot's mesh routes,
+Istio), and the anycast tier when a driver is configured (the zone
+withdraws the region's prefix). Ending it — by `cancel` or when
 `expire_due` finds it due — rolls that cutover back, restoring the
 recorded before-states, with the cutover's own events.
 
@@ -64,7 +66,8 @@ def start(
         hours = runtime.policy.max_zonal_shift.total_seconds() / 3600
         raise InvalidExpiry(f"a zonal shift needs an expiry after 0 and at most {hours:g} h; got {expires_in}")
     clock = runtime.clock
-    tiers = [CutoverTier.L7] + ([CutoverTier.ANYCAST] if runtime.drivers_for(CutoverTier.ANYCAST) else [])
+    # l7 drains the zone's clusters; mesh takes its route weights to zero; anycast withdraws its prefix.
+    tiers = [CutoverTier.L7] + [t for t in (CutoverTier.MESH, CutoverTier.ANYCAST) if runtime.drivers_for(t)]
     with session_scope(runtime.factory) as session:
         if (active := repository.active_zonal_shift(session, region=region, zone=zone)) is not None:
             raise ZonalShiftActive(f"zone {zone!r} of {region!r} is already shifted (#{active.id})")

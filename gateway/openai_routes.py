@@ -5,13 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from contract.mesh import COHORT_HEADER
 from contract.openai import model_card, model_list
 from gateway import serving
 from gateway.prompts import chat_prompt, completion_prompt, read_body
+from gateway.routing_table import ModelVersion, route_request
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import State
 
 router = APIRouter()
+
+
+def _route(request: Request, st: State, body: CompletionRequest | ChatCompletionRequest) -> ModelVersion:
+    """The mesh tier's pick for a bare model name (X-Lifeline-Cohort, client key), else the name's version."""
+    return route_request(st.table, body.model, cohort=request.headers.get(COHORT_HEADER),
+                         client_key=request.headers.get("x-client-id") or body.user)
 
 
 @router.get("/v1/models")
@@ -23,7 +31,7 @@ async def models(st: State) -> dict:
 @router.post("/v1/completions")
 async def completions(request: Request, st: State) -> Response:
     body = await read_body(request, CompletionRequest, max_bytes=st.settings.max_body_bytes)
-    version = st.table.resolve(body.model)
+    version = _route(request, st, body)
     prompt_ids = await completion_prompt(body, version, thread_above=st.settings.tokenize_in_thread_chars)
     return await serving.serve(st, request.headers, body, version, prompt_ids, kind="completion")
 
@@ -31,7 +39,7 @@ async def completions(request: Request, st: State) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, st: State) -> Response:
     body = await read_body(request, ChatCompletionRequest, max_bytes=st.settings.max_body_bytes)
-    version = st.table.resolve(body.model)
+    version = _route(request, st, body)
     prompt_ids = await chat_prompt(body, version, thread_above=st.settings.tokenize_in_thread_chars)
     return await serving.serve(st, request.headers, body, version, prompt_ids, kind="chat")
 

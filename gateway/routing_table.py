@@ -86,3 +86,14 @@ class StaticRoutingTable:
 
     def declared_engines(self, version: str) -> list[DeclaredEngine]:
         return [DeclaredEngine(e.instance_id, e.url, e.version, e.zone, e.region) for e in self.engines if e.version == version]
+
+
+def route_request(table: RoutingTable, name: str, *, cohort: str | None, client_key: str | None) -> ModelVersion:
+    """The version a new request goes to: the table's mesh split (`route`) where it has one, else `resolve`.
+
+    Only new requests are split; a resumed or migrated stream keeps the version it started on.
+    """
+    route = getattr(table, "route", None)
+    if route is None:
+        return table.resolve(name)
+    return route(name, cohort=cohort, client_key=client_key)

@@ -116,7 +116,8 @@ async def resume(st: GatewayState, request_id: str, last_event_id: str) -> Respo
     except ValueError:
         raise BadRequest("Last-Event-ID must be the integer sequence number of the last event received", param="Last-Event-ID") from None
     req = StreamRequest.from_dict(record.request)
-    version = st.table.resolve(req.model)
+    # The version the stream started on, not what its name resolves to now (an alias move, a mesh split).
+    version = st.table.resolve(req.version)
     body = sse_body(req, follow(st, req, version, after))
     return FrameStreamResponse(body, media_type="text/event-stream", headers={"X-Lifeline-Request-Id": request_id})
 

@@ -23,6 +23,9 @@ What the snapshot removes from routing, for this gateway's region:
   clusters; a region-wide cluster is zone `*`). A zone the snapshot does
   not mention for the region is not constrained (fail open: the control
   plane declares what to drain, it does not enumerate what may serve).
+- a version's instances in a zone whose mesh-route weight is 0 (the mesh
+  tier: `gateway/mesh.py`, which also splits a bare model name across
+  versions and header cohorts for new requests, `SnapshotRouting.route`).
 
 Non-zero weights are not yet turned into traffic shares: within the zones
 that may serve, the router balances by load (`gateway/router.py`).
@@ -42,6 +45,7 @@ from tokenizers import Tokenizer
 
 from contract.lease import Lease
 from contract.snapshot import RoutingSnapshot
+from gateway import mesh
 from gateway.artifacts import LoadedArtifacts
 from gateway.errors import BadRequest, NoHealthyEndpoint
 from gateway.routing_table import DeclaredEngine, ModelVersion
@@ -162,6 +166,8 @@ class SnapshotTable:
         if snapshot.is_ejected(self.region, lease.instance_id, lease.generation):
             return False
         model = self.model_of_version.get(lease.version)
+        if mesh.zone_excluded(snapshot, region=self.region, model=model, version=lease.version, zone=lease.zone):
+            return False  # the mesh tier took this version's share in the zone to zero (gateway/mesh.py)
         by_region = snapshot.tier_weights.get(model or "", {}).get(self.region)
         if not by_region or (lease.zone not in by_region and "*" not in by_region):
             return True
@@ -179,6 +185,10 @@ class SnapshotRouting:
 
     def resolve(self, name: str) -> ModelVersion:
         return self.table.resolve(name)
+
+    def route(self, name: str, *, cohort: str | None, client_key: str | None) -> ModelVersion:
+        """A new request's version: the mesh tier's split of a bare model name (gateway/mesh.py)."""
+        return mesh.route(self.table, name, cohort=cohort, client_key=client_key)
 
     def versions(self) -> list[ModelVersion]:
         return self.table.versions()

@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract.identity import weights_digest
+from contract.mesh import MeshRoute
 from contract.snapshot import (
     AliasEntry,
     ClusterEntry,
@@ -111,7 +112,15 @@ def build_snapshot(session: Session) -> RoutingSnapshot:
         ejected_clusters=[c.name for c in clusters if c.state == ClusterState.EJECTED],
         ejections=[EjectionEntry(region=e.region, instance_id=e.instance_id, generation=e.generation,
                                  reason=e.reason) for e in ejections],
+        mesh_routes=_mesh_routes(session),
     )
+
+
+def _mesh_routes(session: Session) -> list[MeshRoute]:
+    """The mesh tier's version/cohort splits (cutover/mesh.py owns them; it bumps the version on each write)."""
+    from cutover.mesh import snapshot_routes
+
+    return snapshot_routes(session)
 
 
 def build(session: Session) -> dict[str, Any]:
