@@ -6,8 +6,8 @@ removed after); engines' leases are registered through
 `contract.lease.RedisLeaseRegistry`, as engines do. Two gateway report
 loops stand in for gateway replicas: each polls the snapshot with a
 `gateway` token and reports the version it applied, exactly the calls a
-gateway makes (PUT /api/v1/gateways/{replica}), so a cutover's l7 step
-verifies against them.
+gateway makes (PUT /api/v1/gateways/{replica}, with the snapshot's epoch),
+so a cutover's l7 step verifies against them.
 
 Playwright's own browser download cannot run here; it drives
 `/usr/bin/chromium` (Debian's `chromium`, `make system-deps`) through
@@ -54,11 +54,12 @@ class GatewayReporter:
     def _run(self) -> None:
         while not self.stop.wait(0.3):
             try:
-                version = self.client.get("/api/v1/snapshot").json()["version"]
+                snapshot = self.client.get("/api/v1/snapshot").json()
                 now = datetime.now(UTC).isoformat()
                 self.client.put(f"/api/v1/gateways/{self.replica}", json={
                     "replica_id": self.replica, "region": "eu", "zone": self.zone, "routing_source": "snapshot",
-                    "snapshot_version": version, "snapshot_applied_at": now, "reported_at": now})
+                    "snapshot_version": snapshot["version"], "snapshot_epoch": snapshot["controlplane_epoch"],
+                    "snapshot_applied_at": now, "reported_at": now})
             except httpx.HTTPError:
                 continue
 
