@@ -63,6 +63,7 @@ MANIFEST_METADATA_KEY = "lifeline.kv_manifest"
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 CHECKPOINT_QUEUE = 64  # checkpoints waiting for the writer; more are skipped, never waited for
 WRITER_REQUESTS = 1024  # sequences whose chain the writer remembers
+STORED_CHECKSUMS = 65536  # block checksums known to be in the store (~150 bytes each)
 
 
 def engine_validity(model_dir: Path, weights_digest: str, *, block_tokens: int, dtype: str) -> KVValidity:
@@ -211,6 +212,9 @@ class KVCheckpointer:
         self._forget: queue.SimpleQueue[str] = queue.SimpleQueue()
         # request id → (entries written, blocks not yet written): owned by the writer thread
         self._chains: OrderedDict[str, tuple[list[KVBlockEntry], list[KVBlock]]] = OrderedDict()
+        # block hash → checksum of the bytes the store holds for it (written or imported by this process)
+        self._stored: OrderedDict[str, str] = OrderedDict()
+        self._stored_lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="kv-checkpoint-writer", daemon=True)
         self._writer.start()
 
@@ -276,13 +280,12 @@ class KVCheckpointer:
         while len(self._chains) > WRITER_REQUESTS:
             self._chains.popitem(last=False)
         try:
-            missing = set(self.store.missing_blocks(self.root_hash, [b.hash for b in pending]))
+            with self._stored_lock:
+                unknown = [b.hash for b in pending if b.hash not in self._stored]
+            missing = set(self.store.missing_blocks(self.root_hash, unknown)) if unknown else set()
             written = []
             for block in pending:
-                checksum = block.checksum()
-                if block.hash in missing:
-                    self.store.write_block(self.root_hash, block.hash, encode_block(block))
-                    self.metrics.kv_checkpoint_blocks.inc()
+                checksum = self._stored_checksum(block, missing)
                 written.append(KVBlockEntry(hash=block.hash, token_ids=list(block.token_ids), checksum=checksum))
             entries = entries + written
             manifest = KVCheckpointManifest(validity=self.validity, root_hash=self.root_hash, blocks=entries,
@@ -298,6 +301,38 @@ class KVCheckpointer:
         self.metrics.kv_checkpoints.labels(outcome="written").inc()
         log.info("kv checkpoint written", request_id=job.request_id, blocks=len(entries),
                  tokens=len(entries) * self.block_tokens, store=self.store.store.location)
+
+    def _stored_checksum(self, block: KVBlock, missing: set[str]) -> str:
+        """The checksum of the bytes the store holds under this block's hash, writing ours if it holds none.
+
+        Another engine may have stored the same block computed its own way (a prefill where we decoded):
+        equally valid, but other bytes in the last bits, so the manifest must name the stored bytes' sha256.
+        """
+        with self._stored_lock:
+            known = self._stored.get(block.hash)
+        if known is not None:
+            return known
+        checksum = None
+        if block.hash not in missing:
+            data = self.store.read_block(self.root_hash, block.hash)
+            if data is not None:
+                try:
+                    checksum = block_object_checksum(data, self.validity)
+                except KVCheckpointInvalid:
+                    log.warning("kv block in the store is not valid; replacing it", block=block.hash[:16])
+        if checksum is None:
+            self.store.write_block(self.root_hash, block.hash, encode_block(block))
+            self.metrics.kv_checkpoint_blocks.inc()
+            checksum = block.checksum()
+        self.remember_stored(block.hash, checksum)
+        return checksum
+
+    def remember_stored(self, block_hash: str, checksum: str) -> None:
+        with self._stored_lock:
+            self._stored[block_hash] = checksum
+            self._stored.move_to_end(block_hash)
+            while len(self._stored) > STORED_CHECKSUMS:
+                self._stored.popitem(last=False)
 
     def flush(self) -> None:
         """Wait until the writer has finished every queued job (tests)."""
@@ -339,6 +374,8 @@ class KVCheckpointer:
             self.metrics.kv_imports.labels(source="store", outcome="unavailable").inc()
             return result
         held = self.prefix_cache.install(manifest.token_ids, blocks)
+        for entry in manifest.blocks[cached:]:
+            self.remember_stored(entry.hash, entry.checksum)
         result.upto_blocks = cached + held
         self.metrics.kv_imports.labels(source="store", outcome="imported").inc()
         log.info("kv checkpoint imported", request_id=request_id, blocks=len(blocks),

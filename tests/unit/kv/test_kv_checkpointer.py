@@ -133,3 +133,22 @@ def test_another_block_size_finds_no_checkpoint(model, tmp_path):
     assert metric(metrics, "lifeline_engine_kv_imports_total", {"source": "store", "outcome": "imported"}) == 0
     assert block_key(writer.root_hash, "x").startswith(f"kv/{writer.root_hash}/")
     assert manifest_key(survivor.root_hash, "x") != manifest_key(writer.root_hash, "x")
+
+
+def test_a_block_another_engine_already_stored_is_named_by_the_stored_bytes(model, tmp_path):
+    """Engine A decodes the prompt's continuation; engine B prefills the same positions in one pass (its
+    bytes may differ in the last bits) and checkpoints later: B's manifest must still verify on import."""
+    model_dir = built_model("tiny", 0)
+    writer_a, _, _ = checkpointer(model_dir, tmp_path / "store")
+    committed, _ = run(model, PROMPT, 25, writer=writer_a)
+    writer_a.flush()
+
+    writer_b, _, metrics_b = checkpointer(model_dir, tmp_path / "store")
+    longer = PROMPT + committed  # 66 positions, prefilled at once, then decoded on
+    more, _ = run(model, longer, 20, writer=writer_b)  # due at 8 (73 positions: 4 blocks, all A's), 16 (81: 5)
+    writer_b.flush()
+    assert metric(metrics_b, "lifeline_engine_kv_checkpoint_blocks_total") == 1  # only the block A lacked
+
+    reader, cache, metrics = checkpointer(model_dir, tmp_path / "store")
+    found = reader.prefetch(longer + more[:17], "req-2")
+    assert (found.upto_blocks, found.refused) == (5, None)
