@@ -1,7 +1,7 @@
 """Sign-in, the layout's static files, the Fleet and the Catalog pages.
 
 Reads go through the domains' service modules (topology, gateway_report,
-weight_catalog) on the read-only session factory; writes through the same
+agent_report, weight_catalog) on the read-only session factory; writes through the same
 service calls the REST routes make, in one unit of work, audited by the
 same middleware (the actor is the session's token, as with a bearer token).
 """
@@ -35,6 +35,7 @@ from controlplane.console.web import (
     to_sign_in,
     unit_of_work,
 )
+from controlplane.agent_report import service as agent_report_service
 from controlplane.gateway_report import service as gateway_report_service
 from controlplane.topology import repository as topology_repository
 from controlplane.topology import service as topology_service
@@ -137,16 +138,32 @@ def sign_out(request: Request, form: Form) -> Response:
 
 # --- Fleet ---------------------------------------------------------------------------------------------------------
 
+def _agent_view(report: Any) -> dict[str, Any] | None:
+    """A region's agent report as the page shows it: its instances by id, each marked with the report's staleness.
+
+    A stale report's verdicts and pool states are what the agent last said,
+    not what holds now: every cell drawn from it carries `stale`.
+    """
+    if report is None:
+        return None
+    return {"agent_id": report.agent_id, "received_at": report.received_at, "age_s": report.age_s,
+            "stale": report.stale, "snapshot_version": report.snapshot_version,
+            "instances": {i.instance_id: i for i in report.instances}}
+
+
 def fleet_view(request: Request) -> dict[str, Any]:
-    """Regions → zones → clusters and instances, and every gateway replica's applied snapshot."""
+    """Regions → zones → clusters and instances (with the agent's verdicts), and every gateway's applied snapshot."""
     state = request.app.state
     clock = state.clock
     stale_after: timedelta = state.settings.gateway_report_stale_after
+    agent_stale_after: timedelta = state.settings.agent_report_stale_after
     regions: list[dict[str, Any]] = []
     with state.read_session_factory() as session:
         zones_by_region = topology_repository.zones_by_region(session)
         clusters = topology_service.list_clusters(session)
         gateways = gateway_report_service.list_reports(session, clock=clock, stale_after=stale_after)
+        agents = {r.region: r for r in agent_report_service.list_reports(session, clock=clock,
+                                                                        stale_after=agent_stale_after)}
         for region in topology_service.list_regions(session):
             registry_error = None
             try:
@@ -154,6 +171,11 @@ def fleet_view(request: Request) -> dict[str, Any]:
                                                                 reader=state.lease_reader, clock=clock)
             except LifelineError as exc:  # lease_registry_unavailable: say so, never show an empty fleet
                 instances, registry_error = [], f"{exc.error_type}: {exc.message}"
+            agent = _agent_view(agents.get(region.name))
+            leased = {i.instance_id for i in instances}
+            # What the agent knows that holds no lease: cold or warm pool instances, ones whose lease lapsed away.
+            unleased = sorted((i for i in (agent["instances"].values() if agent else []) if i.instance_id not in leased),
+                              key=lambda i: (i.zone, i.instance_id))
             names = list(zones_by_region.get(region.name, []))
             names += sorted({i.zone for i in instances if i.zone not in names}
                             | {c.zone for c in clusters if c.region == region.name and c.zone
@@ -174,10 +196,17 @@ def fleet_view(request: Request) -> dict[str, Any]:
                 "other_instances": [i for i in instances if i.zone not in names],
                 "registry_error": registry_error,
                 "gateways": [g for g in gateways if g.region == region.name],
+                "agent": agent,
+                "agent_only": unleased,
             })
     known = {r["name"] for r in regions}
     return {"regions": regions, "orphan_gateways": [g for g in gateways if g.region not in known],
-            "now": clock.utcnow(), "stale_after_s": stale_after.total_seconds()}
+            "now": clock.utcnow(), "stale_after_s": stale_after.total_seconds(),
+            "agent_stale_after_s": agent_stale_after.total_seconds(), "poll_s": FLEET_POLL_S}
+
+
+# How often an open Fleet page asks for a fresh body (htmx `every`); each poll re-checks the session.
+FLEET_POLL_S = 2
 
 
 @router.get("/console/fleet", include_in_schema=False, name="console.fleet")
@@ -186,6 +215,20 @@ def fleet(request: Request) -> Response:
     if user is None:
         return to_sign_in(request)
     return render(request, "fleet.jinja", user=user, section="fleet", **fleet_view(request))
+
+
+@router.get("/console/fleet/live", include_in_schema=False, name="console.fleet_live")
+def fleet_live(request: Request) -> Response:
+    """The Fleet page's body alone, for htmx to swap in every FLEET_POLL_S seconds.
+
+    Signed out, expired or revoked: 401 and no body, which htmx does not
+    swap in; `console.js` then says the view stopped, so a page left open
+    never passes off its last picture as live.
+    """
+    user = current_user(request)
+    if user is None:
+        return Response("signed out", status_code=401, media_type="text/plain", headers=SECURITY_HEADERS)
+    return render(request, "_fleet_body.jinja", user=user, **fleet_view(request))
 
 
 # --- Catalog -------------------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // Lifeline console: the live event timeline. A small EventSource client (no inline script: the CSP forbids it).
 // The server sends each new event as a rendered table row; we put it at the top of #timeline-rows.
 // After htmx swaps the timeline (the filters changed), the stream is reopened with the new filters.
+// The Fleet page's body is re-fetched by htmx (hx-trigger "every Ns"); here we only say whether it is live:
+// a refused poll (signed out: 401) or an unreachable control plane greys the last picture out and says so.
 (function () {
   "use strict";
   var source = null;
@@ -26,6 +28,31 @@
       if (empty) { empty.remove(); }
     });
   }
+
+  function fleetStatus(text, live) {
+    var status = document.getElementById("fleet-status");
+    var body = document.getElementById("fleet-live");
+    if (status) { status.textContent = text; }
+    if (body) { body.classList.toggle("not-live", !live); }
+  }
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    if (evt.target && evt.target.id === "fleet-live") {
+      var body = document.getElementById("fleet-live");
+      fleetStatus("live · as of " + (body ? body.getAttribute("data-as-of") : "now"), true);
+    }
+  });
+  document.addEventListener("htmx:responseError", function (evt) {
+    if (evt.detail && evt.detail.elt && evt.detail.elt.id === "fleet-live") {
+      var signedOut = evt.detail.xhr && evt.detail.xhr.status === 401;
+      fleetStatus(signedOut ? "stopped: your session ended; sign in again — what is shown is not current"
+                            : "not updating (HTTP " + evt.detail.xhr.status + "); what is shown is not current", false);
+    }
+  });
+  document.addEventListener("htmx:sendError", function (evt) {
+    if (evt.detail && evt.detail.elt && evt.detail.elt.id === "fleet-live") {
+      fleetStatus("control plane unreachable; retrying — what is shown is not current", false);
+    }
+  });
 
   document.addEventListener("DOMContentLoaded", connect);
   document.addEventListener("htmx:afterSwap", function (evt) {

@@ -125,11 +125,17 @@ def test_sign_in_never_redirects_off_the_console(console: TestClient, tokens: di
     assert response.headers["location"] == "/console/fleet"
 
 
-def report(session_factory: Any, clock: ManualClock, replica: str, version: int) -> None:
+def report(session_factory: Any, clock: ManualClock, replica: str, version: int, epoch: str | None = "ours") -> None:
+    """A gateway's report; `epoch` "ours" is this database's, as a gateway that applied our snapshot sends."""
+    from controlplane.routing_version import service as routing_version
+
     with session_scope(session_factory) as session:
+        if epoch == "ours":
+            epoch = routing_version.current_epoch(session)
         gateway_report_service.store(session, replica_id=replica, report=GatewayReport(
             replica_id=replica, region="eu", zone="eu-a", routing_source="snapshot", snapshot_version=version,
-            snapshot_applied_at=clock.utcnow(), reported_at=clock.utcnow()), actor="test", clock=clock)
+            snapshot_epoch=epoch, snapshot_applied_at=clock.utcnow(), reported_at=clock.utcnow()),
+            actor="test", clock=clock)
 
 
 # --- fleet ---------------------------------------------------------------------------------------------------------
@@ -159,6 +165,90 @@ def test_fleet_shows_instances_and_gateways_and_marks_stale_ones(
     assert ">3<" in live and "v2" in live and "live" in live and "stale" not in live
     assert "lapsed" in lapsed and "stale" in lapsed
     assert 'data-testid="cluster-c-eu-a"' in page and "serving" in page
+
+
+def agent_report(session_factory: Any, clock: ManualClock, region: str, instances: list[dict[str, Any]]) -> None:
+    """The region's agent's report, stored as `PUT /api/v1/agents/{region}` stores it."""
+    from contract.events import AgentReport
+    from controlplane.agent_report import service as agent_report_service
+
+    with session_scope(session_factory) as session:
+        agent_report_service.store(session, region=region, actor="test", clock=clock, report=AgentReport(
+            region=region, agent_id=f"agent-{region}", sent_at=clock.utcnow(), snapshot_version=4,
+            instances=instances))
+
+
+@pytest.mark.usefixtures("topology_eu")
+def test_fleet_shows_the_agents_verdicts_pool_and_canary_and_marks_them_stale_with_the_report(
+    console: TestClient, tokens: dict[str, str], lease_reader: InMemoryLeaseReader, clock: ManualClock,
+    session_factory: Any, settings: Any,
+) -> None:
+    now = clock.wall()
+    lease_reader.put(Lease(region="eu", instance_id="engine-1", generation=3, url="http://127.0.0.1:9001",
+                           version="v2", zone="eu-a", expires_at=now + 600))
+    lease_reader.put(Lease(region="eu", instance_id="engine-9", generation=1, url="http://127.0.0.1:9009",
+                           version="v2", zone="eu-b", expires_at=now + 600))
+    agent_report(session_factory, clock, "eu", [
+        {"instance_id": "engine-1", "zone": "eu-a", "version": "v2", "url": "http://127.0.0.1:9001",
+         "origin": "pool", "pool_state": "serving", "verdict": "timeout", "verdict_reason": "no first token in 2 s",
+         "verdict_since": clock.utcnow(), "lease_held": True, "lease_generation": 3, "canary_verdict": "ok",
+         "canary_at": clock.utcnow(), "canaries": 4},
+        {"instance_id": "pool-3", "zone": "eu-b", "version": "v2", "url": "http://127.0.0.1:9003",
+         "origin": "pool", "pool_state": "warm"},
+    ])
+    report(session_factory, clock, "gw-ours", 9)
+    report(session_factory, clock, "gw-elsewhere", 40, epoch="0f0f0f0f-dead-4bee-8bad-000000000099")
+    sign_in(console, tokens["viewer"])
+
+    def rows(html: str) -> dict[str, str]:
+        found = {}
+        for key in ("instance-engine-1", "instance-engine-9", "agent-instance-pool-3", "gateway-gw-ours",
+                    "gateway-gw-elsewhere"):
+            found[key] = html.split(f'data-testid="{key}"')[1].split("</tr>")[0]
+        found["agent"] = html.split('data-testid="agent-eu"')[1].split("</p>")[0]
+        found["us"] = html.split('data-testid="agent-us"')[1].split("</p>")[0]
+        return found
+
+    current = rows(console.get("/console/fleet").text)
+    engine = current["instance-engine-1"]
+    assert "serving" in engine and "timeout" in engine and "no first token in 2 s" in engine
+    assert "agent holds lease g3" in engine and ">ok<" in engine and "(4 run)" in engine and "stale" not in engine
+    assert "not probed by the agent" in current["instance-engine-9"]
+    assert "warm" in current["agent-instance-pool-3"] and "not probed yet" in current["agent-instance-pool-3"]
+    assert "agent-eu" in current["agent"] and "current" in current["agent"] and "v4" in current["agent"]
+    assert "No agent has reported" in current["us"]
+    assert "current" in current["gateway-gw-ours"]
+    assert "other control plane" in current["gateway-gw-elsewhere"] and "current" not in current["gateway-gw-elsewhere"]
+
+    clock.t += settings.agent_report_stale_after.total_seconds() + 1  # the agent went quiet
+    stale = rows(console.get("/console/fleet").text)
+    for cell in ("pool", "verdict", "canary"):
+        shown = stale["instance-engine-1"].split(f'data-testid="{cell}"')[1].split("</td>")[0]
+        assert "stale" in shown, (cell, shown)  # each value drawn from the old report says so, none passes as now
+    assert "stale" in stale["agent-instance-pool-3"] and "stale" in stale["agent"] and "current" not in stale["agent"]
+    assert "timeout" in stale["instance-engine-1"]  # still the last verdict it sent, marked, not hidden
+
+
+@pytest.mark.usefixtures("topology_eu")
+def test_the_live_fleet_body_is_refreshed_by_polling_and_stops_with_the_session(
+    console: TestClient, tokens: dict[str, str], lease_reader: InMemoryLeaseReader, clock: ManualClock,
+    session_factory: Any,
+) -> None:
+    assert console.get("/console/fleet/live").status_code == 401  # no session: nothing to swap in
+    sign_in(console, tokens["operator"])
+    page = console.get("/console/fleet").text
+    assert 'id="fleet-live"' in page and 'hx-get="/console/fleet/live"' in page and 'hx-trigger="every 2s"' in page
+    assert 'data-testid="instance-engine-5"' not in page
+    lease_reader.put(Lease(region="eu", instance_id="engine-5", generation=2, url="http://127.0.0.1:9005",
+                           version="v1", zone="eu-b", expires_at=clock.wall() + 600))
+    body = console.get("/console/fleet/live")
+    assert body.status_code == 200 and body.headers["cache-control"] == "no-store"
+    assert body.text.lstrip().startswith('<div id="fleet-live"') and "<html" not in body.text
+    assert 'data-testid="instance-engine-5"' in body.text  # the engine that just leased, without a reload
+    assert 'hx-trigger="every 2s"' in body.text  # the swapped-in body keeps polling
+    with session_scope(session_factory) as session:
+        auth_service.revoke_token(session, token_id=2, actor="test", clock=clock)
+    assert console.get("/console/fleet/live").status_code == 401  # a revoked token's open page stops updating
 
 
 @pytest.mark.usefixtures("topology_eu")
