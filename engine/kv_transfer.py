@@ -348,7 +348,17 @@ class KVCheckpointer:
 
         Runs off the decode thread (the serving layer awaits it before submitting). A store that
         does not answer, or a checkpoint that fails verification, is a miss: the prompt is prefilled.
+        So is a bug in this path (logged with its traceback): an import is an optimisation, never a
+        reason to fail the request.
         """
+        try:
+            return self._prefetch(prompt_ids, request_id)
+        except Exception as exc:
+            log.exception("kv checkpoint lookup failed; prefilling", request_id=request_id, error=repr(exc))
+            self.metrics.kv_imports.labels(source="store", outcome="failed").inc()
+            return Prefetched()
+
+    def _prefetch(self, prompt_ids: list[int], request_id: str) -> Prefetched:
         size = self.block_tokens
         hashes = kv_chain_hashes(self.root_hash, prompt_ids[:usable_positions(len(prompt_ids), size)], size)
         if not hashes:

@@ -22,7 +22,7 @@ import redis
 
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from tests.e2e.kv.conftest import PROMPT, log_records, metric, prompt_ids, tokens
-from tests.e2e.holder.conftest import wait_for
+from tests.e2e.holder.conftest import fleet_factory, wait_for, weights_origin  # noqa: F401 - fleet_factory: a fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -124,3 +124,27 @@ def test_survivor_continues_token_identically_and_imports_instead_of_prefilling(
         assert metric(survivor, "lifeline_engine_kv_imports_total", {"source": "store", "outcome": reason}) == 1
         [refusal] = log_records(survivor, "kv checkpoint refused; prefilling instead")
         assert refusal["request_id"] == "cmpl-kv-failover-1"
+
+
+def test_a_survivor_with_a_holder_imports_into_the_holders_pool(fleet_factory, undisturbed, store_url):
+    """The same failover when the survivor's prefix cache is a memory holder's KV pool: the imported blocks
+    are committed to the holder, found by the restore, and the tokens are still exact."""
+    ids, expected = undisturbed
+    fleet = fleet_factory()
+    shared = ["--kv-checkpoint-store", store_url, "--kv-checkpoint-every", str(EVERY)]
+    holder = fleet.start_holder(extra_args=["--kv-blocks", "64", "--kv-block-tokens", str(BLOCK)])
+    victim = fleet.start_engine("kv-victim", [*shared, "--fault-token-delay-ms", "150"])
+    survivor = fleet.start_engine("kv-survivor", [*shared, "--holder", holder.url])
+    assert weights_origin(survivor)["kv_pool"] is True
+    checkpoint_blocks = (len(ids) + 2 * EVERY - 1) // BLOCK
+    committed = stream_then_kill(victim, checkpoint_blocks)
+    assert committed == expected[:KILL_AFTER]
+
+    committed_before = holder.state()["kv"]["committed"]
+    response = httpx.post(f"{survivor.url}/v1/completions", timeout=120,
+                          json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
+                                "ignore_eos": True, "return_token_ids": True})
+    response.raise_for_status()
+    assert committed + response.json()["choices"][0]["token_ids"] == expected
+    assert metric(survivor, "lifeline_engine_kv_imported_tokens_total") == checkpoint_blocks * BLOCK
+    assert holder.state()["kv"]["committed"] - committed_before >= checkpoint_blocks
