@@ -65,6 +65,9 @@ class ControlPlaneSettings(BaseSettings):
     drill_fleet_file: Path | None = None
     # Where drill reports (Markdown, JSON, timeline PNG) are written; unset: the database only.
     drill_report_dir: Path | None = None
+    # The routing systems cutovers drive besides the snapshot (HAProxy, ExaBGP/BIRD, BIND9 or Route 53,
+    # Istio): a TOML file, cutover/driver_config.py. Unset: those tiers are recorded only.
+    cutover_drivers_file: Path | None = None
 
     def database_timeouts(self) -> DatabaseTimeouts:
         from controlplane.db import DatabaseTimeouts

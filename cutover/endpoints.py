@@ -88,6 +88,7 @@ def runtime_for(state: Any) -> CutoverRuntime:
             policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
             capacity=getattr(state, "cutover_capacity", None),
             read_factory=state.read_session_factory,
+            record_unconfigured=True,  # the served plane plans every tier; one without a driver is recorded only
         )
         state.cutover_runtime = runtime
     return runtime
@@ -120,7 +121,8 @@ def plan_cutover(body: CutoverPlanRequest, request: Request, session: DbSession,
         mode=body.mode, actor=principal.actor, evidence=body.evidence, generation=body.generation,
         step_timeout=timedelta(seconds=body.step_timeout_s) if body.step_timeout_s else None,
     )
-    return PlanRead.model_validate(cutover).model_copy(update={"safety": [v.as_json() for v in violations]})
+    return PlanRead.model_validate(cutover).model_copy(update={
+        "safety": [v.as_json() for v in violations], "recorded_only": cutover_service.recorded_only_tiers(cutover)})
 
 
 @router.get("/cutovers", response_model=list[CutoverRead])

@@ -118,6 +118,8 @@ class PlanRead(CutoverRead):
     safety: list[dict[str, Any]] = Field(
         default_factory=list, description="rules that would refuse execution now (informational: re-checked on execute)"
     )
+    recorded_only: list[CutoverTier] = Field(
+        default_factory=list, description="tiers with no driver configured: their steps are recorded, nothing is changed")
 
 
 class GateRead(BaseModel):

@@ -22,7 +22,7 @@ from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, Cutov
 from cutover.policy import CutoverPolicy
 from cutover.safety import CapacityPlan, Violation, evaluate
 from cutover.states import CutoverState, StepStatus
-from cutover.tiers import Scope, StepDriver, describe_target
+from cutover.tiers import RECORDED_ONLY, RecordedOnlyDriver, Scope, StepDriver, describe_target
 
 
 @dataclass
@@ -36,6 +36,9 @@ class CutoverRuntime:
     capacity: CapacityPlan | None = None
     # For polling reads (the expiry loop): DEFERRED on SQLite, so they never take the write lock.
     read_factory: sessionmaker[Session] | None = None
+    # A tier with no driver: refuse the plan (422 tier_not_configured), or record it only (the served
+    # control plane: the step changes nothing, says so, and is evented; `cutover.tiers.RecordedOnlyDriver`).
+    record_unconfigured: bool = False
 
     @property
     def reads(self) -> sessionmaker[Session]:
@@ -45,7 +48,18 @@ class CutoverRuntime:
         return [d for d in self.drivers if d.tier == tier]
 
     def driver_named(self, tier: str, name: str) -> StepDriver | None:
+        if name == RECORDED_ONLY:  # planned as recorded only: it stays so, even if a driver is configured since
+            return RecordedOnlyDriver(CutoverTier(tier))
         return next((d for d in self.drivers if d.tier == tier and d.name == name), None)
+
+    def planning_drivers(self, tier: CutoverTier) -> list[StepDriver]:
+        """The drivers a plan uses for `tier`; a recorded-only stand-in where none is configured and that is allowed."""
+        drivers = self.drivers_for(tier)
+        if drivers:
+            return drivers
+        if self.record_unconfigured:
+            return [RecordedOnlyDriver(tier)]
+        raise TierNotConfigured(f"no driver is configured for the {tier.value} tier")
 
 
 def record(session: Session, cutover: Cutover, *, kind: str, actor: str, clock: Clock, reason: str | None = None,
@@ -97,16 +111,15 @@ def plan(
     Reads each tier (`read_state`) and changes none. The first tier is the
     cutover's tier; more are added in order (a zonal shift: l7, then anycast).
     Returns the safety rules that would refuse it now (re-checked on execute).
+    A tier without a driver is refused, or planned as recorded only
+    (`runtime.record_unconfigured`; see `recorded_only_tiers`).
     """
     _check_scope(session, scope)
     clock = runtime.clock
     timeout = (step_timeout or runtime.policy.step_timeout).total_seconds()
     planned: list[CutoverStep] = []
     for tier in tiers:
-        drivers = runtime.drivers_for(tier)
-        if not drivers:
-            raise TierNotConfigured(f"no driver is configured for the {tier.value} tier")
-        for driver in drivers:
+        for driver in runtime.planning_drivers(tier):
             for target in driver.targets(scope, generation=generation):
                 before = driver.read_state(target)
                 after = driver.desired(before, target_state)
@@ -173,3 +186,8 @@ def set_gate(
         before=before, after={"stopped": stopped, "revision": gate.revision},
     )
     return gate
+
+
+def recorded_only_tiers(cutover: Cutover) -> list[CutoverTier]:
+    """The cutover's tiers that no driver acts at: their steps are recorded and change nothing."""
+    return [CutoverTier(t) for t in sorted({s.tier for s in cutover.steps if s.driver == RECORDED_ONLY})]

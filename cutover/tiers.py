@@ -183,3 +183,97 @@ class TierDriverAdapter:
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
         return StepCheck(proof.verified, proof.observed.model_dump(mode="json"), proof.model_dump(mode="json"))
+
+
+class ScopedTierDriverAdapter(TierDriverAdapter):
+    """A TierDriverAdapter whose desired state depends on the scope, not only on the state before.
+
+    DNS is the case: one record answers for every region, and "region eu
+    out" means "the answer of the region that takes over from eu", which
+    the record's current answer cannot tell. Each target carries its scope
+    (`"scope": {...}`) through planning and the stored step; it is removed
+    before the typed driver sees the target.
+    """
+
+    def __init__(self, driver: Any, *, tier: CutoverTier, name: str, targets_for: Callable[[Scope], list[Any]],
+                 desired_for: Callable[[Any, TargetState, Scope], Any]) -> None:
+        super().__init__(driver, tier=tier, name=name, targets_for=targets_for)
+        self._scoped_desired_for = desired_for
+
+    @staticmethod
+    def _split(target: Mapping[str, Any]) -> tuple[dict[str, Any], Scope]:
+        plain = {k: v for k, v in target.items() if k != "scope"}
+        scope = target["scope"]
+        return plain, Scope(ScopeKind(scope["kind"]), scope["region"], scope["name"])
+
+    def _typed(self, state: Mapping[str, Any]) -> Any:
+        from cutover.driver import parse_state
+
+        return parse_state({**state, "target": self._split(state["target"])[0]})
+
+    def _dump(self, typed: Any, target: Mapping[str, Any]) -> dict[str, Any]:
+        return {**typed.model_dump(mode="json"), "target": dict(target)}
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+        where = {"kind": scope.kind.value, "region": scope.region, "name": scope.name}
+        return [{**t.model_dump(mode="json"), "scope": where} for t in self._targets_for(scope)]
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+        from cutover.driver import parse_target
+
+        return self._dump(self.driver.read_state(parse_target(self._split(target)[0])), target)
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
+        scope = self._split(before["target"])[1]
+        return self._dump(self._scoped_desired_for(self._typed(before), target_state, scope), before["target"])
+
+    def apply(self, desired: dict[str, Any]) -> None:
+        self.driver.apply(self._typed(desired))
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+        from cutover.driver import DriverError, VerificationFailed
+
+        try:
+            proof = self.driver.verify(self._typed(expected), timeout)
+        except VerificationFailed as exc:
+            proof = exc.verification
+        except DriverError as exc:
+            return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
+        return StepCheck(proof.verified, self._dump(proof.observed, expected["target"]), proof.model_dump(mode="json"))
+
+
+RECORDED_ONLY = "recorded-only"
+
+
+class RecordedOnlyDriver:
+    """A tier with no driver configured: the cutover records its step, and changes nothing there.
+
+    The served control plane plans every tier it is asked for; where no
+    driver is configured, the step says "recorded only" (the plan lists such
+    tiers under `recorded_only`), its event names it, and it verifies at
+    once: an operator acts on that tier by hand, and the decision, actor and
+    time are in the log. The safety rules still count the cutover.
+    """
+
+    name = RECORDED_ONLY
+
+    def __init__(self, tier: CutoverTier) -> None:
+        self.tier = tier
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+        return [{"tier": self.tier.value, "recorded_only": True, "scope": scope.key}]
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+        return {"target": target, "target_state": None}
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
+        return {**before, "target_state": target_state.value}
+
+    def apply(self, desired: dict[str, Any]) -> None:
+        return None
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+        return StepCheck(True, expected, {
+            "recorded_only": True,
+            "message": f"no {self.tier.value} driver is configured: nothing was changed at this tier",
+        })

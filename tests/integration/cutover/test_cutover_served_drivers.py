@@ -1,0 +1,119 @@
+"""The served control plane builds its tier drivers from the drivers file: real BIND9 and HAProxy, through the API.
+
+`create_app` with `cutover_drivers_file` set, as `lifeline controlplane
+serve` runs it; the tiers the file leaves out are recorded only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dns.message
+import dns.query
+import pytest
+from fastapi.testclient import TestClient
+
+from common.clock import ManualClock
+from controlplane.app import create_app
+from controlplane.config import ControlPlaneSettings
+from controlplane.topology.lease import InMemoryLeaseReader
+from cutover.driver_config import CutoverDriverConfigError
+from lifeline.daemons import BindServer
+from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab
+from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+
+
+def _drivers_file(tmp_path: Path, bind: BindServer, lab: HaproxyLab) -> Path:
+    (tmp_path / "tsig.secret").write_text(bind.key_secret)
+    path = tmp_path / "drivers.toml"
+    path.write_text(f"""
+[haproxy]
+runtime_api = "127.0.0.1:{lab.haproxy.admin_port}"
+[haproxy.servers]
+"region:eu/instance:engine-7" = ["{lab.haproxy.backend}/s1"]
+
+[dns]
+zone = "{bind.zone}"
+name = "api.{bind.zone}"
+[dns.rfc2136]
+server = "{bind.host}"
+port = {bind.port}
+key_name = "{bind.key_name}"
+key_secret_file = "{tmp_path}/tsig.secret"
+[dns.regions.eu]
+answer = ["{REGION_A}"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["{REGION_B}"]
+failover_to = "eu"
+""")
+    return path
+
+
+@pytest.fixture
+def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
+           bind_server: BindServer, haproxy_lab: HaproxyLab, session_factory: Any) -> Iterator[TestClient]:
+    configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(tmp_path, bind_server,
+                                                                                   haproxy_lab)})
+    app = create_app(configured, clock=clock, lease_reader=lease_reader)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def _answer(bind: BindServer) -> list[str]:
+    response = dns.query.udp(dns.message.make_query(f"api.{bind.zone}", "A"), bind.host, port=bind.port, timeout=2)
+    return sorted(r.address for rrset in response.answer for r in rrset)
+
+
+def test_served_region_cutover_moves_the_real_dns_record_and_rolls_it_back(
+        served: TestClient, as_role: Any, bind_server: BindServer) -> None:
+    op = as_role("operator")
+    plan = served.post("/api/v1/cutovers", json={"scope": {"kind": "region", "region": "eu"}, "tier": "dns",
+                                                 "reason": "eu lost"}, headers=op).json()
+    assert [(s["driver"], s["expected_after"]["values"]) for s in plan["steps"]] == [("rfc2136", [REGION_B])]
+    assert plan["recorded_only"] == [] and _answer(bind_server) == [REGION_A]
+    done = served.post(f"/api/v1/cutovers/{plan['id']}/execute", json={"idempotency_key": "k"}, headers=op).json()
+    assert done["state"] == "completed", done
+    assert _answer(bind_server) == [REGION_B]
+    assert done["steps"][0]["evidence"]["client_cache_ttl_s"] == 60  # the replaced answer's TTL
+    back = served.post(f"/api/v1/cutovers/{plan['id']}/rollback", json={"reason": "eu back"}, headers=op).json()
+    assert back["state"] == "rolled_back" and _answer(bind_server) == [REGION_A]
+
+
+def test_served_instance_cutover_drains_the_real_haproxy_server(served: TestClient, as_role: Any,
+                                                              haproxy_lab: HaproxyLab) -> None:
+    op = as_role("operator")
+    plan = served.post("/api/v1/cutovers", json={"scope": {"kind": "instance", "region": "eu", "name": "engine-7"},
+                                                 "tier": "l7", "reason": "engine-7 stalls"}, headers=op).json()
+    assert [(s["driver"], s["driver_target"]) for s in plan["steps"]] == [
+        ("haproxy", f"backend={haproxy_lab.haproxy.backend},server=s1")]
+    done = served.post(f"/api/v1/cutovers/{plan['id']}/execute", json={"idempotency_key": "k"}, headers=op).json()
+    assert done["state"] == "completed", done
+    assert haproxy_lab.driver.read_state(haproxy_lab.target("s1")).admin_state == "drain"
+    assert haproxy_lab.driver.read_state(haproxy_lab.target("s2")).admin_state == "ready"
+
+
+def test_served_tier_without_a_driver_is_recorded_only_and_says_so(served: TestClient, as_role: Any) -> None:
+    op = as_role("operator")
+    plan = served.post("/api/v1/cutovers", json={"scope": {"kind": "zone", "region": "eu", "name": "eu-a"},
+                                                 "tier": "anycast", "reason": "eu-a"}, headers=op).json()
+    assert plan["recorded_only"] == ["anycast"]
+    assert [s["driver"] for s in plan["steps"]] == ["recorded-only"]
+    done = served.post(f"/api/v1/cutovers/{plan['id']}/execute", json={"idempotency_key": "k"}, headers=op).json()
+    assert done["state"] == "completed"
+    (event,) = served.get("/api/v1/events", params={"kind": "cutover.step", "routing_tier": "anycast"},
+                          headers=op).json()
+    assert event["after"]["evidence"]["recorded_only"] is True
+    assert "nothing was changed" in event["after"]["evidence"]["message"]
+
+
+def test_a_bad_drivers_file_stops_the_control_plane_naming_the_key(settings: ControlPlaneSettings,
+                                                                   tmp_path: Path) -> None:
+    bad = tmp_path / "drivers.toml"
+    bad.write_text('[haproxy]\nruntime_api = "nowhere"\n[haproxy.servers]\n"region:eu" = ["be/s1"]\n')
+    with pytest.raises(CutoverDriverConfigError, match="haproxy.runtime_api"):
+        create_app(settings.model_copy(update={"cutover_drivers_file": bad}))

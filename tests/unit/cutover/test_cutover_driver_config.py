@@ -1,0 +1,149 @@
+"""The served control plane's driver settings: a TOML file, typed, that names the key it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.clock import ManualClock
+from cutover.driver_config import CutoverDriverConfigError, build_drivers, load
+from cutover.models import CutoverTier, ScopeKind, TargetState
+from cutover.tiers import Scope
+
+pytestmark = pytest.mark.unit
+
+EU, EU_A, ENGINE = (Scope(ScopeKind.REGION, "eu", "eu"), Scope(ScopeKind.ZONE, "eu", "eu-a"),
+                    Scope(ScopeKind.INSTANCE, "eu", "engine-7"))
+
+
+def _full(tmp_path: Path) -> str:
+    (tmp_path / "tsig.secret").write_text("c2VjcmV0\n")
+    (tmp_path / "token").write_text("abc\n")
+    return f"""
+[haproxy]
+runtime_api = "127.0.0.1:9999"
+[haproxy.servers]
+"region:eu/zone:eu-a" = ["llm/s1"]
+"region:eu/instance:engine-7" = ["llm/s3"]
+"region:us/zone:us-a" = ["llm/s2"]
+
+[anycast]
+prefix = "203.0.113.10/32"
+birdc_socket = "{tmp_path}/bird.ctl"
+[[anycast.zones]]
+region = "eu"
+zone = "eu-a"
+next_hop = "127.0.0.2"
+command_fifo = "{tmp_path}/a.cmd"
+ack_fifo = "{tmp_path}/a.ack"
+[[anycast.zones]]
+region = "eu"
+zone = "eu-b"
+next_hop = "127.0.0.3"
+command_fifo = "{tmp_path}/b.cmd"
+ack_fifo = "{tmp_path}/b.ack"
+
+[dns]
+zone = "lifeline.test."
+name = "api.lifeline.test."
+[dns.rfc2136]
+server = "127.0.0.1"
+port = 5353
+key_name = "lifeline"
+key_secret_file = "{tmp_path}/tsig.secret"
+[dns.route53]
+endpoint_url = "http://127.0.0.1:5000"
+[dns.regions.eu]
+answer = ["192.0.2.10"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["198.51.100.10"]
+failover_to = "eu"
+
+[istio]
+host = "https://kube.example:6443"
+token_file = "{tmp_path}/token"
+[[istio.routes]]
+scope = "region:eu/zone:eu-a"
+namespace = "serving"
+virtual_service = "llm"
+route = "default"
+destinations = ["llm.serving.svc.cluster.local/eu-a"]
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "drivers.toml"
+    path.write_text(text)
+    return path
+
+
+def test_every_tier_builds_from_the_file_and_maps_scopes_to_targets(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, _full(tmp_path)))
+    assert config.configured_tiers() == [CutoverTier.L7, CutoverTier.MESH, CutoverTier.ANYCAST, CutoverTier.DNS]
+    drivers = {(d.tier, d.name): d for d in build_drivers(config, clock=ManualClock())}
+    assert sorted((t.value, n) for t, n in drivers) == [
+        ("anycast", "exabgp"), ("dns", "rfc2136"), ("dns", "route53"), ("l7", "haproxy"), ("mesh", "istio")]
+    haproxy = drivers[(CutoverTier.L7, "haproxy")]
+    assert [t["server"] for t in haproxy.targets(EU)] == ["s1", "s3"]  # a region covers its zones and instances
+    assert [t["server"] for t in haproxy.targets(EU_A)] == ["s1"]
+    assert [t["server"] for t in haproxy.targets(ENGINE)] == ["s3"]
+    anycast = drivers[(CutoverTier.ANYCAST, "exabgp")]
+    assert [t["zone"] for t in anycast.targets(EU)] == ["eu-a", "eu-b"]
+    assert [t["next_hop"] for t in anycast.targets(EU_A)] == ["127.0.0.2"]
+    assert anycast.targets(ENGINE) == []
+    dns = drivers[(CutoverTier.DNS, "rfc2136")]
+    (target,) = dns.targets(EU)
+    assert target["name"] == "api.lifeline.test." and target["scope"]["region"] == "eu"
+    assert dns.targets(EU_A) == []
+    assert str(drivers[(CutoverTier.DNS, "rfc2136")].driver.key_name) == "lifeline."
+    assert [t["route"] for t in drivers[(CutoverTier.MESH, "istio")].targets(EU_A)] == ["default"]
+
+
+def test_dns_out_is_the_takeover_regions_answer_with_the_short_ttl(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, _full(tmp_path)))
+    dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "rfc2136")
+    (target,) = dns.targets(EU)
+    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 600}
+    out = dns.desired(before, TargetState.OUT)
+    assert (out["values"], out["ttl_s"], out["target"]) == (["198.51.100.10"], 60, target)
+    assert dns.desired(out, TargetState.IN)["values"] == ["192.0.2.10"]
+
+
+def test_an_empty_file_configures_only_the_snapshot_tiers(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, ""))
+    assert config.configured_tiers() == [CutoverTier.L7, CutoverTier.MESH]
+    assert build_drivers(config, clock=ManualClock()) == []
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [
+    ('runtime_api = "127.0.0.1:9999"', 'runtime_api = "127.0.0.1"', "haproxy.runtime_api"),
+    ('"region:eu/zone:eu-a" = ["llm/s1"]', '"eu-a" = ["llm/s1"]', "haproxy.servers.eu-a.[key]"),
+    ('"region:eu/zone:eu-a" = ["llm/s1"]', '"region:eu/zone:eu-a" = ["s1"]', "haproxy.servers.region:eu/zone:eu-a.0"),
+    ('prefix = "203.0.113.10/32"', 'prefix = "203.0.113.10/33"', "anycast.prefix"),
+    ('next_hop = "127.0.0.3"', 'next_hop = "not-an-ip"', "anycast.zones.1.next_hop"),
+    ('zone = "eu-b"', 'zone = "eu-a"', "anycast: Value error, zones: each zone may announce once"),
+    ('failover_to = "eu"', 'failover_to = "us"', "dns: Value error, regions.us.failover_to"),
+    ('port = 5353', 'port = 0', "dns.rfc2136.port"),
+    ('key_secret_file = "', 'key_secret_file = "/nonexistent', "dns.rfc2136.key_secret_file"),
+    ('name = "api.lifeline.test."', 'name = "api.other.test."', "is not in zone"),
+    ('[istio]\nhost = "https://kube.example:6443"', '[istio]\nkubeconfig = "/nonexistent"', "istio.kubeconfig"),
+    ('route = "default"', 'route = "default"\nweight = 3', "istio.routes.0.weight: Extra inputs"),
+    ('[dns.rfc2136]', '[dns.bind]', "dns.bind: Extra inputs"),
+])
+def test_a_bad_drivers_file_stops_start_up_naming_the_key(tmp_path: Path, old: str, new: str, key: str) -> None:
+    text = _full(tmp_path)
+    assert old in text
+    path = _write(tmp_path, text.replace(old, new, 1))
+    with pytest.raises(CutoverDriverConfigError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert message.startswith(f"LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE={path}: ") and key in message
+
+
+def test_a_missing_or_broken_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CutoverDriverConfigError, match="cannot read it"):
+        load(tmp_path / "absent.toml")
+    with pytest.raises(CutoverDriverConfigError, match="not TOML"):
+        load(_write(tmp_path, "[haproxy\n"))
