@@ -1,7 +1,8 @@
 """The canary: a short fixed prompt whose greedy output is recorded per weight version.
 
-Recorded once from a verified instance (`lifeline agent canary-record`, or
-the catalog's own recorder) and carried to agents either on the snapshot's
+Recorded once from a verified instance (`record_from_engine`: `lifeline
+catalog canary record` into the catalog, or `lifeline agent canary-record`
+into a file) and carried to agents either on the snapshot's
 `VersionEntry.canary` or in a canary file. An agent sends the same prompt
 (token ids, greedy, `ignore_eos`) and compares:
 
@@ -19,7 +20,11 @@ change the first token almost always).
 
 from __future__ import annotations
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field
+
+from common.errors import LifelineError
+from contract.identity import EngineIdentity
 
 
 class CanaryRecord(BaseModel):
@@ -35,3 +40,55 @@ class CanaryRecord(BaseModel):
     @property
     def max_tokens(self) -> int:
         return len(self.output_token_ids)
+
+
+class CanaryNotRecorded(LifelineError):
+    """The engine would not give a record: unreachable, an error, or outputs that differ between runs."""
+
+    status_code = 502
+    error_type = "canary_not_recorded"
+
+
+async def record_from_engine(client: httpx.AsyncClient, url: str, prompt_token_ids: list[int], *, max_tokens: int,
+                             max_ttft_s: float, compare_tokens: int | None = None,
+                             runs: int = 2) -> tuple[EngineIdentity, CanaryRecord]:
+    """The engine's identity and its greedy output for the prompt, the same in each of `runs` runs.
+
+    The one way a record is made (`lifeline agent canary-record`, `lifeline
+    catalog canary record`). Two runs, because a record an engine does not
+    reproduce on its own would eject every healthy instance: an engine
+    without batch-invariant kernels needs `compare_tokens`, and this is how
+    the operator finds out. Whether the engine is a *verified* one (its
+    weights digest is the catalog's) is the catalog's to check, from the
+    identity returned.
+    """
+    url = url.rstrip("/")
+    try:
+        answer = await client.get(f"{url}/healthz/generation")
+        if not answer.is_success:
+            raise CanaryNotRecorded(f"{url}/healthz/generation answered {answer.status_code}")
+        identity = EngineIdentity.model_validate_json(answer.content)
+        outputs = []
+        for _ in range(max(1, runs)):
+            response = await client.post(f"{url}/v1/completions", json={
+                "model": identity.model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True})
+            if not response.is_success:
+                raise CanaryNotRecorded(f"{url}/v1/completions answered {response.status_code}: {response.text[:200]}")
+            outputs.append([int(t) for t in response.json()["choices"][0]["token_ids"]])
+    except httpx.TransportError as exc:
+        raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    except (ValueError, KeyError, IndexError, TypeError) as exc:  # not an identity, not a completion
+        raise CanaryNotRecorded(f"{url}: not an engine's answer: {str(exc)[:200]}") from None
+    output = outputs[0]
+    if len(output) != max_tokens:
+        raise CanaryNotRecorded(f"the engine gave {len(output)} tokens for max_tokens={max_tokens} with ignore_eos")
+    compared = compare_tokens or len(output)
+    for other in outputs[1:]:
+        if other[:compared] != output[:compared]:
+            first = next(i for i, (a, b) in enumerate(zip(output, other, strict=True)) if a != b)
+            raise CanaryNotRecorded(f"the engine's greedy output differs between runs at token {first}: it is not "
+                                    f"deterministic for this prompt; compare a shorter prefix (compare_tokens ≤ "
+                                    f"{first}) or choose a prompt with a clear argmax")
+    return identity, CanaryRecord(prompt_token_ids=prompt_token_ids, output_token_ids=output, max_ttft_s=max_ttft_s,
+                                  compare_tokens=compare_tokens, recorded_from=identity.instance_id)

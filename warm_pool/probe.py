@@ -31,7 +31,7 @@ from httpx_sse import aconnect_sse
 from pydantic import ValidationError
 
 from common.clock import Clock, SystemClock
-from contract.canary import CanaryRecord
+from contract.canary import CanaryRecord, record_from_engine
 from contract.identity import DRAINING_ERROR_TYPE, EngineIdentity
 
 
@@ -205,15 +205,10 @@ def judge_canary(record: CanaryRecord, tokens: list[int], ttft_s: float | None) 
                        output_token_ids=got)
 
 
-async def record_canary(url: str, prompt_token_ids: list[int], *, max_tokens: int,
-                        max_ttft_s: float) -> tuple[str, CanaryRecord]:
-    """(version, record) from a verified engine's greedy output for `prompt_token_ids`."""
+async def record_canary(url: str, prompt_token_ids: list[int], *, max_tokens: int, max_ttft_s: float,
+                        compare_tokens: int | None = None) -> tuple[str, CanaryRecord]:
+    """(version, record) from a verified engine's greedy output for `prompt_token_ids` (contract.canary)."""
     async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as client:
-        identity = EngineIdentity.model_validate_json((await client.get(f"{url}/healthz/generation")).content)
-        response = await client.post(f"{url}/v1/completions", json={
-            "model": identity.model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True})
-        response.raise_for_status()
-        output = [int(t) for t in response.json()["choices"][0]["token_ids"]]
-    return identity.model, CanaryRecord(prompt_token_ids=prompt_token_ids, output_token_ids=output,
-                                        max_ttft_s=max_ttft_s, recorded_from=identity.instance_id)
+        identity, record = await record_from_engine(client, url, prompt_token_ids, max_tokens=max_tokens,
+                                                    max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
+    return identity.model, record

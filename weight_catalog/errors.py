@@ -4,7 +4,8 @@
     ├── NotFound: version_not_found, alias_not_found, issue_not_found
     ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
     │             critical_known_issue, last_verify_failed, nothing_to_roll_back,
-    │             issue_already_resolved, force_needs_reason
+    │             issue_already_resolved, force_needs_reason, canary_exists,
+    │             canary_engine_unverified
     ├── InvalidInput: invalid_artifact, invalid_location
     └── ArtifactStoreUnavailable (503): artifact_store_unavailable
 """
@@ -56,6 +57,18 @@ class NothingToRollBack(Conflict):
 
 class IssueAlreadyResolved(Conflict):
     error_type = "issue_already_resolved"
+
+
+class CanaryExists(Conflict):
+    """The version has a canary; replacing it must be asked for (`--replace`)."""
+
+    error_type = "canary_exists"
+
+
+class CanaryEngineUnverified(Conflict):
+    """The engine a canary was recorded from is not a verified instance of the version."""
+
+    error_type = "canary_engine_unverified"
 
 
 class InvalidArtifact(InvalidInput):

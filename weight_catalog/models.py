@@ -39,6 +39,10 @@ class WeightVersion(Base):
     last_verified_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_verify_healthy: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     last_verify_location: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    # The recorded canary (contract.canary.CanaryRecord as JSON): None until `lifeline catalog canary record`.
+    canary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    canary_recorded_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    canary_recorded_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
     shards: Mapped[list[Shard]] = relationship(
         back_populates="weight_version", order_by="Shard.path", cascade="all, delete-orphan"

@@ -4,6 +4,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.canary import CanaryRecord
 from controlplane.types import Name, Reason, Text
 from weight_catalog.models import Severity
 
@@ -47,6 +48,9 @@ class VersionSummary(BaseModel):
 
 class VersionRead(VersionSummary):
     fingerprint_parts: dict[str, str]
+    canary: CanaryRecord | None = Field(None, description="the recorded canary agents check output against")
+    canary_recorded_at: datetime | None = None
+    canary_recorded_by: str | None = None
     shards: list[ShardRead]
     issues: list[IssueRead]
 

@@ -43,6 +43,7 @@ from contract.snapshot import (
 from controlplane.routing_version import service as routing_version
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
 from weight_catalog import repository as catalog
+from weight_catalog.canary import canary_of
 
 # The files a gateway loads for a version (tokenizer, chat template, configs).
 GATEWAY_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
@@ -79,6 +80,7 @@ def _models(session: Session) -> dict[str, dict[str, Any]]:
             # with what it routes to; resolved ones stay in the catalog.
             known_issues=[KnownIssueRef(id=i.id, severity=i.severity, summary=i.title)
                           for i in open_issues.get(weight_version.id, [])],
+            canary=canary_of(weight_version),  # `lifeline catalog canary record`; agents check output by it
         )
     return models
 

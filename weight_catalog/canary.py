@@ -1,0 +1,101 @@
+"""A version's canary: the greedy output of a verified instance for a fixed prompt, kept in the catalog.
+
+Recorded with `lifeline catalog canary record MODEL VERSION --url ENGINE`
+(`contract.canary.record_from_engine` asks the engine), carried to every
+agent on the snapshot's `VersionEntry.canary`, and checked by each agent's
+canary probe (token count, output, time to first token).
+
+"Verified" is checked here, not taken on trust: the engine must serve the
+version (`/healthz/generation` names it) with the catalog's weights digest
+(the shards `register` hashed), and the version's last verify must not have
+failed. A record from a corrupted engine would eject every healthy one.
+A version has one record; replacing it is asked for explicitly, and both
+write an event and advance the snapshot (the canary is in it).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from common.clock import Clock
+from contract.canary import CanaryNotRecorded, CanaryRecord
+from contract.identity import EngineIdentity, weights_digest
+from controlplane.errors import InvalidInput
+from controlplane.event import service as event_service
+from controlplane.routing_version import service as routing_version
+from weight_catalog import repository
+from weight_catalog.errors import CanaryEngineUnverified, CanaryExists, LastVerifyFailed
+from weight_catalog.models import WeightVersion
+from weight_catalog.service import get_version_or_raise
+
+
+def catalog_digest(session: Session, weight_version: WeightVersion) -> str:
+    """The weights digest an engine serving this version reports (contract.identity.weights_digest)."""
+    return weights_digest(repository.shard_digests_by_version(session, {weight_version.id}).get(weight_version.id, {}))
+
+
+def check_engine(session: Session, *, weight_version: WeightVersion, engine: EngineIdentity) -> None:
+    """Refuse an engine that is not a verified instance of the version (CanaryEngineUnverified, 409)."""
+    label = f"{weight_version.model} {weight_version.version}"
+    if engine.model != weight_version.version:
+        raise CanaryEngineUnverified(f"engine {engine.instance_id} serves {engine.model!r}, not {label}")
+    expected = catalog_digest(session, weight_version)
+    if engine.weights_digest != expected:
+        raise CanaryEngineUnverified(f"engine {engine.instance_id}'s weights digest {engine.weights_digest[:23]}… is "
+                                     f"not the catalog's {expected[:23]}… for {label}: its weights differ from the "
+                                     "registered artifact (corrupt, or another build)")
+    if weight_version.last_verify_healthy is False:
+        raise LastVerifyFailed(f"{label}'s last verify failed; verify it again before recording its canary")
+
+
+def agreed(records: list[CanaryRecord], instances: list[str]) -> CanaryRecord:
+    """The one record every instance gave (the first's), or CanaryNotRecorded naming the first that differs."""
+    first = records[0]
+    compared = first.compare_tokens or len(first.output_token_ids)
+    for other, instance in zip(records[1:], instances[1:], strict=True):
+        if other.output_token_ids[:compared] != first.output_token_ids[:compared]:
+            raise CanaryNotRecorded(f"{instance} answered {other.output_token_ids}, {instances[0]} "
+                                    f"{first.output_token_ids}: the instances disagree, so at least one is not sound; "
+                                    "record from instances that agree")
+    return first
+
+
+def record(session: Session, *, model: str, version: str, canary: CanaryRecord, engines: list[EngineIdentity],
+           actor: str, clock: Clock, replace: bool = False) -> WeightVersion:
+    """Keep `canary` (what every one of `engines` answered) as the version's record; an event; the snapshot advances."""
+    weight_version = get_version_or_raise(session, model=model, version=version)
+    if not engines:
+        raise InvalidInput("a canary is recorded from at least one verified instance", param="engines")
+    for engine in engines:
+        check_engine(session, weight_version=weight_version, engine=engine)
+    before = weight_version.canary
+    if before is not None and not replace:
+        raise CanaryExists(f"{model} {version} has a canary recorded at {weight_version.canary_recorded_at} by "
+                           f"{weight_version.canary_recorded_by}; pass --replace (replace=true) to record another")
+    # Compare-and-set on the record we read: of two concurrent records, one wins and the other is refused.
+    expected = WeightVersion.canary_recorded_at.is_(None) if weight_version.canary_recorded_at is None else \
+        WeightVersion.canary_recorded_at == weight_version.canary_recorded_at
+    result = session.execute(
+        update(WeightVersion).where(WeightVersion.id == weight_version.id, expected)
+        .values(canary=canary.model_dump(mode="json"), canary_recorded_at=clock.utcnow(), canary_recorded_by=actor)
+        .execution_options(synchronize_session=False))
+    session.refresh(weight_version)
+    if result.rowcount != 1:
+        raise CanaryExists(f"{model} {version}'s canary was recorded by {weight_version.canary_recorded_by} "
+                           "meanwhile; read it and record again with --replace if it is wrong")
+    event_service.record(
+        session, kind="catalog.canary.record", actor=actor, clock=clock,
+        reason=f"greedy output of {', '.join(e.instance_id for e in engines)} ({len(canary.output_token_ids)} tokens)",
+        scope=f"model:{model}/version:{version}",
+        before={"output_token_ids": before["output_token_ids"]} if before else {},
+        after={"output_token_ids": canary.output_token_ids, "prompt_token_ids": canary.prompt_token_ids,
+               "compare_tokens": canary.compare_tokens, "recorded_from": [e.instance_id for e in engines],
+               "weights_digest": engines[0].weights_digest})
+    routing_version.bump(session, clock=clock)  # the snapshot carries the record
+    return weight_version
+
+
+def canary_of(weight_version: WeightVersion) -> CanaryRecord | None:
+    """The stored record, as the contract's type (for the snapshot and reads)."""
+    return CanaryRecord.model_validate(weight_version.canary) if weight_version.canary else None
