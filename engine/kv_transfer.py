@@ -55,6 +55,7 @@ from contract.kv_checkpoint import (
 )
 from engine.errors import KVBlocksAbsent, KVCheckpointRefused, KVValidityRefused
 from engine.metrics import EngineMetrics
+from engine.model import KVCache
 from engine.prefix_cache import KVBlock, PrefixCache, block_of, usable_positions
 
 log = get_logger(__name__)
@@ -63,6 +64,7 @@ MANIFEST_METADATA_KEY = "lifeline.kv_manifest"
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 CHECKPOINT_QUEUE = 64  # checkpoints waiting for the writer; more are skipped, never waited for
 WRITER_REQUESTS = 1024  # sequences whose chain the writer remembers
+FORGET = -1  # a CheckpointJob's first_index that ends a sequence's chain
 STORED_CHECKSUMS = 65536  # block checksums known to be in the store (~150 bytes each)
 
 
@@ -209,7 +211,6 @@ class KVCheckpointer:
         self.instance_id = instance_id
         self.every_tokens = every_tokens
         self._jobs: queue.Queue[CheckpointJob | None] = queue.Queue(maxsize=CHECKPOINT_QUEUE)
-        self._forget: queue.SimpleQueue[str] = queue.SimpleQueue()
         # request id → (entries written, blocks not yet written): owned by the writer thread
         self._chains: OrderedDict[str, tuple[list[KVBlockEntry], list[KVBlock]]] = OrderedDict()
         # block hash → checksum of the bytes the store holds for it (written or imported by this process)
@@ -226,7 +227,8 @@ class KVCheckpointer:
     def due(self, generated: int) -> bool:
         return generated > 0 and generated % self.every_tokens == 0
 
-    def offer(self, request_id: str, cache_length: int, token_ids: list[int], cache: object, done_blocks: int) -> int:
+    def offer(self, request_id: str, cache_length: int, token_ids: list[int], cache: KVCache,
+              done_blocks: int) -> int:
         """Queue the full blocks after `done_blocks` for the writer; the new count, or `done_blocks` if skipped."""
         size = self.block_tokens
         full = cache_length // size
@@ -237,7 +239,7 @@ class KVCheckpointer:
         for index in range(done_blocks, full):
             parent = hashes[index - 1] if index else self.root_hash
             blocks.append(KVBlock(hashes[index], parent, tuple(token_ids[index * size:(index + 1) * size]),
-                                  block_of(cache, index, size)))  # type: ignore[arg-type]
+                                  block_of(cache, index, size)))
         try:
             self._jobs.put_nowait(CheckpointJob(request_id, done_blocks, blocks))
         except queue.Full:
@@ -246,18 +248,21 @@ class KVCheckpointer:
         return full
 
     def forget(self, request_id: str) -> None:
-        self._forget.put(request_id)
+        """The sequence ended: after its queued checkpoints, the writer drops its chain (a full queue leaves
+        that to the writer's bound on remembered chains)."""
+        try:
+            self._jobs.put_nowait(CheckpointJob(request_id, FORGET))
+        except queue.Full:
+            pass
 
     # -- the writer thread -----------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            while True:
-                try:
-                    self._chains.pop(self._forget.get_nowait(), None)
-                except queue.Empty:
-                    break
             try:
-                self._write(job)
+                if job.first_index == FORGET:
+                    self._chains.pop(job.request_id, None)
+                else:
+                    self._write(job)
             except Exception as exc:  # a bug must not stop every later checkpoint
                 self.metrics.kv_checkpoints.labels(outcome="failed").inc()
                 log.exception("kv checkpoint failed", request_id=job.request_id, error=repr(exc))
