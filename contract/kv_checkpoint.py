@@ -338,13 +338,30 @@ class S3KVStore:
         self._call("delete_object", Key=self.prefix + _check_key(key))
 
 
+STORE_SCHEMES = ("s3", "redis", "rediss", "redis+sentinel", "file")
+
+
+def check_kv_store_url(url: str) -> str:
+    """`url` if it names a store `open_kv_store` can open; ValueError saying what is wrong (for settings)."""
+    parts = urlsplit(url)
+    if parts.scheme and parts.scheme not in STORE_SCHEMES:
+        raise ValueError(f"{url!r}: a KV store is s3://, redis://, redis+sentinel://, file:// or a path")
+    if parts.scheme == "s3" and not parts.netloc:
+        raise ValueError(f"{url!r}: name a bucket (s3://bucket/prefix)")
+    if parts.scheme.startswith("redis"):
+        from common.redis_url import parse_redis_url
+
+        parse_redis_url(url)
+    if not url.strip():
+        raise ValueError("name a store")
+    return url
+
+
 def open_kv_store(url: str, *, s3_endpoint_url: str | None = None) -> KVStore:
     """The store a URL names: `s3://bucket/prefix`, `redis://…`/`redis+sentinel://…` (`key_prefix` in the
     query, default `lifeline:kv:`), `file:///path` or a plain path. ValueError naming what is wrong."""
-    parts = urlsplit(url)
+    parts = urlsplit(check_kv_store_url(url))
     if parts.scheme == "s3":
-        if not parts.netloc:
-            raise ValueError(f"{url!r}: name a bucket (s3://bucket/prefix)")
         import boto3
         from botocore.config import Config
 
@@ -362,8 +379,6 @@ def open_kv_store(url: str, *, s3_endpoint_url: str | None = None) -> KVStore:
         return RedisKVStore(client, prefix, f"{parts.scheme}://{netloc}{parts.path} ({prefix})")
     if parts.scheme == "file":
         return FilesystemKVStore(Path(parts.path))
-    if parts.scheme:
-        raise ValueError(f"{url!r}: a KV store is s3://, redis://, redis+sentinel://, file:// or a path")
     return FilesystemKVStore(Path(url))
 
 

@@ -11,10 +11,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.durations import Seconds
+from contract.kv_checkpoint import check_kv_store_url
 
 
 class FaultSettings(BaseSettings):
@@ -78,6 +79,11 @@ class EngineSettings(BaseSettings):
     drain_timeout: Seconds = Field(
         timedelta(seconds=30), ge=timedelta(0),
         description="then seconds in-flight requests may finish before they end with an engine_draining error")
+
+    @field_validator("kv_checkpoint_store")
+    @classmethod
+    def _a_store_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_kv_store_url(value)
 
     @model_validator(mode="after")
     def _checkpoints_need_a_cache(self) -> EngineSettings:

@@ -152,3 +152,18 @@ def test_a_block_another_engine_already_stored_is_named_by_the_stored_bytes(mode
     reader, cache, metrics = checkpointer(model_dir, tmp_path / "store")
     found = reader.prefetch(longer + more[:17], "req-2")
     assert (found.upto_blocks, found.refused) == (5, None)
+
+
+@pytest.mark.parametrize("url, message", [("ftp://host/x", "a KV store is"), ("s3:///prefix", "name a bucket"),
+                                          ("redis+sentinel://h:1/", "Sentinel service")])
+def test_a_bad_store_url_stops_start_up_naming_the_key(tmp_path, url, message):
+    from pydantic import ValidationError
+
+    from engine.settings import EngineSettings
+
+    with pytest.raises(ValidationError, match=message) as refused:
+        EngineSettings(model=tmp_path, kv_checkpoint_store=url)
+    assert refused.value.errors()[0]["loc"] == ("kv_checkpoint_store",)
+    with pytest.raises(ValidationError, match="needs a prefix cache"):
+        EngineSettings(model=tmp_path, kv_checkpoint_store=str(tmp_path), kv_cache_blocks=0)
+    assert EngineSettings(model=tmp_path, kv_checkpoint_store="redis://127.0.0.1:6379/0?key_prefix=a:").kv_checkpoint_store
