@@ -122,9 +122,12 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     workdir = tmp_path_factory.mktemp("console-cp")
     prefix = f"console-e2e-{secrets.token_hex(4)}"
+    # The agent's reports go stale quickly here, so a test can watch a quiet agent's verdicts turn stale.
     cp = ControlPlaneProcess(workdir=workdir, env={"LIFELINE_CONTROLPLANE_LEASE_REDIS_URL": REDIS_URL,
-                                                   "LIFELINE_CONTROLPLANE_LEASE_KEY_PREFIX": prefix})
-    tokens = {role: cp.create_token(role, name=f"e2e-{role}") for role in ("viewer", "operator", "admin", "gateway")}
+                                                   "LIFELINE_CONTROLPLANE_LEASE_KEY_PREFIX": prefix,
+                                                   "LIFELINE_CONTROLPLANE_AGENT_REPORT_STALE_AFTER": "PT3S"})
+    tokens = {role: cp.create_token(role, name=f"e2e-{role}")
+              for role in ("viewer", "operator", "admin", "gateway", "agent")}
     root = workdir / "artifacts"
     for version in ("v1", "v2"):
         cp.cli("catalog", "register", "tiny", version, str(_artifact(root, version)))
@@ -213,19 +216,45 @@ def until(check: Callable[[], bool], what: str, attempts: int = 100) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def test_operator_sees_the_fleet_and_an_engine_leaving_it(page_for: Callable[[], Any], console: Console,
-                                                         artifacts: Path) -> None:
+def agent_reports(console: Console, instances: list[dict[str, Any]]) -> None:
+    """One report of eu's agent, as `warm_pool` sends it: PUT /api/v1/agents/eu with an `agent` token."""
+    now = datetime.now(UTC).isoformat()
+    with httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {console.tokens['agent']}"},
+                      timeout=10.0) as client:
+        response = client.put("/api/v1/agents/eu", json={"region": "eu", "agent_id": "agent-eu-e2e", "sent_at": now,
+                                                         "snapshot_version": 1, "instances": instances})
+    assert response.status_code == 200, response.text
+
+
+def test_operator_sees_the_fleet_and_an_engine_leaving_it_live(page_for: Callable[[], Any], console: Console,
+                                                              artifacts: Path) -> None:
     page = page_for()
     sign_in(page, console.tokens["operator"])
     engine_1 = page.locator('[data-testid="instance-engine-1"]')
     assert "v1" in engine_1.inner_text() and "live" in engine_1.inner_text()
-    def both_report() -> bool:
-        page.reload()
-        return page.locator('[data-testid^="gateway-gw-eu-"]').count() == 2
-
-    until(both_report, "both gateways report")
+    # No reload from here on: the page's body refreshes itself.
+    page.wait_for_selector("#fleet-status:text('live')")
+    page.wait_for_function("document.querySelectorAll('[data-testid^=\"gateway-gw-eu-\"]').length === 2")
     assert "current" in page.locator('[data-testid="gateway-gw-eu-1"]').inner_text()
+
+    # The region's agent reports a probe verdict and a canary for engine-1, and a warm pool instance.
+    agent_reports(console, [
+        {"instance_id": "engine-1", "zone": "eu-a", "version": "v1", "url": "http://127.0.0.1:1/engine-1",
+         "origin": "registry", "verdict": "wrong_output", "verdict_reason": "canary tokens differ at position 3",
+         "verdict_since": datetime.now(UTC).isoformat(), "canary_verdict": "wrong_output",
+         "canary_at": datetime.now(UTC).isoformat(), "canaries": 2},
+        {"instance_id": "pool-eu-b-1", "zone": "eu-b", "version": "v1", "url": "http://127.0.0.1:1/pool",
+         "origin": "pool", "pool_state": "warm"},
+    ])
+    verdict = page.locator('[data-testid="instance-engine-1"] [data-testid="verdict"]')
+    until(lambda: "wrong_output" in verdict.inner_text(), "the agent's verdict appears without a reload")
+    assert "stale" not in verdict.inner_text() and "canary tokens differ" in verdict.inner_text()
+    assert "warm" in page.locator('[data-testid="agent-instance-pool-eu-b-1"]').inner_text()
     shoot(page, artifacts, "fleet")
+    # The agent goes quiet (stale after 3 s here): its verdict stays on screen, marked stale, never as current.
+    until(lambda: "stale" in verdict.inner_text(), "the quiet agent's verdict is marked stale")
+    assert "wrong_output" in verdict.inner_text() and "stale" in page.get_by_test_id("agent-eu").inner_text()
+    shoot(page, artifacts, "fleet-agent-stale")
 
     async def kill() -> None:  # the engine goes away and releases its lease, as a stopped engine does
         registry = console.registry()
@@ -234,8 +263,7 @@ def test_operator_sees_the_fleet_and_an_engine_leaving_it(page_for: Callable[[],
         await registry.close()
 
     run_async(kill)
-    page.reload()
-    assert page.locator('[data-testid="instance-engine-2"]').count() == 0
+    page.wait_for_selector('[data-testid="instance-engine-2"]', state="detached")  # it leaves the open page
     assert page.locator('[data-testid="instance-engine-1"]').count() == 1
 
 
@@ -259,8 +287,7 @@ def test_promote_an_alias_and_see_every_gateway_apply_it(page_for: Callable[[], 
 
     page.get_by_role("link", name="Fleet", exact=True).click()
 
-    def applied() -> bool:
-        page.reload()
+    def applied() -> bool:  # no reload: the fleet page follows the gateways' reports by itself
         texts = [page.locator(f'[data-testid="gateway-gw-eu-{n}"]').inner_text() for n in (1, 2)]
         # a promote advances the snapshot version by exactly one
         return all(f"v{before + 1}" in t and "current" in t for t in texts)
@@ -314,11 +341,52 @@ def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
     shoot(page, artifacts, "cutovers")
 
 
+ZONE_DRILL = {"name": "lose-eu-b", "model": "tiny", "scope": "zone", "fault": "zone_loss",
+              "blast_radius": {"region": "eu", "zones": ["eu-b"]}, "description": "e2e: defined in the console"}
+
+
+def test_define_a_drill_request_a_run_and_abort_it_from_the_console(page_for: Callable[[], Any], console: Console,
+                                                                   artifacts: Path) -> None:
+    page = page_for()
+    sign_in(page, console.tokens["operator"])
+    page.get_by_role("link", name="Drills & SLOs", exact=True).click()
+    page.get_by_test_id("define-drill").locator("summary").click()
+    page.fill("#dr-spec", json.dumps(ZONE_DRILL, indent=1))
+    page.get_by_role("button", name="Define drill").click()
+    page.wait_for_selector('[data-testid="drill-lose-eu-b"]')
+    assert "zone_loss" in page.get_by_test_id("drill-lose-eu-b").inner_text()
+    shoot(page, artifacts, "drills")
+
+    page.get_by_test_id("request-lose-eu-b").click()
+    page.wait_for_url("**/console/drills/lose-eu-b/request*")
+    assert "awaiting approval" in page.get_by_test_id("drill-effect").inner_text()
+    assert "eu-b" in page.get_by_test_id("drill-spec").inner_text()
+    shoot(page, artifacts, "drill-request-confirm")
+    page.get_by_role("button", name="Request a run of lose-eu-b v1").click()
+    page.wait_for_url("**/console/drills/runs/*")
+    assert page.get_by_test_id("drill-state").inner_text() == "awaiting_approval"
+    run_id = int(page.url.rsplit("/", 1)[1])
+
+    page.get_by_test_id("review-abort").click()
+    page.wait_for_url(f"**/console/drills/runs/{run_id}/abort")
+    assert "never injects its fault" in page.get_by_test_id("abort-effect").inner_text()
+    page.fill("#ab-reason", "e2e: changed my mind")
+    page.get_by_role("button", name=f"Abort drill run #{run_id}").click()
+    page.wait_for_selector('[data-testid="drill-state"]:text("aborted")')
+    assert "e2e: changed my mind" in page.content() and page.get_by_test_id("review-abort").count() == 0
+    shoot(page, artifacts, "drill-aborted")
+    with console.api("viewer") as api:
+        run = api.get(f"/api/v1/drills/runs/{run_id}").json()
+    assert (run["state"], run["abort_reason"], run["requested_by"]) == (
+        "aborted", "e2e: changed my mind", "token:e2e-operator#2")
+
+
 def test_a_viewer_finds_no_way_to_act(page_for: Callable[[], Any], console: Console, artifacts: Path) -> None:
     page = page_for()
     sign_in(page, console.tokens["viewer"])
     for path in ("/console/fleet", "/console/catalog", "/console/cutovers", "/console/events", "/console/drills",
-                 "/console/slo/tiny",
+                 "/console/slo/tiny", "/console/drills/lose-eu-b/request", "/console/drills/runs/1",
+                 "/console/drills/runs/1/abort",
                  "/console/cutovers/1", "/console/cutovers/1/execute", "/console/cutovers/1/rollback"):
         page.goto(path)
         actions = page.locator("form[method=post]:not([action='/console/sign-out'])")
@@ -326,7 +394,7 @@ def test_a_viewer_finds_no_way_to_act(page_for: Callable[[], Any], console: Cons
         buttons = [b.strip() for b in page.locator("button").all_inner_texts()]
         assert set(buttons) <= {"Sign out", "Filter"}, (path, buttons)
         links = page.locator("a").all_inner_texts()
-        assert not any(word in " ".join(links) for word in ("Review", "Cancel shift")), (path, links)
+        assert not any(word in " ".join(links) for word in ("Review", "Cancel shift", "Request a run")), (path, links)
     shoot(page, artifacts, "viewer-cutover")
     # And the server refuses the action anyway, even with the viewer's own valid CSRF token.
     csrf = page.locator("form[action='/console/sign-out'] input[name=csrf_token]").get_attribute("value")

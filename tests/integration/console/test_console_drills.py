@@ -176,7 +176,7 @@ def test_an_operator_requests_a_run_behind_a_confirmation_and_aborts_it_behind_a
     listing = console.get("/console/drills").text
     assert 'href="/console/drills/lose-eu-a/request?version=1"' in listing
     confirm = console.get("/console/drills/lose-eu-a/request", params={"version": 1}).text
-    spec = confirm.split('data-testid="drill-spec">')[1].split("</pre>")[0]
+    spec = confirm.split('data-testid="drill-spec"')[1].split("</pre>")[0]
     assert "zone_loss" in confirm and "awaiting approval" in confirm and "zones&#34;: [" in spec and "eu-a" in spec
     assert 'name="version" value="1"' in confirm
     assert console.get("/console/drills/nope/request").status_code == 404  # drill_not_found, as the API says

@@ -212,7 +212,7 @@ def test_fleet_shows_the_agents_verdicts_pool_and_canary_and_marks_them_stale_wi
     current = rows(console.get("/console/fleet").text)
     engine = current["instance-engine-1"]
     assert "serving" in engine and "timeout" in engine and "no first token in 2 s" in engine
-    assert "agent holds lease g3" in engine and ">ok<" in engine and "(4 run)" in engine and "stale" not in engine
+    assert "agent holds lease g3" in engine and ">ok<" in engine and "(4 answered)" in engine and "stale" not in engine
     assert "not probed by the agent" in current["instance-engine-9"]
     assert "warm" in current["agent-instance-pool-3"] and "not probed yet" in current["agent-instance-pool-3"]
     assert "agent-eu" in current["agent"] and "current" in current["agent"] and "v4" in current["agent"]
