@@ -420,6 +420,10 @@ class Agent:
         pool, driver = self.settings.pool, self.driver
         if pool is None or driver is None:
             return
+        try:
+            await driver.refresh()  # observe before acting: which pods / processes exist now
+        except Exception as exc:  # the API server away: alive() answers from the last read
+            log.warning("pool driver could not re-read its instances", error=repr(exc)[:200])
         now = self.clock.now()
         desired = self.desired_version()
         for instance in [i for i in self.instances.values() if i.origin == "pool"]:
@@ -625,10 +629,15 @@ def load_canary_file(path) -> dict[str, CanaryRecord]:
     return {version: CanaryRecord.model_validate(record) for version, record in raw.items()}
 
 
-async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -> None:
-    """Build the agent from settings and run its loops until `stop` is set (or the process is signalled)."""
+async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None,
+                driver: PoolDriver | None = None) -> None:
+    """Build the agent from settings and run its loops until `stop` is set (or the process is signalled).
+
+    `driver`: the pool driver already built from `settings.pool` (the CLI builds it first, so a setting
+    that cannot work stops start-up naming the key); built here when not given.
+    """
     from contract.lease import RedisLeaseRegistry
-    from warm_pool.driver import LocalDriver
+    from warm_pool.driver import build_driver
     from warm_pool.served import served_recently
 
     clock = SystemClock()
@@ -642,10 +651,8 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
         snapshots = SnapshotClient(cp_http, settings.controlplane_url, token=settings.controlplane_token,
                                    cache_path=settings.snapshot_cache)
         snapshots.load_cache()
-    driver = None
-    if settings.pool is not None:
-        driver = LocalDriver(region=settings.region, versions=settings.pool.versions,
-                             state_dir=settings.pool.state_dir, engine_args=settings.pool.engine_args)
+    if driver is None and settings.pool is not None:
+        driver = build_driver(settings.region, settings.pool)
     shipper = EventShipper(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     reporter = ReportSender(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
@@ -685,7 +692,7 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None) -
         await cp_http.aclose()
 
 
-def run_agent(settings: AgentSettings) -> None:
+def run_agent(settings: AgentSettings, *, driver: PoolDriver | None = None) -> None:
     import logging
     import signal
 
@@ -697,6 +704,6 @@ def run_agent(settings: AgentSettings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop=stop)
+        await serve(settings, stop=stop, driver=driver)
 
     asyncio.run(main())

@@ -75,6 +75,7 @@ def serve(
 
     from common.logs import configure_logging
     from warm_pool.agent import run_agent
+    from warm_pool.driver import PoolDriverError, build_driver
     from warm_pool.settings import AgentSettings
 
     values: dict = yaml.safe_load(config.read_text()) if config else {}
@@ -87,7 +88,11 @@ def serve(
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     configure_logging(settings.log_level, component="agent")
-    run_agent(settings)
+    try:
+        driver = build_driver(settings.region, settings.pool) if settings.pool is not None else None
+    except PoolDriverError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    run_agent(settings, driver=driver)
 
 
 @agent_app.command("canary-record")

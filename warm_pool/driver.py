@@ -1,12 +1,14 @@
 """Pool drivers: what starts and stops instances. One interface; `local` runs engine processes here.
 
     start(instance_id, zone, version) → PoolInstance   begin loading (the instance is COLD until it answers)
-    alive(instance_id) → bool                          the process / pod still exists
+    refresh()                                          re-read what exists (the agent calls it once a tick)
+    alive(instance_id) → bool                          the process / pod still exists, as last read
     stop(instance_id, graceful)                        SIGTERM and wait (drain), or SIGKILL
 
-A `kubernetes` driver implements the same three calls by scaling one
-Deployment per region × zone × version and reading pod readiness; the agent
-does not know which driver it has. Instances the pool starts never register
+`pool.driver` picks one (`build_driver`): `local` here, or `kubernetes`
+(warm_pool/kubernetes_driver.py), which implements the same calls by
+scaling one Deployment per region × zone × version and listing its pods;
+the agent does not know which driver it has. Instances the pool starts never register
 their own leases: the agent holds them, so promotion from warm to serving is
 a lease (a routing change), not a load.
 """
@@ -23,8 +25,13 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from common.logs import get_logger
+from warm_pool.settings import PoolSettings
 
 log = get_logger(__name__)
+
+
+class PoolDriverError(Exception):
+    """The driver cannot do what was asked: a setting that cannot work, or a cluster that did not do it in time."""
 
 
 @dataclass
@@ -37,6 +44,8 @@ class PoolInstance:
 
 class PoolDriver(Protocol):
     async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance: ...
+
+    async def refresh(self) -> None: ...
 
     def alive(self, instance_id: str) -> bool: ...
 
@@ -85,6 +94,9 @@ class LocalDriver:
         log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port)
         return instance
 
+    async def refresh(self) -> None:
+        """Nothing to re-read: `alive` asks the operating system each time."""
+
     def alive(self, instance_id: str) -> bool:
         process = self.processes.get(instance_id)
         return process is not None and process.popen.poll() is None
@@ -111,3 +123,15 @@ class LocalDriver:
     async def close(self) -> None:
         for instance_id in list(self.processes):
             await self.stop(instance_id, graceful=False)
+
+
+def build_driver(region: str, pool: PoolSettings) -> PoolDriver:
+    """The driver `pool.driver` names, from its own settings; PoolDriverError names a setting that cannot work."""
+    if pool.driver == "kubernetes":
+        from warm_pool.kubernetes_driver import KubernetesDriver, api_client_for
+
+        assert pool.kubernetes is not None  # PoolSettings requires it with this driver
+        return KubernetesDriver(region=region, config=pool.kubernetes, api_client=api_client_for(pool.kubernetes),
+                                model_dirs={version: str(path) for version, path in pool.versions.items()})
+    assert pool.state_dir is not None  # PoolSettings requires it with this driver
+    return LocalDriver(region=region, versions=pool.versions, state_dir=pool.state_dir, engine_args=pool.engine_args)

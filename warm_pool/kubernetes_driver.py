@@ -47,16 +47,15 @@ import asyncio
 import hashlib
 import json
 import re
-from datetime import timedelta
 from typing import Any
 
 import kubernetes_validate
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field
 
 from common.logs import get_logger
-from warm_pool.driver import PoolInstance
+from warm_pool.driver import PoolDriverError, PoolInstance
+from warm_pool.settings import KubernetesPoolConfig
 
 log = get_logger(__name__)
 
@@ -80,40 +79,36 @@ class PoolObjectInvalid(Exception):
     """An object the driver would send fails Kubernetes' schema (or label syntax): nothing was sent."""
 
 
-class PoolDriverError(Exception):
-    """The cluster did not do what was asked in time (no pod to claim, conflicts past the retries)."""
+def api_client_for(config: KubernetesPoolConfig) -> ApiClient:
+    """A client for `pool.kubernetes`' way in: `api_url`, `kubeconfig` (+ `context`), else in-cluster."""
+    from kubernetes import config as kube_config
+    from kubernetes.client import Configuration
+    from kubernetes.config.config_exception import ConfigException
 
-
-class KubernetesPoolConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    image: str = Field(min_length=1)
-    namespace: str = "lifeline"
-    name_prefix: str = "lifeline"
-    port: int = Field(8000, gt=0, lt=65536)
-    model_dir: str = "/models/{version}"  # where a version's weights are inside the pod
-    command: list[str] = Field(default_factory=lambda: ["lifeline", "engine", "serve"])
-    args: list[str] = Field(default_factory=lambda: [
-        "--model", "{model_dir}", "--served-model-name", "{version}", "--port", "{port}",
-        "--instance-id", "$(POD_NAME)", "--zone", "{zone}", "--region", "{region}"])
-    readiness_path: str = "/healthz/ready"  # stock vLLM: /health
-    models_claim: str | None = None  # a PersistentVolumeClaim mounted read-only at /models
-    resources: dict[str, Any] = Field(default_factory=dict)  # the container's, as Kubernetes spells them
-    zone_node_label: str = "topology.kubernetes.io/zone"
-    termination_grace: timedelta = timedelta(seconds=30)
-    kubernetes_version: str = "1.33.0"
-    conflict_retries: int = Field(5, ge=0)
-    claim_timeout: timedelta = timedelta(seconds=120)
-    poll_interval: timedelta = timedelta(seconds=0.5)
-    resync_interval: timedelta = timedelta(seconds=1)
+    if config.api_url:
+        configuration = Configuration()
+        configuration.host = config.api_url.rstrip("/")
+        return ApiClient(configuration)
+    try:
+        if config.kubeconfig is not None:
+            return kube_config.new_client_from_config(config_file=str(config.kubeconfig), context=config.context)
+        configuration = Configuration()
+        kube_config.load_incluster_config(client_configuration=configuration)
+        return ApiClient(configuration)
+    except (ConfigException, OSError) as exc:
+        where = f"pool.kubernetes.kubeconfig ({config.kubeconfig})" if config.kubeconfig else \
+            "pool.kubernetes (no api_url or kubeconfig: in-cluster config)"
+        raise PoolDriverError(f"{where}: {exc}") from None
 
 
 class KubernetesDriver:
     """`PoolDriver` on a Kubernetes cluster; `api_client` from kubeconfig or in-cluster config."""
 
-    def __init__(self, *, region: str, config: KubernetesPoolConfig, api_client: ApiClient) -> None:
+    def __init__(self, *, region: str, config: KubernetesPoolConfig, api_client: ApiClient,
+                 model_dirs: dict[str, str] | None = None) -> None:
         self.region = region
         self.config = config
+        self.model_dirs = model_dirs or {}  # version → its weights inside the pod; else config.model_dir
         self.apps = AppsV1Api(api_client)
         self.core = CoreV1Api(api_client)
         self.conflicts_retried = 0
@@ -145,7 +140,7 @@ class KubernetesDriver:
         cfg = self.config
         labels = self.selector(zone, version)
         fill = {"version": version, "zone": zone, "region": self.region, "port": cfg.port}
-        fill["model_dir"] = cfg.model_dir.format(**fill)
+        fill["model_dir"] = self.model_dirs.get(version) or cfg.model_dir.format(**fill)
         container: dict[str, Any] = {
             "name": "engine",
             "image": cfg.image,

@@ -38,25 +38,90 @@ class ZoneTarget(BaseModel):
     warm: int = Field(ge=0)
 
 
-class PoolSettings(BaseModel):
-    """The warm pool the agent keeps: per zone the plan's serving and warm counts of one model."""
+class KubernetesPoolConfig(BaseModel):
+    """`pool.kubernetes`: the kubernetes driver's settings (warm_pool/kubernetes_driver.py) and its way in.
+
+    The way in is one of `api_url` (a plain URL: `kubectl proxy`, the emulator in tests), `kubeconfig`
+    (a file, optionally a `context` of it) or neither: the in-cluster service account, as the agent runs
+    in its own Deployment.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    driver: Literal["local"] = "local"
+    image: str = Field(min_length=1)
+    namespace: str = "lifeline"
+    name_prefix: str = "lifeline"
+    port: int = Field(8000, gt=0, lt=65536)
+    model_dir: str = Field("/models/{version}", description="a version's weights inside the pod, unless "
+                           "pool.versions names a directory")
+    command: list[str] = Field(default_factory=lambda: ["lifeline", "engine", "serve"])
+    args: list[str] = Field(default_factory=lambda: [
+        "--model", "{model_dir}", "--served-model-name", "{version}", "--port", "{port}",
+        "--instance-id", "$(POD_NAME)", "--zone", "{zone}", "--region", "{region}"])
+    readiness_path: str = "/healthz/ready"  # stock vLLM: /health
+    models_claim: str | None = None  # a PersistentVolumeClaim mounted read-only at /models
+    resources: dict[str, Any] = Field(default_factory=dict)  # the container's, as Kubernetes spells them
+    zone_node_label: str = "topology.kubernetes.io/zone"
+    termination_grace: Seconds = timedelta(seconds=30)
+    kubernetes_version: str = "1.33.0"
+    conflict_retries: int = Field(5, ge=0)
+    claim_timeout: Seconds = Field(timedelta(seconds=120), gt=timedelta(0))
+    poll_interval: Seconds = Field(timedelta(seconds=0.5), gt=timedelta(0))
+    resync_interval: Seconds = Field(timedelta(seconds=1), gt=timedelta(0))
+    api_url: str | None = Field(None, description="the API server's URL, no credentials (kubectl proxy)")
+    kubeconfig: Path | None = Field(None, description="a kubeconfig file; with api_url unset too: in-cluster")
+    context: str | None = Field(None, description="a context of `kubeconfig`; its current one when unset")
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> KubernetesPoolConfig:
+        if self.api_url and self.kubeconfig:
+            raise ValueError("pool.kubernetes: set api_url or kubeconfig, not both")
+        if self.context and not self.kubeconfig:
+            raise ValueError("pool.kubernetes.context names a context of pool.kubernetes.kubeconfig, which is unset")
+        return self
+
+
+class PoolSettings(BaseModel):
+    """The warm pool the agent keeps: per zone the plan's serving and warm counts of one model.
+
+    `driver: local` runs `lifeline engine serve` processes here (`state_dir`, `engine_args`);
+    `driver: kubernetes` scales one Deployment per zone × version (`kubernetes:`, its own settings).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    driver: Literal["local", "kubernetes"] = "local"
     model: str = Field(description="the snapshot's model name; its alias picks the version")
     alias: str = "prod"
-    versions: dict[str, Path] = Field(min_length=1, description="version → model directory (local driver)")
+    versions: dict[str, Path] = Field(min_length=1, description="version → model directory: on this machine "
+                                      "(local), inside the pod (kubernetes)")
     default_version: str | None = Field(None, description="used until a snapshot names the alias' version")
     zones: dict[str, ZoneTarget] = Field(min_length=1)
-    state_dir: Path = Field(description="where instances keep their logs and state")
-    engine_args: list[str] = Field(default_factory=list, description="extra `lifeline engine serve` flags")
+    state_dir: Path | None = Field(None, description="local: where instances keep their logs and state")
+    engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
+    kubernetes: KubernetesPoolConfig | None = Field(None, description="kubernetes: the driver's settings")
     start_timeout: Seconds = Field(timedelta(seconds=180), gt=timedelta(0))
 
     @model_validator(mode="after")
     def _default_is_known(self) -> PoolSettings:
         if self.default_version is not None and self.default_version not in self.versions:
             raise ValueError(f"pool.default_version {self.default_version!r} is not in pool.versions")
+        return self
+
+    @model_validator(mode="after")
+    def _driver_settings(self) -> PoolSettings:
+        """Each driver's own settings, and only its: a setting the chosen driver ignores is a mistake."""
+        if self.driver == "local":
+            if self.state_dir is None:
+                raise ValueError("pool.state_dir is required with pool.driver: local")
+            if self.kubernetes is not None:
+                raise ValueError("pool.kubernetes is set but pool.driver is local")
+        else:
+            if self.kubernetes is None:
+                raise ValueError("pool.driver: kubernetes needs pool.kubernetes (at least its image)")
+            stray = [name for name in ("state_dir", "engine_args") if getattr(self, name)]
+            if stray:
+                raise ValueError(f"pool.{stray[0]} is for the local driver; pool.driver is kubernetes")
         return self
 
     def fallback_version(self) -> str:

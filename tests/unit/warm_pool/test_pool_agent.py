@@ -120,6 +120,9 @@ class FakeDriver:
         self.started.append(instance)
         return instance
 
+    async def refresh(self) -> None:
+        pass
+
     def alive(self, instance_id: str) -> bool:
         engine = self.fleet.engines.get(instance_id)
         return engine is not None and engine.live
