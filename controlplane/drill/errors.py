@@ -4,6 +4,7 @@
     ├── NotFound (404): drill_not_found, drill_run_not_found
     ├── Conflict (409): invalid_transition, drill_run_changed, approval_required
     └── InvalidInput (422): outside_blast_radius, unsupported_drill
+                            └── region_tier_not_wired (an UnsupportedDrill)
 """
 
 from __future__ import annotations
@@ -47,3 +48,9 @@ class UnsupportedDrill(InvalidInput):
     """No runner exists for this scope and fault (yet); the run is refused rather than faked."""
 
     error_type = "unsupported_drill"
+
+
+class RegionTierNotWired(UnsupportedDrill):
+    """A region drill on a fleet with no second region or no DNS tier: there is nowhere to fail over to."""
+
+    error_type = "region_tier_not_wired"

@@ -1,4 +1,8 @@
-"""Runs an instance drill on a fleet: steady traffic, one fault inside the blast radius, measure, report.
+"""Runs a drill on a fleet: steady traffic, one fault inside the blast radius, measure, report.
+
+What each fault does, touches and alone measures is `controlplane/drill/faults.py`
+(instance faults below, zone loss, control plane down, Redis down); this
+module is what every drill shares.
 
 Promise measured: request recovery and semantic recovery (ARCHITECTURE "three
 promises"). Steady synthetic streaming traffic goes through the gateway with
@@ -32,7 +36,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -43,11 +47,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from common.clock import Clock
 from common.logs import get_logger
 from controlplane.db import session_scope
-from controlplane.drill import measure, service
-from controlplane.drill.errors import OutsideBlastRadius, UnsupportedDrill
+from controlplane.drill import faults, measure, metrics, service
+from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius, UnsupportedDrill
+from controlplane.drill.faults import check_blast_radius
 from controlplane.drill.measure import RequestTrace
 from controlplane.drill.schemas import BlastRadius, StopConditions, Targets, Traffic
-from controlplane.drill.states import DrillFault, DrillRunEvent, DrillRunState, DrillScope
+from controlplane.drill.states import DrillFault, DrillRunEvent, DrillRunState, DrillScope, may_start
 
 log = get_logger(__name__)
 
@@ -120,17 +125,18 @@ class _Live:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def check_blast_radius(radius: BlastRadius, targets: list[str]) -> None:
-    """Refuse any target the blast radius does not name, and more targets than its cap."""
-    outside = [t for t in targets if not radius.allows_instance(t)]
-    if outside:
-        raise OutsideBlastRadius(f"fault target(s) {outside} are outside the blast radius {radius.instances}")
-    if len(set(targets)) > radius.max_instances:
-        raise OutsideBlastRadius(f"{len(set(targets))} targets exceed the blast radius cap of {radius.max_instances}")
+__all__ = ["DrillOutcome", "DrillRunner", "HttpEventReader", "InstanceDrillRunner", "check_blast_radius",
+           "stop_condition_tripped"]
 
 
-class InstanceDrillRunner:
-    """One instance drill run, start to report. `run()` is blocking (a Celery task or a CLI command calls it)."""
+class DrillRunner:
+    """One drill run, start to report. `run()` is blocking (a Celery task or a CLI command calls it).
+
+    The fault itself, its footprint and its own measurements are a
+    `faults.FaultPlan`; this class owns what every drill shares: the
+    approval check, the undisturbed run, the traffic, the stop conditions,
+    the rollback, the canary, the event log and the report.
+    """
 
     def __init__(self, *, factory: sessionmaker[Session], fleet: Fleet, clock: Clock,
                  events: EventReader | None = None, model: str | None = None,
@@ -160,46 +166,60 @@ class InstanceDrillRunner:
                     "scope": scope.value, "fault": fault.value, "region": definition.region,
                     "expected_tier": definition.expected_tier, "blast_radius": radius.model_dump(mode="json"),
                     "stop_conditions": stops.model_dump(mode="json")}
-        victim = target or next((i for i in radius.instances if i in self.fleet.instance_ids()), None)
+            # Zone and region drills start only once a person approved this run; nothing is touched before.
+            if not may_start(scope, approved=run.approved_by is not None):
+                raise ApprovalRequired(f"drill run {run.id} is a {scope} drill in state {run.state}: an operator "
+                                       "must approve it before it starts")
         try:
-            if scope != DrillScope.INSTANCE or fault not in (DrillFault.SIGKILL, DrillFault.HANG,
-                                                              DrillFault.CORRUPT_WEIGHTS):
-                raise UnsupportedDrill(f"no runner for a {scope} drill with fault {fault} on the local fleet yet")
-            if victim is None:
-                raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
-            check_blast_radius(radius, [victim])
+            plan = faults.plan_fault(scope=scope, fault=fault, radius=radius, traffic=traffic, fleet=self.fleet,
+                                     target=target, clock=self.clock, sleep=self.sleep,
+                                     probe=lambda: self._probe(model_name, traffic))
+            prepare = getattr(plan, "prepare", None)
+            if prepare is not None:
+                prepare()
         except (OutsideBlastRadius, UnsupportedDrill) as refused:
             with session_scope(self.factory) as session:
                 service.abort(session, run_id=run_id, reason=f"refused: {refused}", actor=RUNNER_ACTOR,
                               clock=self.clock)
+            metrics.RUNS.labels(scope=scope.value, fault=fault.value, outcome="refused").inc()
             raise
         with session_scope(self.factory) as session:
-            service.start(session, run_id=run_id, fault_target=victim, actor=RUNNER_ACTOR, clock=self.clock)
+            service.start(session, run_id=run_id, fault_target=plan.target, actor=RUNNER_ACTOR, clock=self.clock)
 
         try:
-            return self._drive(run_id, meta, model_name, victim, fault, stops, targets, traffic)
+            outcome = self._drive(run_id, meta, model_name, plan, stops, targets, traffic)
         except Exception as error:
             log.error("drill_failed", run=run_id, error=repr(error))
-            self._roll_back(victim, fault)
+            plan.clear()
             with session_scope(self.factory) as session:
                 run = service.get_run_or_raise(session, run_id=run_id, fresh=True)
                 if run.state == DrillRunState.RUNNING:
                     service.advance(session, run=run, event=DrillRunEvent.ERROR, clock=self.clock,
                                     failure=repr(error)[:2000])
+            metrics.RUNS.labels(scope=scope.value, fault=fault.value, outcome="error").inc()
             raise
+        metrics.RUNS.labels(scope=scope.value, fault=fault.value, outcome=outcome.state.value).inc()
+        for metric, value in outcome.report["measured"].items():
+            if value is not None:
+                metrics.MEASURED.labels(drill=meta["drill"], metric=metric).set(value)
+        log.info("drill_ended", run=run_id, state=outcome.state.value, measured=outcome.report["measured"])
+        return outcome
 
-    def _drive(self, run_id: int, meta: dict[str, Any], model_name: str, victim: str, fault: DrillFault,
+    def _drive(self, run_id: int, meta: dict[str, Any], model_name: str, plan: faults.FaultPlan,
                stops: StopConditions, targets: Targets, traffic: Traffic) -> DrillOutcome:
         first_event = self.events.last_id() if self.events is not None else 0
         baselines = {mode: self._baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
         expected = {mode: trace.token_ids for mode, trace in baselines.items()}
         baseline_ttft = [t.ttft for t in baselines.values() if t.ttft is not None]
-        if traffic.token_delay_ms:
-            # Slow the victim's tokens so the fault lands mid-stream; inside the blast radius, rolled back below.
-            self._admin(victim, {"token_delay_ms": traffic.token_delay_ms})
+        engines = faults._Engines(self.fleet)
+        slowed = (plan.slow if plan.slow is not None else plan.prefer) if traffic.token_delay_ms else []
+        for instance in slowed:
+            # Slow the victims' tokens so the fault lands mid-stream; inside the blast radius, rolled back below.
+            engines.admin(instance, {"token_delay_ms": traffic.token_delay_ms})
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
+        cleared_at: float | None = None
         tripped: str | None = None
 
         def one(index: int) -> None:
@@ -209,18 +229,42 @@ class InstanceDrillRunner:
             trace = RequestTrace(index=index, sampling=mode, started_at=self.clock.now())
             with live.lock:
                 live.traces.append(trace)
-            self._stream(model_name, traffic, mode, trace, live, prefer=victim)
+            prefer = plan.prefer[index % len(plan.prefer)] if plan.prefer else None
+            self._stream(model_name, traffic, mode, trace, live, prefer=prefer)
+
+        def inject() -> None:
+            nonlocal fault_at, fault_wall
+            fault_at, fault_wall = self.clock.now(), self.clock.wall()
+            metrics.FAULTS.labels(fault=plan.fault.value).inc()
+            plan.inject()
 
         next_abort_check = self.clock.now()
         operator_abort: str | None = None
+        futures: list[Future[None]] = []
+        submitted = 0
         with ThreadPoolExecutor(max_workers=traffic.concurrency, thread_name_prefix="drill-traffic") as pool:
-            futures = [pool.submit(one, i) for i in range(traffic.requests)]
-            while not all(f.done() for f in futures):
-                if fault_at is None and live.tokens_seen >= traffic.fault_after_tokens:
-                    fault_at, fault_wall = self.clock.now(), self.clock.wall()
-                    self._inject(victim, fault)
+            while True:
+                # Steady traffic: `concurrency` streams at a time, `requests` at least; an outage fault that
+                # keeps traffic going gets more until it is cleared.
+                in_flight = sum(1 for f in futures if not f.done())
+                held = plan.keep_traffic and cleared_at is None
+                while not tripped and in_flight < traffic.concurrency and (submitted < traffic.requests or held):
+                    futures.append(pool.submit(one, submitted))
+                    submitted += 1
+                    in_flight += 1
+                if in_flight == 0 and not (held and not tripped):
+                    break
+                now = self.clock.now()
+                if fault_at is None and (live.tokens_seen >= traffic.fault_after_tokens
+                                         or submitted >= traffic.requests and plan.keep_traffic):
+                    inject()
+                elif fault_at is not None and cleared_at is None:
+                    plan.tick(now)
+                    if plan.hold_s is not None and now >= fault_at + plan.hold_s:
+                        plan.clear()
+                        cleared_at = self.clock.now()
                 with live.lock:
-                    snapshot = list(live.traces)
+                    snapshot = [t for t in live.traces if not plan.documented_refusal(t)]
                 tripped = tripped or self._stop_condition(stops, snapshot)
                 if not tripped and self.clock.now() >= next_abort_check:
                     next_abort_check = self.clock.now() + 0.5
@@ -234,12 +278,16 @@ class InstanceDrillRunner:
                 for future in futures:
                     future.cancel()  # not started yet: never sent; in flight: finish (the gateway bounds them)
         if fault_at is None:  # traffic ended before the threshold: fault now so the drill still drills
-            fault_at, fault_wall = self.clock.now(), self.clock.wall()
-            self._inject(victim, fault)
-
-        self._roll_back(victim, fault)
+            inject()
+        assert fault_at is not None and fault_wall is not None
+        if cleared_at is None:
+            plan.clear()
+            cleared_at = self.clock.now()
+        plan.after_clear()
+        for instance in slowed if plan.slow is not None else []:
+            engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
-        report = self._report(meta, victim, traces, expected, fault_at, fault_wall, first_event, targets,
+        report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
                               baseline_ttft, tripped, model_name, traffic)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
@@ -308,32 +356,11 @@ class InstanceDrillRunner:
         finally:
             trace.ended_at = self.clock.now()
 
-    # -- fault and rollback ---------------------------------------------------
-    def _inject(self, victim: str, fault: DrillFault) -> None:
-        log.warning("drill_fault_injected", instance=victim, fault=fault.value)
-        if fault == DrillFault.SIGKILL:
-            self.fleet.kill(victim)
-            return
-        current = httpx.get(self.fleet.engine_url(victim) + "/admin/faults", timeout=5.0).raise_for_status().json()
-        if fault == DrillFault.HANG:
-            self._admin(victim, {"hang_after_tokens": current.get("tokens_sent", 0)})
-        else:
-            self._admin(victim, {"corrupt_weights": True})
-
-    def _admin(self, instance_id: str, faults: dict[str, Any]) -> None:
-        """POST the engine's fault admin: the whole fault set is replaced by `faults`."""
-        httpx.post(self.fleet.engine_url(instance_id) + "/admin/faults", json=faults,
-                   timeout=5.0).raise_for_status()
-
-    def _roll_back(self, victim: str, fault: DrillFault) -> None:
-        """Put the victim back as it was: faults cleared; a killed or corrupted process restarted."""
-        if fault == DrillFault.HANG:
-            try:
-                self._admin(victim, {})
-                return
-            except httpx.HTTPError as error:
-                log.warning("drill_rollback_clear_failed", instance=victim, error=repr(error))
-        self.fleet.restart(victim)
+    def _probe(self, model_name: str, traffic: Traffic) -> str | None:
+        """One new stream through the gateway: None if it was served in full, else its error."""
+        trace = RequestTrace(index=-2, sampling="greedy", started_at=self.clock.now())
+        self._stream(model_name, traffic, "greedy", trace, _Live(), prefer=None)
+        return trace.error
 
     # -- stop conditions ----------------------------------------------------
     @staticmethod
@@ -368,12 +395,14 @@ class InstanceDrillRunner:
             self.sleep(0.2)
         return None
 
-    def _report(self, meta: dict[str, Any], victim: str, traces: list[RequestTrace], expected: dict[str, list[int]],
-                fault_at: float, fault_wall: float, first_event: int, targets: Targets, baseline_ttft: list[float],
-                tripped: str | None, model_name: str, traffic: Traffic) -> dict[str, Any]:
+    def _report(self, meta: dict[str, Any], plan: faults.FaultPlan, traces: list[RequestTrace],
+                expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
+                first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
+                traffic: Traffic) -> dict[str, Any]:
         comparisons = [measure.compare_tokens(expected[t.sampling], t.token_ids, t.seqs) for t in traces
                        if not t.error]
-        lost = [t for t in traces if t.error]
+        refused = [t for t in traces if t.error and plan.documented_refusal(t)]
+        lost = [t for t in traces if t.error and not plan.documented_refusal(t)]
         quality_at = None if tripped else self._canary(model_name, traffic, expected["greedy"])
         events = self.events.events_after(first_event) if self.events is not None else []
         routing_events = [e for e in events if e.get("routing_tier")]
@@ -382,9 +411,9 @@ class InstanceDrillRunner:
         for event in routing_events:
             offset = datetime.fromisoformat(event["started_at"]).timestamp() - fault_wall
             event_offsets.append((round(offset, 4), f"{event['routing_tier']} {event['kind']}"))
-            if detection is None and offset >= -0.001:
+            if detection is None and offset >= -0.001 and plan.expects_tier:
                 detection = max(0.0, offset)
-        if detection is None:  # no event log: the first migrated token at the client is the detection
+        if detection is None and plan.expects_tier:  # no event log: the first migrated token at the client
             moved = [tt for t in traces for tt, ep in zip(t.token_times, _epoch_per_token(t), strict=False) if ep > 0]
             detection = (min(moved) - fault_at) if moved else None
         ttft_target = (targets.ttft_target_ms / 1000.0 if targets.ttft_target_ms
@@ -396,22 +425,30 @@ class InstanceDrillRunner:
             "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
             "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons)),
             "requests_lost": float(len(lost)),
+            **plan.measurements(fault_at, cleared_at),
         }
         target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,
                          "rto_quality_s": targets.rto_quality_s,
                          "token_rpo_tokens": None if targets.token_rpo_tokens is None else float(targets.token_rpo_tokens),
-                         "requests_lost": 0.0}
+                         "requests_lost": 0.0, **plan.targets()}
         verdicts = measure.verdicts(measured, target_values)
         follow_ups = [f"{v.metric}: measured {_fmt(v.measured)} vs target {_fmt(v.target)}"
                       for v in verdicts if v.met is False]
         tiers = [e["routing_tier"] for e in routing_events]
-        if self.events is not None and meta["expected_tier"] not in tiers:
+        if self.events is not None and plan.expects_tier and meta["expected_tier"] not in tiers:
             follow_ups.append(f"expected the {meta['expected_tier']} tier to act; events showed {tiers or 'none'}")
+        follow_ups += plan.checks()
         if tripped:
             follow_ups.insert(0, f"aborted by stop condition: {tripped}; fault rolled back")
         report = {
             **meta,
-            "fault_target": victim,
+            "fault_target": plan.target,
+            "faulted_instances": list(plan.instances),
+            "fault_cleared_at_s": round(cleared_at - fault_at, 4),
+            "requests_during_fault": sum(1 for t in traces if t.started_at < cleared_at
+                                         and (t.ended_at is None or t.ended_at > fault_at)),
+            "refused_as_documented": len(refused),
+            "fault_details": plan.details(),
             "passed": not follow_ups and not tripped,
             "aborted": tripped,
             "fault_at_s": 0.0,
@@ -463,3 +500,7 @@ def _epoch_per_token(trace: RequestTrace) -> list[int]:
 
 def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
+
+
+# The name the instance drills were first written under (tasks, CLI, demo and tests call it).
+InstanceDrillRunner = DrillRunner

@@ -74,6 +74,8 @@ class Traffic(BaseModel):
     # Fault after this many tokens reached the client (across all streams).
     fault_after_tokens: int = Field(8, ge=0)
     token_delay_ms: float = Field(0.0, ge=0, description="fault admin slows the victim so the fault lands mid-stream")
+    # Outage faults (controlplane_down, redis_down): how long the process stays silent while traffic flows.
+    fault_duration_s: float = Field(3.0, gt=0, le=600, description="outage faults: seconds until the drill restores it")
 
 
 class DrillSpec(BaseModel):

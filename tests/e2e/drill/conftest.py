@@ -38,6 +38,8 @@ class LocalFleet:
     gateway: GatewayProcess
     engines: dict[str, EngineProcess] = field(default_factory=dict)
     started: list[EngineProcess] = field(default_factory=list)
+    zones: dict[str, str] = field(default_factory=dict)  # instance → zone, as each engine registers it
+    region: str = "local"
 
     @property
     def gateway_url(self) -> str:
@@ -52,11 +54,16 @@ class LocalFleet:
     def served_model(self, instance_id: str) -> str:
         return self.model.name
 
-    def start_engine(self, instance_id: str) -> EngineProcess:
+    def zone_of(self, instance_id: str) -> str | None:
+        return self.zones.get(instance_id)
+
+    def start_engine(self, instance_id: str, zone: str | None = None) -> EngineProcess:
+        zone = zone or self.zones.get(instance_id, "local-a")
+        self.zones[instance_id] = zone
         previous = self.gateway.leases().get(instance_id, 0)
         engine = EngineProcess(self.model, free_port(), instance_id, self.workdir / "state" / instance_id,
                                self.workdir / f"{instance_id}-{len(self.started)}.log",
-                               extra_args=[*self.gateway.registry_args(), "--enable-fault-admin"])
+                               extra_args=[*self.gateway.registry_args(), "--enable-fault-admin", "--zone", zone])
         self.started.append(engine)
         engine.start()
         engine.wait_ready()
@@ -115,6 +122,31 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
     yield ControlPlane(base, factory, tokens, server, thread, app)
     server.should_exit = True
     thread.join(timeout=10)
+
+
+def _gateway(controlplane: ControlPlane, workdir: Path, model: Path, replica_id: str) -> GatewayProcess:
+    config = gateway_config(model, recovery={"stall_timeout": 1.0},
+                            routing={"controlplane_url": controlplane.url, "token": controlplane.tokens["gateway"],
+                                     "event_flush_interval": 0.1})
+    gateway = GatewayProcess(config, free_port(), workdir, replica_id=replica_id)
+    gateway.start()
+    gateway.wait_live()
+    return gateway
+
+
+@pytest.fixture(scope="module")
+def zone_fleet(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """Two zones behind one gateway: a-0 and a-1 in local-a, b-0 in local-b (the zone that survives)."""
+    workdir = tmp_path_factory.mktemp("drill-zone-fleet")
+    model = built_model("tiny", 0)
+    local = LocalFleet(workdir, model, _gateway(controlplane, workdir, model, "gw-zone"))
+    try:
+        for instance_id, zone in (("a-0", "local-a"), ("a-1", "local-a"), ("b-0", "local-b")):
+            local.start_engine(instance_id, zone)
+        local.gateway.wait_routable("tiny", 3)
+        yield local
+    finally:
+        local.close()
 
 
 @pytest.fixture(scope="module")

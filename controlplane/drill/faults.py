@@ -1,0 +1,592 @@
+"""What each drill fault does to the fleet, what it may touch, how it is undone, and what it alone measures.
+
+    fault              scope     touches (its footprint)                   injected by             undone by
+    sigkill            instance  one instance of the blast radius          SIGKILL (fleet / pool)  restart (new generation)
+    hang               instance  one instance                              engine fault admin      faults cleared
+    corrupt_weights    instance  one instance                              engine fault admin      restart
+    zone_loss          zone      every instance the fleet places in it     SIGKILL each            restart each
+    controlplane_down  region    the control-plane API process the         SIGSTOP                 SIGCONT
+                                 region's gateways poll
+    redis_down         region    the region's lease-registry / token-log   SIGSTOP                 SIGCONT
+                                 Redis
+    region_loss        region    refused (`RegionTierNotWired`) until the fleet has a second region and a DNS tier
+
+`plan_fault()` computes the footprint from the fleet and checks it against
+the blast radius *before anything is touched*: a target outside it, a
+footprint that reaches an instance or zone the radius does not name, or one
+larger than its cap is refused (`OutsideBlastRadius`). A fleet that cannot
+carry the fault out (no pid for the control plane, no Redis handle) is
+refused too (`UnsupportedDrill`), never faked.
+
+Why the control-plane drill stops the *API process the gateways poll* and
+not the database: the runner lives in the control plane (a Celery worker,
+or the CLI) and records the run in that database; taking the database away
+would take the drill's own record, its operator abort and its stop
+conditions with it. The API process is what the data plane depends on
+(snapshot polls, reports, L7 events), so silencing it is the fault
+invariant 7 is about. SIGSTOP, not SIGKILL: connections are still accepted
+by the kernel and never answered, which is the harder case for a client
+(every poll waits out its timeout instead of failing fast), and SIGCONT
+undoes it without a restart, so a rollback cannot fail half-way. A fleet
+whose control plane is the runner's own process is refused.
+
+Outage faults (`hold_s`) are cleared by the runner after `fault_duration_s`
+while traffic still flows; instance and zone faults are undone after the
+traffic.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import httpx
+
+from common.clock import Clock
+from common.logs import get_logger
+from controlplane.drill.errors import OutsideBlastRadius, RegionTierNotWired, UnsupportedDrill
+from controlplane.drill.measure import RequestTrace
+from controlplane.drill.schemas import BlastRadius, Traffic
+from controlplane.drill.states import DrillFault, DrillScope
+
+log = get_logger(__name__)
+
+
+class ProcessHandle(Protocol):
+    """A process a drill may silence: the fleet's control-plane API, or a region's Redis."""
+
+    url: str
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stops answering; its sockets stay open."""
+
+    def resume(self) -> None:
+        """SIGCONT."""
+
+
+class PidHandle:
+    """A `ProcessHandle` by pid (a pid file, or a child process): SIGSTOP / SIGCONT."""
+
+    def __init__(self, url: str, pid: Callable[[], int], *, token: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._pid = pid
+        self.token = token
+
+    @property
+    def pid(self) -> int:
+        return self._pid()
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # gone: nothing left to resume
+
+
+# -- footprints (pure) ----------------------------------------------------------------------------
+def check_blast_radius(radius: BlastRadius, targets: list[str]) -> None:
+    """Refuse any target the blast radius does not name, and more targets than its cap."""
+    outside = [t for t in targets if not radius.allows_instance(t)]
+    if outside:
+        raise OutsideBlastRadius(f"fault target(s) {outside} are outside the blast radius {radius.instances}")
+    if len(set(targets)) > radius.max_instances:
+        raise OutsideBlastRadius(f"{len(set(targets))} targets exceed the blast radius cap of {radius.max_instances}")
+
+
+def zone_footprint(radius: BlastRadius, zone: str, placement: dict[str, str | None]) -> list[str]:
+    """The instances a loss of `zone` kills, refused if any of it lies outside the blast radius.
+
+    `placement` is instance → zone as the fleet knows it. Refused: a zone the
+    radius does not name; a zone with nothing in it (nothing to drill); a
+    footprint with an instance whose zone is unknown (it might be anywhere);
+    one that names instances the radius's own list leaves out (when it has
+    one); more instances than the cap.
+    """
+    if not radius.allows_zone(zone):
+        raise OutsideBlastRadius(f"zone {zone!r} is outside the blast radius zones {radius.zones}")
+    unplaced = sorted(i for i, z in placement.items() if z is None)
+    if unplaced:
+        raise OutsideBlastRadius(f"the fleet does not say which zone {unplaced} are in: a zone loss could reach "
+                                 "them wherever they are")
+    footprint = sorted(i for i, z in placement.items() if z == zone)
+    if not footprint:
+        raise OutsideBlastRadius(f"no instance of the fleet is in zone {zone!r}: nothing to drill")
+    if radius.instances:
+        outside = [i for i in footprint if not radius.allows_instance(i)]
+        if outside:
+            raise OutsideBlastRadius(f"losing zone {zone!r} would kill {outside}, which the blast radius "
+                                     f"{radius.instances} does not name")
+    if len(footprint) > radius.max_instances:
+        raise OutsideBlastRadius(f"losing zone {zone!r} kills {len(footprint)} instances {footprint}, over the "
+                                 f"blast radius cap of {radius.max_instances}")
+    return footprint
+
+
+# -- the plan a run carries out -------------------------------------------------------------------------
+@dataclass
+class FaultPlan:
+    """One fault, its footprint, and how to inject, clear and measure it. Subclasses per kind of fault."""
+
+    fault: DrillFault
+    target: str  # recorded as the run's fault_target
+    instances: list[str] = field(default_factory=list)  # instances it faults (killed, hung, corrupted)
+    prefer: list[str] = field(default_factory=list)  # traffic pinned to these, round robin (streams in flight there)
+    hold_s: float | None = None  # outage faults: cleared this long after injection while traffic flows
+    keep_traffic: bool = False  # traffic continues until the fault is cleared
+    slow: list[str] | None = None  # where traffic.token_delay_ms applies (None: `prefer`, which clear() restores)
+    expects_tier: bool = True  # a routing tier is expected to act (outage faults: the data plane rides it out)
+    injected: bool = False
+
+    def inject(self) -> None:
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Undo the fault; safe to call more than once and when it never landed."""
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """Called every loop while the fault is on (observations an outage drill makes)."""
+
+    def after_clear(self) -> None:
+        """Called once the fault is cleared and the traffic has ended (waiting for reconciliation)."""
+
+    def documented_refusal(self, trace: RequestTrace) -> bool:
+        """An error the docs promise for this fault (not a lost request)."""
+        return False
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        """Extra figures this fault alone measures, each from this run."""
+        return {}
+
+    def targets(self) -> dict[str, float]:
+        """Bounds on this fault's own figures that the docs promise (each becomes a verdict)."""
+        return {}
+
+    def checks(self) -> list[str]:
+        """Promises this fault's docs make that are not figures; each one broken is a follow-up item."""
+        return []
+
+    def details(self) -> dict[str, Any]:
+        """What the report says beyond the figures (per-gateway observations)."""
+        return {}
+
+
+class _Engines:
+    """The engine fault admin (`--enable-fault-admin`) and the fleet's kill/restart, shared by instance and zone faults."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def admin(self, instance_id: str, faults: dict[str, Any]) -> None:
+        """POST the engine's fault admin: the whole fault set is replaced by `faults`."""
+        httpx.post(self.fleet.engine_url(instance_id) + "/admin/faults", json=faults, timeout=5.0).raise_for_status()
+
+    def tokens_sent(self, instance_id: str) -> int:
+        current = httpx.get(self.fleet.engine_url(instance_id) + "/admin/faults", timeout=5.0)
+        return int(current.raise_for_status().json().get("tokens_sent", 0))
+
+
+@dataclass
+class InstanceFault(FaultPlan):
+    engines: _Engines | None = None
+
+    def inject(self) -> None:
+        assert self.engines is not None
+        victim = self.instances[0]
+        log.warning("drill_fault_injected", instance=victim, fault=self.fault.value)
+        self.injected = True
+        if self.fault == DrillFault.SIGKILL:
+            self.engines.fleet.kill(victim)
+        elif self.fault == DrillFault.HANG:
+            self.engines.admin(victim, {"hang_after_tokens": self.engines.tokens_sent(victim)})
+        else:
+            self.engines.admin(victim, {"corrupt_weights": True})
+
+    def clear(self) -> None:
+        """Faults cleared; a killed or corrupted process restarted (a new generation)."""
+        assert self.engines is not None
+        victim = self.instances[0]
+        if self.fault == DrillFault.HANG:
+            try:
+                self.engines.admin(victim, {})
+                return
+            except httpx.HTTPError as error:
+                log.warning("drill_rollback_clear_failed", instance=victim, error=repr(error))
+        self.engines.fleet.restart(victim)
+
+
+@dataclass
+class ZoneLoss(FaultPlan):
+    """Every engine of one zone SIGKILLed at once (the fleet's / pool driver's kill); each restarted on rollback."""
+
+    engines: _Engines | None = None
+    killed: list[str] = field(default_factory=list)
+
+    def inject(self) -> None:
+        assert self.engines is not None
+        log.warning("drill_fault_injected", zone=self.target, instances=self.instances, fault=self.fault.value)
+        self.injected = True
+        for instance in self.instances:
+            self.engines.fleet.kill(instance)
+            self.killed.append(instance)
+
+    def clear(self) -> None:
+        assert self.engines is not None
+        # Every instance of the footprint, killed or not: one the drill slowed is put back clean by its restart.
+        for instance in self.instances:
+            self.engines.fleet.restart(instance)
+
+    def details(self) -> dict[str, Any]:
+        return {"zone": self.target, "instances_killed": list(self.killed)}
+
+
+@dataclass
+class ControlPlaneDown(FaultPlan):
+    """The control-plane API the region's gateways poll stops answering (SIGSTOP) for `hold_s`.
+
+    Measures invariant 7 from the control plane's own records: before the
+    fault, each gateway's report (`GET /api/v1/gateways`: snapshot version,
+    epoch and when it was applied); after SIGCONT, the first report each
+    gateway sends that was received after the return and names the snapshot
+    the control plane serves now. From those: how long each gateway ran on
+    its last good snapshot (fault → reconciled), how long it took to
+    reconcile once the control plane answered again, and whether the
+    snapshot it served through the outage is the one it had applied before
+    (same version, epoch and applied_at). Traffic continues through the
+    outage; requests lost must be 0.
+    """
+
+    controlplane: Any = None
+    gateway_urls: list[str] = field(default_factory=list)
+    clock: Clock | None = None
+    sleep: Callable[[float], None] | None = None
+    reconcile_timeout: float = 60.0
+    before: dict[str, dict[str, Any]] = field(default_factory=dict)
+    after: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reconciled_at: dict[str, float] = field(default_factory=dict)
+    not_ready_during: int = 0
+    ready_probes: int = 0
+    fault_wall: float | None = None
+    cleared_wall: float | None = None
+    cleared_mono: float | None = None
+    _next_probe: float = 0.0
+
+    def _api(self, path: str) -> Any:
+        response = httpx.get(self.controlplane.url + "/api/v1" + path, timeout=5.0,
+                             headers={"Authorization": f"Bearer {self.controlplane.token}"})
+        response.raise_for_status()
+        return response.json()
+
+    def _reports(self) -> dict[str, dict[str, Any]]:
+        return {r["replica_id"]: r for r in self._api("/gateways")}
+
+    def prepare(self) -> None:
+        self.before = self._reports()
+        if not self.before:
+            raise UnsupportedDrill("no gateway reports to the fleet's control plane: nothing would measure "
+                                   "invariant 7 (gateways routing by its snapshot report there)")
+
+    def inject(self) -> None:
+        assert self.clock is not None
+        log.warning("drill_fault_injected", fault=self.fault.value, controlplane=self.controlplane.url)
+        self.fault_wall = self.clock.wall()
+        self.injected = True
+        self.controlplane.pause()
+
+    def tick(self, now: float) -> None:
+        if now < self._next_probe:
+            return
+        self._next_probe = now + 0.5
+        for url in self.gateway_urls:  # the data plane must stay ready on its own while the control plane is silent
+            self.ready_probes += 1
+            try:
+                ok = httpx.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            self.not_ready_during += 0 if ok else 1
+
+    def clear(self) -> None:
+        if self.injected and self.cleared_wall is None:
+            assert self.clock is not None
+            self.controlplane.resume()
+            self.cleared_wall, self.cleared_mono = self.clock.wall(), self.clock.now()
+            log.info("drill_fault_cleared", fault=self.fault.value, controlplane=self.controlplane.url)
+        elif not self.injected:
+            self.controlplane.resume()  # harmless on a running process; certain on a stopped one
+
+    def after_clear(self) -> None:
+        """Until every gateway reports, after the return, the snapshot the control plane serves now."""
+        assert self.clock is not None and self.sleep is not None
+        if self.cleared_wall is None:
+            return
+        deadline = self.clock.now() + self.reconcile_timeout
+        current: tuple[Any, Any] | None = None
+        while self.clock.now() < deadline and len(self.reconciled_at) < len(self.before):
+            try:
+                snapshot = self._api("/snapshot")
+                current = (snapshot["version"], snapshot.get("controlplane_epoch"))
+                reports = self._reports()
+            except httpx.HTTPError:
+                self.sleep(0.2)
+                continue
+            for replica, report in reports.items():
+                if replica not in self.before or replica in self.reconciled_at:
+                    continue
+                received = datetime.fromisoformat(report["received_at"]).timestamp()
+                if received > self.cleared_wall and (report.get("snapshot_version"), report.get("snapshot_epoch")) \
+                        == current:
+                    self.reconciled_at[replica] = self.clock.now() - (self.clock.wall() - received)
+                    self.after[replica] = report
+            self.sleep(0.2)
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        ran = [at - fault_at for at in self.reconciled_at.values()]
+        reconcile = [at - cleared_at for at in self.reconciled_at.values()] if cleared_at is not None else []
+        complete = len(self.reconciled_at) == len(self.before)
+        return {
+            "controlplane_down_s": (cleared_at - fault_at) if cleared_at is not None else None,
+            "last_good_snapshot_s": max(ran) if ran and complete else None,
+            "reconcile_s": max(reconcile) if reconcile and complete else None,
+            "gateways_not_ready": float(self.not_ready_during),
+            "gateways_changed_snapshot": float(sum(1 for r in self.before if not self._kept(r))),
+        }
+
+    def targets(self) -> dict[str, float]:
+        return {"gateways_not_ready": 0.0, "gateways_changed_snapshot": 0.0}
+
+    def checks(self) -> list[str]:
+        missing = sorted(set(self.before) - set(self.reconciled_at))
+        if self.injected and missing:
+            return [f"gateways {missing} never reported the current snapshot after the control plane returned "
+                    f"(within {self.reconcile_timeout:.0f} s)"]
+        return []
+
+    def _kept(self, replica: str) -> bool:
+        """The gateway served through the outage on the snapshot it had applied before it (nothing else applied)."""
+        before, after = self.before.get(replica) or {}, self.after.get(replica)
+        if after is None:
+            return False
+        keys = ("snapshot_version", "snapshot_epoch", "snapshot_applied_at")
+        return all(before.get(k) == after.get(k) for k in keys)
+
+    def details(self) -> dict[str, Any]:
+        out = {}
+        for replica, before in sorted(self.before.items()):
+            after = self.after.get(replica) or {}
+            out[replica] = {"snapshot_version_before": before.get("snapshot_version"),
+                            "snapshot_applied_at": before.get("snapshot_applied_at"),
+                            "snapshot_version_after": after.get("snapshot_version"),
+                            "kept_last_good_snapshot": self._kept(replica),
+                            "reconciled": replica in self.reconciled_at}
+        return {"gateways": out, "ready_probes": self.ready_probes}
+
+
+@dataclass
+class RedisDown(FaultPlan):
+    """The region's lease-registry / token-log Redis stops answering (SIGSTOP) for `hold_s`.
+
+    Measures what docs/gateway.md ("When Redis is away") promises, and
+    nothing more: streams in flight continue (lost 0, token-identical); the
+    lease view fails static (`/healthz/ready` `lease_view.mode`); the token
+    log holds frames in the gateway (`lifeline_gateway_token_log_buffered_frames`)
+    and flushes them when Redis answers (`…_flushed_frames_total`); a new
+    stream during the outage is refused with 503 `token_log_unavailable`
+    (one probe, sent by the drill halfway through the outage); and how long
+    after the return every gateway's stores answer again.
+    """
+
+    redis: Any = None
+    gateway_urls: list[str] = field(default_factory=list)
+    clock: Clock | None = None
+    sleep: Callable[[float], None] | None = None
+    probe: Callable[[], str | None] | None = None  # one new stream; its error type, or None if it was served
+    recover_timeout: float = 60.0
+    modes_seen: set[str] = field(default_factory=set)
+    token_log_down_seen: bool = False
+    frames_held_max: float = 0.0
+    flushed_before: float = 0.0
+    flushed_after: float = 0.0
+    probe_error: str | None = "not sent"
+    recovered_at: float | None = None
+    fault_mono: float | None = None
+    _next_probe: float = 0.0
+    _probe_thread: threading.Thread | None = None
+
+    def documented_refusal(self, trace: RequestTrace) -> bool:
+        return bool(trace.error and "token_log_unavailable" in trace.error)
+
+    def _metric(self, name: str) -> float:
+        """The sum of one metric over every gateway's /metrics (a gateway that does not answer adds nothing)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        for url in self.gateway_urls:
+            try:
+                text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
+            except httpx.HTTPError:
+                continue
+            total += sum(sample.value for family in text_string_to_metric_families(text)
+                         for sample in family.samples if sample.name == name)
+        return total
+
+    def prepare(self) -> None:
+        self.flushed_before = self._metric("lifeline_gateway_token_log_flushed_frames_total")
+
+    def inject(self) -> None:
+        assert self.clock is not None
+        log.warning("drill_fault_injected", fault=self.fault.value, redis=self.redis.url)
+        self.injected = True
+        self.fault_mono = self.clock.now()
+        self.redis.pause()
+
+    def _observe(self) -> tuple[bool, set[str]]:
+        """(every gateway ready with its token log answering, lease-view modes seen now)."""
+        all_back, modes = True, set()
+        for url in self.gateway_urls:
+            try:
+                body = httpx.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).json()
+            except (httpx.HTTPError, ValueError):
+                all_back = False
+                continue
+            mode = (body.get("lease_view") or {}).get("mode")
+            if mode:
+                modes.add(mode)
+            token_log = ((body.get("redis") or {}).get("token_log") or {})
+            if token_log.get("available") is False:
+                self.token_log_down_seen = True
+            all_back = all_back and body.get("status") == "ready" and mode in (None, "fresh") \
+                and token_log.get("available", True) is not False
+        return all_back, modes
+
+    def tick(self, now: float) -> None:
+        if now < self._next_probe:
+            return
+        self._next_probe = now + 0.25
+        _, modes = self._observe()
+        self.modes_seen |= modes
+        self.frames_held_max = max(self.frames_held_max, self._metric("lifeline_gateway_token_log_buffered_frames"))
+        if (self.probe is not None and self._probe_thread is None and self.hold_s is not None
+                and self.fault_mono is not None and now >= self.fault_mono + self.hold_s / 2):
+            def send() -> None:
+                assert self.probe is not None
+                self.probe_error = self.probe()
+
+            self._probe_thread = threading.Thread(target=send, name="drill-redis-probe", daemon=True)
+            self._probe_thread.start()
+
+    def clear(self) -> None:
+        self.redis.resume()  # harmless on a running process
+
+    def after_clear(self) -> None:
+        assert self.clock is not None and self.sleep is not None
+        if self._probe_thread is not None:
+            self._probe_thread.join(timeout=30)
+        if not self.injected:
+            return
+        deadline = self.clock.now() + self.recover_timeout
+        while self.clock.now() < deadline:
+            back, _ = self._observe()
+            if back:
+                self.recovered_at = self.clock.now()
+                break
+            self.sleep(0.1)
+        self.flushed_after = self._metric("lifeline_gateway_token_log_flushed_frames_total")
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        return {
+            "redis_down_s": (cleared_at - fault_at) if cleared_at is not None else None,
+            "stores_back_s": (self.recovered_at - cleared_at)
+            if self.recovered_at is not None and cleared_at is not None else None,
+            "frames_held_max": self.frames_held_max,
+            "frames_flushed": self.flushed_after - self.flushed_before,
+        }
+
+    def checks(self) -> list[str]:
+        if not self.injected:
+            return []
+        out = []
+        if self.recovered_at is None:
+            out.append(f"the gateways' stores did not answer again within {self.recover_timeout:.0f} s of Redis's return")
+        if self.probe_error is not None and "token_log_unavailable" not in self.probe_error:
+            out.append(f"a new stream during the outage ended '{self.probe_error}', not the documented 503 "
+                       "token_log_unavailable (nor served)")
+        return out
+
+    def details(self) -> dict[str, Any]:
+        return {"lease_view_modes_seen": sorted(self.modes_seen), "token_log_unavailable_seen": self.token_log_down_seen,
+                "new_stream_during_outage": self.probe_error or "served"}
+
+
+# -- choosing the plan ------------------------------------------------------------------------------------
+def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
+               target: str | None, clock: Clock, sleep: Callable[[float], None],
+               probe: Callable[[], str | None] | None = None) -> FaultPlan:
+    """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius`."""
+    fleet_region = getattr(fleet, "region", radius.region)
+    if radius.region != fleet_region:
+        raise OutsideBlastRadius(f"the fleet serves region {fleet_region!r}; the blast radius is region "
+                                 f"{radius.region!r}")
+    engines = _Engines(fleet)
+    if scope == DrillScope.INSTANCE:
+        victim = target or next((i for i in radius.instances if i in fleet.instance_ids()), None)
+        if victim is None:
+            raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
+        check_blast_radius(radius, [victim])
+        return InstanceFault(fault=fault, target=victim, instances=[victim], prefer=[victim], engines=engines)
+    if fault == DrillFault.ZONE_LOSS:
+        zone_of = getattr(fleet, "zone_of", None)
+        if zone_of is None:
+            raise UnsupportedDrill("the fleet does not say which zone each instance is in; a zone loss cannot be "
+                                   "kept inside its blast radius")
+        zone = target or radius.zones[0]
+        footprint = zone_footprint(radius, zone, {i: zone_of(i) for i in fleet.instance_ids()})
+        return ZoneLoss(fault=fault, target=zone, instances=footprint, prefer=footprint, engines=engines)
+    if fault == DrillFault.REGION_LOSS:
+        regions = list(getattr(fleet, "regions", lambda: [fleet_region])())
+        dns = getattr(fleet, "dns_tier", None)
+        if len(regions) < 2 or dns is None:
+            raise RegionTierNotWired(
+                f"a region-loss drill moves traffic to a standby region through the dns (or anycast) tier; this "
+                f"fleet has region(s) {regions} and {'a' if dns else 'no'} dns tier wired, so there is nowhere to "
+                "fail over to and nothing would act")
+        raise UnsupportedDrill("a region-loss runner is not written yet; the fleet has a second region and a "
+                               "dns tier, but the drill refuses rather than pretends")
+    if target is not None and target != fleet_region:
+        raise OutsideBlastRadius(f"target {target!r}: a {fault} drill acts on the region {fleet_region!r} only")
+    hold = traffic.fault_duration_s
+    if fault == DrillFault.CONTROLPLANE_DOWN:
+        controlplane = getattr(fleet, "controlplane", None)
+        if controlplane is None:
+            raise UnsupportedDrill("the fleet names no control-plane process its gateways poll; "
+                                   "a controlplane_down drill has nothing it may stop")
+        if getattr(controlplane, "pid", None) == os.getpid():
+            raise UnsupportedDrill("the fleet's control plane is the drill runner's own process: stopping it "
+                                   "would stop the drill, its record and its abort")
+        return ControlPlaneDown(fault=fault, target=f"controlplane:{fleet_region}", hold_s=hold, keep_traffic=True,
+                                slow=[], expects_tier=False,
+                                controlplane=controlplane, gateway_urls=_gateway_urls(fleet), clock=clock,
+                                sleep=sleep)
+    if fault == DrillFault.REDIS_DOWN:
+        redis = getattr(fleet, "redis", None)
+        if redis is None:
+            raise UnsupportedDrill("the fleet names no Redis for its lease registry / token log; a redis_down "
+                                   "drill has nothing it may stop")
+        if scope == DrillScope.ZONE:
+            raise OutsideBlastRadius("the region's Redis serves every zone of it: a zone-scoped redis_down drill "
+                                     "would reach zones outside its blast radius")
+        return RedisDown(fault=fault, target=f"redis:{fleet_region}", hold_s=hold, redis=redis,
+                         slow=list(fleet.instance_ids()), expects_tier=False,
+                         gateway_urls=_gateway_urls(fleet), clock=clock, sleep=sleep, probe=probe)
+    raise UnsupportedDrill(f"no runner for a {scope} drill with fault {fault}")
+
+
+def _gateway_urls(fleet: Any) -> list[str]:
+    return list(getattr(fleet, "gateway_urls", None) or [fleet.gateway_url])
