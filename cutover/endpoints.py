@@ -9,6 +9,7 @@
     POST   /zonal-shifts                start (expires_in ≤ 72 h)                              operator
     GET    /zonal-shifts[/{id}]                                                               viewer
     DELETE /zonal-shifts/{id}?reason=   cancel (reverts now)                                  operator
+    POST   /cutover-escalations         a fault: automatic cutovers up the tier ladder        operator
     GET    /mesh-routes                 the mesh tier's version/cohort splits                 viewer
     PUT    /mesh-routes                 set one (bumps the snapshot; a mesh.route event)      operator
 
@@ -29,7 +30,7 @@ from fastapi import APIRouter, Query, Request
 
 from controlplane.auth.dependencies import Operator, Viewer
 from controlplane.auth.roles import Role
-from controlplane.db import DbSession
+from controlplane.db import DbSession, session_scope
 from controlplane.deps import IdPath
 from controlplane.types import Reason
 from cutover import flows, mesh, zonal_shift
@@ -41,6 +42,9 @@ from cutover.policy import CutoverPolicy
 from cutover.schemas import (
     CutoverPlanRequest,
     CutoverRead,
+    DecisionRead,
+    EscalationRead,
+    EscalationRequest,
     ExecuteRequest,
     GateRead,
     GateUpdate,
@@ -227,3 +231,21 @@ def list_mesh_routes(session: DbSession, _: Viewer) -> list[MeshRouteRead]:
 def put_mesh_route(body: MeshRouteSpec, request: Request, session: DbSession, principal: Operator) -> MeshRouteRead:
     """Set a model's version/zone weights for one cohort (a 99/1 canary, a shadow cohort); gateways follow the snapshot."""
     return mesh.put_route(session, body, actor=principal.actor, clock=request.app.state.clock)
+
+
+@router.post("/cutover-escalations", response_model=EscalationRead)
+def escalate_fault(body: EscalationRequest, request: Request, principal: Operator) -> EscalationRead:
+    """Act on a fault: l7 for an instance, anycast + mesh for a zone, dns for a region; up one tier only when
+    the lower one's verification failed (cutover/escalation.py). Each cutover is automatic and names the evidence."""
+    from cutover.escalation import Fault, attempts_for, escalate
+
+    runtime = build_runtime(request)
+    fault = Fault(body.fault_id, Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region),
+                  body.evidence, zone=body.zone)
+    decisions = escalate(runtime, fault, actor=principal.actor)
+    with session_scope(runtime.reads) as session:
+        cutovers = [CutoverRead.model_validate(cutover_service.get_or_raise(session, cutover_id=a.cutover_id))
+                    for a in attempts_for(runtime, fault) if a.cutover_id is not None]
+    return EscalationRead(decisions=[DecisionRead(action=d.action.value, reason=d.reason, rung=d.rung,
+                                                  tiers=list(d.tiers), scope=d.scope.key if d.scope else None,
+                                                  evidence=d.evidence) for d in decisions], cutovers=cutovers)

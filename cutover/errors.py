@@ -6,7 +6,7 @@
     │                   safety_rule_violation, zonal_shift_active, zonal_shift_ended,
     │                   mesh_no_destination_left
     ├── InvalidInput (422): invalid_request, tier_not_configured, nothing_to_cut_over,
-    │                       invalid_expiry, break_glass_needs_reason
+    │                       invalid_expiry, break_glass_needs_reason, evidence_required
     └── Forbidden (403): break_glass_needs_admin
 """
 
@@ -65,6 +65,12 @@ class MeshNoDestinationLeft(Conflict):
     """Taking the scope's destinations out of a mesh route would leave it no weight anywhere."""
 
     error_type = "mesh_no_destination_left"
+
+
+class EvidenceRequired(InvalidInput):
+    """An automatic cutover must name the evidence that triggered it."""
+
+    error_type = "evidence_required"
 
 
 class TierNotConfigured(InvalidInput):

@@ -162,3 +162,29 @@ class ZonalShiftRead(BaseModel):
     end_reason: str | None
     ended_by: str | None
     active: bool = False
+
+
+class EscalationRequest(BaseModel):
+    """`POST /api/v1/cutover-escalations`: a detector reports a fault; the ladder decides and acts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault_id: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                          description="ties the attempts for one fault together; the same id resumes its ladder")
+    scope: ScopeSpec
+    zone: Name | None = Field(default=None, description="an instance fault: the instance's zone, to escalate to")
+    evidence: dict[str, Any] = Field(min_length=1, description="what the detector saw; named by every action")
+
+
+class DecisionRead(BaseModel):
+    action: str
+    reason: str
+    rung: int | None
+    tiers: list[CutoverTier]
+    scope: str | None
+    evidence: dict[str, Any]
+
+
+class EscalationRead(BaseModel):
+    decisions: list[DecisionRead]
+    cutovers: list[CutoverRead]

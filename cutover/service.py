@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from common.clock import Clock
 from controlplane.event import service as event_service
 from cutover import repository
-from cutover.errors import CutoverNotFound, NothingToCutOver, TierNotConfigured
+from cutover.errors import CutoverNotFound, EvidenceRequired, NothingToCutOver, TierNotConfigured
 from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, CutoverTier, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.safety import CapacityPlan, Violation, evaluate
@@ -114,6 +114,8 @@ def plan(
     A tier without a driver is refused, or planned as recorded only
     (`runtime.record_unconfigured`; see `recorded_only_tiers`).
     """
+    if mode == CutoverMode.AUTOMATIC and not evidence:
+        raise EvidenceRequired("an automatic cutover must name the evidence that triggered it")
     _check_scope(session, scope)
     clock = runtime.clock
     timeout = (step_timeout or runtime.policy.step_timeout).total_seconds()

@@ -117,3 +117,23 @@ def test_a_bad_drivers_file_stops_the_control_plane_naming_the_key(settings: Con
     bad.write_text('[haproxy]\nruntime_api = "nowhere"\n[haproxy.servers]\n"region:eu" = ["be/s1"]\n')
     with pytest.raises(CutoverDriverConfigError, match="haproxy.runtime_api"):
         create_app(settings.model_copy(update={"cutover_drivers_file": bad}))
+
+
+def test_served_region_fault_escalation_moves_the_real_dns_record_naming_the_evidence(
+        served: TestClient, as_role: Any, bind_server: BindServer) -> None:
+    op = as_role("operator")
+    body = {"fault_id": "slo:eu:42", "scope": {"kind": "region", "region": "eu"},
+            "evidence": {"source": "slo burn", "error_rate": 0.31, "window_s": 300}}
+    answer = served.post("/api/v1/cutover-escalations", json=body, headers=op)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert [d["action"] for d in result["decisions"]] == ["cut_over", "contained"]
+    (cutover,) = result["cutovers"]
+    assert (cutover["tier"], cutover["mode"], cutover["state"]) == ("dns", "automatic", "completed")
+    assert cutover["evidence"]["fault"] == {"id": "slo:eu:42", "scope": "region:eu", "source": "slo burn",
+                                            "error_rate": 0.31, "window_s": 300}
+    assert _answer(bind_server) == [REGION_B]
+    again = served.post("/api/v1/cutover-escalations", json=body, headers=op).json()  # the same fault again
+    assert [d["action"] for d in again["decisions"]] == ["contained"] and len(again["cutovers"]) == 1
+    no_evidence = served.post("/api/v1/cutover-escalations", json={**body, "evidence": {}}, headers=op)
+    assert no_evidence.status_code == 422

@@ -1,0 +1,73 @@
+"""Automatic escalation's pure decision: which tier acts on a fault, and when the next one up takes over."""
+
+from __future__ import annotations
+
+import pytest
+
+from cutover.errors import EvidenceRequired
+from cutover.escalation import Action, Attempt, Fault, Outcome, decide
+from cutover.models import CutoverTier as T
+from cutover.models import ScopeKind
+from cutover.tiers import Scope
+
+pytestmark = pytest.mark.unit
+
+ENGINE = Scope(ScopeKind.INSTANCE, "eu", "engine-7")
+EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")
+EU = Scope(ScopeKind.REGION, "eu", "eu")
+SEEN = {"source": "probe", "failures": 3, "last_error": "connect timeout"}
+
+
+def _attempt(rung: int, tier: T, scope: Scope, outcome: Outcome, cutover_id: int = 1,
+             failure: str | None = None) -> Attempt:
+    return Attempt(cutover_id, rung, tier, scope, outcome, failure)
+
+
+@pytest.mark.parametrize(("fault", "attempts", "action", "tiers", "scope", "from_cutover"), [
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [], Action.CUT_OVER, (T.L7,), ENGINE, None,
+                 id="instance-fault-starts-at-l7"),
+    pytest.param(Fault("f", EU_A, SEEN), [], Action.CUT_OVER, (T.ANYCAST, T.MESH), EU_A, None,
+                 id="zone-fault-exceeds-l7-starts-at-anycast-and-mesh"),
+    pytest.param(Fault("f", EU, SEEN), [], Action.CUT_OVER, (T.DNS,), EU, None,
+                 id="region-fault-exceeds-every-zone-tier-starts-at-dns"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [_attempt(0, T.L7, ENGINE, Outcome.VERIFIED)],
+                 Action.CONTAINED, (), None, None, id="l7-verified-contained"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
+                 [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 4, "step 1 did not verify")],
+                 Action.CUT_OVER, (T.ANYCAST, T.MESH), EU_A, 4, id="l7-failed-escalates-to-the-instances-zone"),
+    pytest.param(Fault("f", ENGINE, SEEN), [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED)],
+                 Action.HOLD, (), None, None, id="l7-failed-without-a-known-zone-holds"),
+    pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 9)],
+                 Action.CUT_OVER, (T.DNS,), EU, 9, id="anycast-failed-escalates-to-dns-for-the-region"),
+    pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.REFUSED, failure="capacity")],
+                 Action.HOLD, (), None, None, id="a-refused-attempt-is-not-escalated-past"),
+    pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.IN_PROGRESS)],
+                 Action.HOLD, (), None, None, id="a-running-attempt-holds"),
+    pytest.param(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.VERIFICATION_FAILED)],
+                 Action.EXHAUSTED, (), None, None, id="dns-failed-nothing-left"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
+                 [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
+                  _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 2)],
+                 Action.CUT_OVER, (T.DNS,), EU, 2, id="instance-fault-climbs-the-whole-ladder"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
+                 [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
+                  _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFIED, 2)],
+                 Action.CONTAINED, (), None, None, id="the-highest-rung-decides"),
+])
+def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tuple[T, ...], scope: Scope | None,
+                from_cutover: int | None) -> None:
+    decision = decide(fault, attempts)
+    assert (decision.action, decision.tiers, decision.scope) == (action, tiers, scope)
+    if action == Action.CUT_OVER:
+        assert decision.evidence["fault"] == {"id": "f", "scope": fault.scope.key, **SEEN}  # names what it saw
+        escalated = decision.evidence.get("escalated_from")
+        assert (escalated or {}).get("cutover_id") == from_cutover
+        if escalated:
+            assert escalated["outcome"] == "verification_failed"
+    else:
+        assert decision.evidence == {}
+
+
+def test_an_automatic_action_needs_evidence() -> None:
+    with pytest.raises(EvidenceRequired):
+        decide(Fault("f", EU, {}), [])
