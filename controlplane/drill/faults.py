@@ -530,7 +530,8 @@ def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, tra
                target: str | None, clock: Clock, sleep: Callable[[float], None],
                probe: Callable[[], str | None] | None = None) -> FaultPlan:
     """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius`."""
-    fleet_region = getattr(fleet, "region", radius.region)
+    # A fleet that does not name its region (fleet files written before `region:`) is taken to be the radius's.
+    fleet_region = getattr(fleet, "region", None) or radius.region
     if radius.region != fleet_region:
         raise OutsideBlastRadius(f"the fleet serves region {fleet_region!r}; the blast radius is region "
                                  f"{radius.region!r}")

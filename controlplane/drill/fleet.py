@@ -2,7 +2,7 @@
 
     gateway_url: http://127.0.0.1:8080
     gateway_urls: [http://127.0.0.1:8080, http://127.0.0.1:8081]   # optional: every replica of the region
-    region: local                                 # the region the fleet serves (the blast radius names it)
+    region: local                                 # optional: the region it serves (checked against the radius)
     events: {controlplane_url: http://127.0.0.1:8400, token: ll_...}   # optional: routing.tier events
     controlplane: {url: http://127.0.0.1:8400, token: ll_..., pid_file: /run/lifeline/cp.pid}
                                                   # optional: the API the gateways poll (controlplane_down)
@@ -67,7 +67,7 @@ class FleetFile(BaseModel):
 
     gateway_url: str
     gateway_urls: list[str] = Field(default_factory=list)
-    region: str = "local"
+    region: str | None = None  # unset: the region each drill's blast radius names
     events: FleetEvents | None = None
     controlplane: FleetProcess | None = None
     redis: FleetProcess | None = None

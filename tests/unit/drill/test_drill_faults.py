@@ -112,3 +112,9 @@ def test_outage_plans_hold_the_fault_while_traffic_flows() -> None:
         plan(DrillFault.REDIS_DOWN, DrillScope.ZONE, fleet)
     with pytest.raises(OutsideBlastRadius, match="region 'local' only"):
         plan(DrillFault.CONTROLPLANE_DOWN, DrillScope.REGION, fleet, target="eu-west")
+
+
+def test_a_fleet_that_names_no_region_is_the_radiuss_region() -> None:
+    fleet = _Fleet()
+    fleet.region = None  # type: ignore[assignment]  # a fleet file written before `region:`
+    assert plan(DrillFault.ZONE_LOSS, DrillScope.ZONE, fleet, region="eu-west").target == "local-a"
