@@ -258,7 +258,9 @@ class ControlPlaneDown(FaultPlan):
     gateway sends that was received after the return and names the snapshot
     the control plane serves now. From those: how long each gateway ran on
     its last good snapshot (fault → reconciled), how long it took to
-    reconcile once the control plane answered again, and whether the
+    reconcile once the control plane answered again (the first report the
+    gateway built after the return that names the snapshot served now: its
+    poll got that snapshot or a 304 for it), and whether the
     snapshot it served through the outage is the one it had applied before
     (same version, epoch and applied_at). Traffic continues through the
     outage; requests lost must be 0.
@@ -340,10 +342,11 @@ class ControlPlaneDown(FaultPlan):
             for replica, report in reports.items():
                 if replica not in self.before or replica in self.reconciled_at:
                     continue
-                received = datetime.fromisoformat(report["received_at"]).timestamp()
-                if received > self.cleared_wall and (report.get("snapshot_version"), report.get("snapshot_epoch")) \
+                # Built by the gateway after the return (a report queued during the outage says nothing new).
+                reported = datetime.fromisoformat(report["reported_at"]).timestamp()
+                if reported > self.cleared_wall and (report.get("snapshot_version"), report.get("snapshot_epoch")) \
                         == current:
-                    self.reconciled_at[replica] = self.clock.now() - (self.clock.wall() - received)
+                    self.reconciled_at[replica] = self.clock.now() - (self.clock.wall() - reported)
                     self.after[replica] = report
             self.sleep(0.2)
 

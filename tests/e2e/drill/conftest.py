@@ -171,3 +171,70 @@ def fleet(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
 
 def faults(url: str) -> dict[str, Any]:
     return httpx.get(url + "/admin/faults", timeout=5).json()
+
+
+@dataclass
+class SnapshotDrillFleet:
+    """The drill's `Fleet` over a `bench.snapshot_propagation.SnapshotFleet`: gateways routing by a real
+    control-plane process's snapshot (its own SQLite), which the drill may silence.
+
+    That control plane is not the one the runner records the run in (the
+    `controlplane` fixture, in this process): see controlplane/drill/faults.py
+    for why a controlplane_down drill takes away the API the gateways poll
+    and never the runner's own database.
+    """
+
+    snap: Any
+    viewer_token: str
+    region: str = "local"
+
+    @property
+    def gateway_url(self) -> str:
+        return self.snap.gateways[0].url
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        return [g.url for g in self.snap.gateways]
+
+    @property
+    def controlplane(self) -> Any:
+        from controlplane.drill.faults import PidHandle
+
+        return PidHandle(self.snap.cp_url, lambda: self.snap.controlplane.process.pid, token=self.viewer_token)
+
+    def instance_ids(self) -> list[str]:
+        return sorted(e.instance_id for e in self.snap.engines)
+
+    def _engine(self, instance_id: str) -> EngineProcess:
+        return next(e for e in self.snap.engines if e.instance_id == instance_id)
+
+    def engine_url(self, instance_id: str) -> str:
+        return self._engine(instance_id).url
+
+    def served_model(self, instance_id: str) -> str:
+        return self._engine(instance_id).model.name
+
+    def kill(self, instance_id: str) -> None:
+        raise AssertionError("a control-plane drill never kills an engine")
+
+    restart = kill
+
+
+@pytest.fixture(scope="module")
+def snapshot_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SnapshotDrillFleet]:
+    """One gateway routing by the snapshot of its own control-plane process, one engine (Redis lease registry)."""
+    from bench.snapshot_propagation import MODEL, SnapshotFleet
+
+    model = built_model("tiny", 0)
+    snap = SnapshotFleet(tmp_path_factory.mktemp("drill-snapshot-fleet"), {model.name: model})
+    try:
+        snap.start_controlplane({"prod": model.name})
+        viewer = snap.controlplane.create_token("viewer", "drill-viewer")
+        snap.start_gateway("gw-snap")
+        snap.start_engine("eng-0", model.name)
+        snap.gateways[0].wait_routable(MODEL, 1)
+        yield SnapshotDrillFleet(snap, viewer)
+    finally:
+        if snap.controlplane.process is not None and snap.controlplane.process.poll() is None:
+            snap.controlplane.process.send_signal(signal.SIGCONT)  # never leave it stopped, whatever failed
+        snap.close()

@@ -1,0 +1,62 @@
+"""A control-plane-down drill: the API the gateways poll stops answering while traffic flows (invariant 7).
+
+Real processes: `lifeline controlplane serve` (its own SQLite), a gateway
+routing by its snapshot, an engine, a Redis lease registry. The runner
+records the run in another control plane (the `controlplane` fixture), so
+SIGSTOPping the fleet's never stops the drill. Promise measured: the data
+plane outlives the control plane — no request lost, streams token-identical,
+the gateway ready throughout on the snapshot it had applied before the
+outage, and reconciled once the control plane answers again.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from common.clock import SystemClock
+from controlplane.db import session_scope
+from controlplane.drill import service
+from controlplane.drill.runner import DrillRunner, HttpEventReader
+from controlplane.drill.schemas import DrillSpec
+from controlplane.drill.states import DrillRunState
+
+pytestmark = pytest.mark.e2e
+
+
+def test_gateways_serve_on_the_last_good_snapshot_while_the_control_plane_is_silent(
+        controlplane, snapshot_fleet, tmp_path):
+    spec = DrillSpec.model_validate({
+        "name": "controlplane-silent", "model": "tiny", "scope": "region", "fault": "controlplane_down",
+        "blast_radius": {"region": "local"}, "stop_conditions": {"max_error_rate": 0.5},
+        "targets": {"token_rpo_tokens": 0},
+        "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 16, "fault_after_tokens": 4,
+                    "fault_duration_s": 3.0}})
+    clock = SystemClock()
+    with session_scope(controlplane.factory) as session:
+        definition = service.define(session, spec=spec, actor="test", clock=clock)
+        run_id = service.create_run(session, definition=definition, trigger="manual", actor="test", clock=clock).id
+        service.approve(session, run_id=run_id, actor="operator:alice", clock=clock)  # a region drill
+    fleet_cp = snapshot_fleet.snap.controlplane
+    cp_pid = fleet_cp.process.pid
+    outcome = DrillRunner(factory=controlplane.factory, fleet=snapshot_fleet, clock=clock,
+                          events=HttpEventReader(fleet_cp.url, snapshot_fleet.viewer_token),
+                          report_dir=tmp_path / "reports").run(run_id)
+    report, measured = outcome.report, outcome.report["measured"]
+    assert outcome.state == DrillRunState.PASSED, report["follow_ups"]
+    assert measured["requests_lost"] == 0 and measured["token_rpo_tokens"] == 0
+    assert measured["controlplane_down_s"] >= 3.0
+    assert report["requests_during_fault"] >= 2  # traffic kept flowing through the outage
+    assert measured["gateways_not_ready"] == 0 and report["fault_details"]["ready_probes"] >= 2
+    gateway = report["fault_details"]["gateways"]["gw-snap"]
+    assert gateway["kept_last_good_snapshot"] and gateway["reconciled"]
+    assert gateway["snapshot_version_after"] == gateway["snapshot_version_before"]
+    assert measured["last_good_snapshot_s"] >= measured["controlplane_down_s"]
+    assert 0 <= measured["reconcile_s"] <= measured["last_good_snapshot_s"]
+    assert report["routing_tiers_in_order"] == []  # nothing had to act: the data plane rode it out
+    # The same process, running again (SIGCONT, not a restart) and answering.
+    assert fleet_cp.process.pid == cp_pid and fleet_cp.process.poll() is None
+    assert httpx.get(f"{fleet_cp.url}/healthz/ready", timeout=5).status_code == 200
+    with session_scope(controlplane.factory) as session:
+        run = service.get_run_or_raise(session, run_id=run_id)
+        assert (run.state, run.fault_target) == ("passed", "controlplane:local")
