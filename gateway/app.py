@@ -29,6 +29,7 @@ from common.clock import Clock, SystemClock
 from common.errors import LifelineError, error_body
 from common.logs import get_logger
 from contract.lease import LeaseRegistry, RedisLeaseRegistry
+from contract.verdict import RedisVerdictBoard
 from gateway import health_routes, lease_routes, openai_routes
 from gateway.admission import Admission
 from gateway.controlplane_link import build_controlplane_link
@@ -37,6 +38,7 @@ from gateway.engine_client import EngineClient
 from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.metrics import GatewayMetrics
 from gateway.router import LeaseView, Router
+from gateway.verdicts import VerdictView
 from gateway.routing_table import RoutingTable, StaticRoutingTable
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -62,6 +64,16 @@ def build_registry(settings: GatewaySettings, clock: Clock) -> LeaseRegistry:
             raise ValueError("registry.url is required when registry.kind is redis")
         return RedisLeaseRegistry.from_url(cfg.url, region=settings.region, prefix=cfg.key_prefix, ttl=cfg.ttl)
     return InMemoryLeaseRegistry(cfg.ttl, clock, state_path=cfg.state_dir / "generations.json" if cfg.state_dir else None)
+
+
+def build_verdict_view(settings: GatewaySettings, registry: LeaseRegistry, clock: Clock,
+                       metrics_registry: CollectorRegistry | None = None) -> VerdictView | None:
+    """The agent's verdict board, read from the Redis that holds the leases; None without one (memory registry)."""
+    if not (settings.registry.agent_verdicts and isinstance(registry, RedisLeaseRegistry)):
+        return None
+    board = RedisVerdictBoard(registry.redis, region=settings.region, prefix=settings.registry.key_prefix)
+    return VerdictView(board, refresh_interval=settings.registry.refresh_interval.total_seconds(), clock=clock,
+                       metrics_registry=metrics_registry)
 
 
 def build_token_log(settings: GatewaySettings, clock: Clock, registry: CollectorRegistry | None = None) -> TokenLog:
@@ -90,7 +102,10 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
                                         fail_static=settings.registry.fail_static.total_seconds(), clock=clock, metrics_registry=metrics.registry))
         await view.start()
         token_log = build_token_log(settings, clock, metrics.registry)
-        router = Router(settings, table, view, Admission(settings.admission), clock)
+        verdicts = build_verdict_view(settings, registry, clock, metrics.registry)
+        if verdicts is not None:
+            await verdicts.start()
+        router = Router(settings, table, view, Admission(settings.admission), clock, verdicts=verdicts)
         link.attach(router)
         await link.start(router, view)
         engines = EngineClient(connect_timeout=settings.recovery.connect_timeout.total_seconds())
@@ -102,6 +117,8 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         finally:
             await link.stop()
             await view.stop()
+            if verdicts is not None:
+                await verdicts.stop()
             await engines.close()
             await token_log.close()
             await registry.close()

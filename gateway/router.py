@@ -11,11 +11,19 @@ The router also does the request accounting the retry budget needs:
 `begin()`/`end()` around every request, `try_retry()`/`end_retry()` around
 every migration in flight.
 
-Among candidates with a free slot: least outstanding requests; with a client
-key (`user` or `X-Client-Id`), consistent hashing (uhashring's ketama ring)
-with bounded load: walk the ring from the key and take the first endpoint
-whose load is under `hash_load_factor` × mean (Mirrokni et al. 2018), so one
-hot client cannot pin an engine.
+The regional agent's verdicts (`gateway/verdicts.py`, `contract.verdict`)
+narrow the candidates further: an endpoint it ejected (timeout, error,
+wrong_output) or that takes no new sessions (draining, old_generation) is
+not a candidate; one it found `overloaded` is de-weighted.
+
+Among candidates with a free slot: the least (outstanding + 1) ÷ weight,
+weight 1, or `admission.overloaded_weight` for a de-weighted endpoint; with a
+client key (`user` or `X-Client-Id`), consistent hashing (uhashring's ketama
+ring) with bounded load: walk the ring from the key and take the first
+endpoint whose load is under `hash_load_factor` × mean × weight (Mirrokni et
+al. 2018), so one hot client cannot pin an engine; when none is, the first
+under the unweighted bound, so a de-weighted endpoint with room still beats
+a full queue.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from gateway.errors import NoHealthyEndpoint, Overloaded
 from gateway.outlier import OutlierDetector
 from gateway.routing_table import RoutingTable
 from gateway.settings import GatewaySettings
+from gateway.verdicts import VerdictView
 
 log = get_logger(__name__)
 
@@ -170,8 +179,10 @@ def lease_view_of(view: object) -> LeaseView | None:
 
 
 class Router:
-    def __init__(self, settings: GatewaySettings, table: RoutingTable, view: LeaseView, admission: Admission, clock: Clock) -> None:
+    def __init__(self, settings: GatewaySettings, table: RoutingTable, view: LeaseView, admission: Admission, clock: Clock,
+                 verdicts: VerdictView | None = None) -> None:
         self.settings = settings
+        self.verdicts = verdicts  # the regional agent's board; None: leases and local ejection alone
         self.table = table
         self.view = view
         self.admission = admission
@@ -191,8 +202,15 @@ class Router:
         return list(found.values())
 
     async def endpoints(self, version: str) -> list[Endpoint]:
-        """Live, ready endpoints of `version` that this replica has not ejected."""
-        return [e for e in await self._routable(version) if not self.outliers.ejected(e.key)]
+        """Live, ready endpoints of `version` that this replica has not ejected and the agent lets take sessions."""
+        return [e for e in await self._routable(version)
+                if not self.outliers.ejected(e.key) and self._verdict(e) not in ("eject", "no_new_sessions")]
+
+    def _verdict(self, endpoint: Endpoint) -> str | None:
+        return self.verdicts.action(endpoint.key) if self.verdicts is not None else None
+
+    def _weight(self, endpoint: Endpoint) -> float:
+        return self.settings.admission.overloaded_weight if self._verdict(endpoint) == "deweight" else 1.0
 
     async def is_live(self, endpoint: Endpoint) -> bool:
         """Whether the endpoint's lease (this generation) is still live; a declared engine without one always is."""
@@ -275,9 +293,12 @@ class Router:
         free = [e for e in candidates if self.admission.has_room(e.instance_id)]
         if not free:
             return None
+        weight = {e.instance_id: self._weight(e) for e in candidates}
         if client_key is None:
-            least = min(self.admission.outstanding[e.instance_id] for e in free)
-            return random.choice([e for e in free if self.admission.outstanding[e.instance_id] == least])
+            def load(e: Endpoint) -> float:
+                return (self.admission.outstanding[e.instance_id] + 1) / weight[e.instance_id]
+            least = min(load(e) for e in free)
+            return random.choice([e for e in free if load(e) == least])
         by_id = {e.instance_id: e for e in candidates}
         names = frozenset(by_id)
         ring = self._rings.get(names)
@@ -285,8 +306,11 @@ class Router:
             ring = self._rings[names] = HashRing(nodes=sorted(names))
         total = sum(self.admission.outstanding[n] for n in names) + 1
         bound = math.ceil(self.settings.admission.hash_load_factor * total / len(names))
-        for node in ring.range(client_key, unique=True):
-            name = node["nodename"]
+        walk = [node["nodename"] for node in ring.range(client_key, unique=True)]
+        for name in walk:
+            if self.admission.has_room(name) and self.admission.outstanding[name] + 1 <= bound * weight[name]:
+                return by_id[name]
+        for name in walk:  # every one is over its weighted bound: the unweighted bound, de-weighted ones included
             if self.admission.has_room(name) and self.admission.outstanding[name] < bound:
                 return by_id[name]
         return None

@@ -60,6 +60,8 @@ class RegistryConfig(_Section):
                                                      "(unset: derived from the boot time; gateway/lease_registry.py)")
     fail_static: Seconds = Field(timedelta(seconds=30), description="Redis registry unreadable: keep routing on the last "
                                                                     "view this long, then refuse new requests (503)")
+    agent_verdicts: bool = Field(True, description="Redis registry: also route by the regional agent's verdicts, "
+                                                   "published beside the leases (contract/verdict.py)")
 
     @model_validator(mode="after")
     def _check(self) -> RegistryConfig:
@@ -117,6 +119,8 @@ class AdmissionConfig(_Section):
     retry_budget_ratio: float = Field(0.2, ge=0.0, le=1.0, description="migrations in flight (failure → first token of the continuation) ≤ this × active requests")
     retry_budget_min: int = Field(3, ge=0, description="migrations always allowed in flight, as Envoy's min_retry_concurrency")
     hash_load_factor: float = Field(1.25, ge=1.0, description="bounded-load consistent hashing: c × mean load")
+    overloaded_weight: float = Field(0.25, gt=0.0, le=1.0, description="an endpoint the regional agent found "
+                                     "overloaded takes this share of a healthy one's new sessions (gateway/verdicts.py)")
 
 
 class RoutingConfig(_Section):

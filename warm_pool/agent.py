@@ -8,6 +8,9 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
                 probe_timeout); canaries under the probe budget, in the background
     judge       one verdict per instance (a failing health level, else the last canary); a change is a
                 `probe.verdict` event, routing_tier l7
+    publish     the verdicts that change routing (not ok) to the region's Redis beside the leases
+                (`contract.verdict`): gateways eject, de-weight or stop new sessions by them, also on
+                engines that renew their own leases
     report      the whole picture (`contract.events.AgentReport`: per instance verdict, pool state, lease,
                 last canary) to `PUT /api/v1/agents/{region}`, each replacing the last
     leases      for engines that cannot renew their own (stock vLLM, pool instances): register after the
@@ -45,6 +48,7 @@ from contract.identity import EngineIdentity
 from contract.lease import Lease, LeaseExpired, LeaseRegistry, Registration, StaleGeneration
 from contract.snapshot import RoutingSnapshot
 from contract.snapshot_client import SnapshotClient
+from contract.verdict import InstanceVerdict, RedisVerdictBoard, VerdictBoard
 from warm_pool.budget import ProbeBudget
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
@@ -82,6 +86,7 @@ class Instance:
     boot: tuple[int, float] | None = None  # (boot_generation, started_at) last seen: a change is a restart
     canary_seq: int = 0  # when (Agent._seq) the last canary started
     verdict_since: datetime | None = None  # wall time the verdict last changed
+    generation: int | None = None  # of the lease it is routed under (its own, or the agent's), as last seen
     canary_at: datetime | None = None  # wall time the last canary answered
     released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
 
@@ -103,6 +108,10 @@ class AgentMetrics:
         self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
         self.instance_canaries = Gauge("lifeline_agent_instance_canaries", "canaries one instance has answered",
                                        ["instance"], registry=self.registry)
+        self.board = Gauge("lifeline_agent_published_verdicts", "instances on the last verdict board by verdict",
+                           ["verdict"], registry=self.registry)
+        self.board_failures = Counter("lifeline_agent_verdict_board_failures", "verdict boards not published",
+                                      registry=self.registry)
         self.reports = Counter("lifeline_agent_reports", "reports to the control plane by outcome", ["outcome"],
                                registry=self.registry)
 
@@ -112,7 +121,7 @@ class Agent:
                  clock: Clock | None = None, driver: PoolDriver | None = None, shipper: EventShipper | None = None,
                  snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
                  budget: ProbeBudget | None = None, reporter: ReportSender | None = None,
-                 agent_id: str | None = None) -> None:
+                 agent_id: str | None = None, verdict_board: RedisVerdictBoard | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.http = http
@@ -128,6 +137,7 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.actor = f"agent:{settings.region}"
         self.reporter = reporter or ReportSender(None, None)
+        self.verdict_board = verdict_board
         self.agent_id = agent_id or settings.agent_id or self.actor
         self._pool_seq = 0
         self._seq = 0  # orders canaries against releases (virtual time may not move between them)
@@ -182,6 +192,7 @@ class Agent:
         self.start_canaries()
         await self.apply_leases()
         await self.reconcile_pool()
+        await self.publish_verdicts()
         self.export_metrics()
 
     async def observe(self) -> None:
@@ -192,6 +203,8 @@ class Agent:
             if instance_id not in self.instances and lease.url.rstrip("/") not in ours:
                 self.instances[instance_id] = Instance(instance_id, lease.url, lease.zone, lease.version,
                                                        "registry", first_seen=now)
+            if instance_id in self.instances and self.instances[instance_id].origin == "registry":
+                self.instances[instance_id].generation = lease.generation
         for instance_id, instance in list(self.instances.items()):
             if instance.origin == "registry" and instance_id not in leases:
                 self._forget(instance_id)  # its own lease lapsed or was released: not ours to act on
@@ -568,6 +581,36 @@ class Agent:
                 if instance.origin == "pool" and instance.state is not None:
                     self.metrics.instances.labels(instance.zone, instance.state.value).inc()
 
+    def verdicts(self) -> VerdictBoard:
+        """The board gateways route by: every routed instance whose verdict is not ok, under its generation.
+
+        An instance without a lease is left out: nothing routes to it anyway (the agent released it, or it lapsed).
+        """
+        named = []
+        for i in self.instances.values():
+            generation = i.lease.generation if i.lease is not None else i.generation if i.origin == "registry" else None
+            if i.verdict is None or i.verdict is Verdict.OK or generation is None:
+                continue
+            named.append(InstanceVerdict(instance_id=i.instance_id, generation=generation, verdict=i.verdict.value,
+                                         reason=i.reason[:500], since=i.verdict_since))
+        return VerdictBoard(region=self.settings.region, agent_id=self.agent_id, published_at=self.clock.utcnow(),
+                            verdicts=named)
+
+    async def publish_verdicts(self) -> None:
+        """Replace the region's board; it lapses one lease TTL after the last, as the agent's leases do."""
+        if self.verdict_board is None:
+            return
+        board = self.verdicts()
+        try:
+            await self.verdict_board.publish(board, ttl=self.settings.lease_ttl)
+        except Exception as exc:  # Redis away: the last board lapses on its own, the safe side (leases alone)
+            self.metrics.board_failures.inc()
+            log.warning("verdict board not published", error=str(exc)[:200])
+            return
+        self.metrics.board.clear()
+        for v in board.verdicts:
+            self.metrics.board.labels(v.verdict).inc()
+
     def report(self) -> AgentReport:
         """What the agent sees now, for the control plane (`PUT /api/v1/agents/{region}`)."""
         return AgentReport(
@@ -655,8 +698,10 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None,
         driver = build_driver(settings.region, settings.pool)
     shipper = EventShipper(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     reporter = ReportSender(cp_http, settings.controlplane_url, token=settings.controlplane_token)
+    board = RedisVerdictBoard(registry.redis, region=settings.region, prefix=settings.registry_prefix)
     agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
                   snapshots=snapshots, reporter=reporter, agent_id=settings.agent_id or _default_agent_id(),
+                  verdict_board=board,
                   canary_records=load_canary_file(settings.canary_file) if settings.canary_file else {})
     if settings.port:
         from prometheus_client import start_http_server
