@@ -6,8 +6,10 @@ announced; an HAProxy server drained and readied). A run's time is the
 driver's own `Verification.time_to_effect_s`: from the start of `apply`
 (the write, including its acknowledgement) to the first read-back that
 shows the new state (verify polls every 5 ms, the first poll at once). The
-daemons are the tests' (tests/support/daemons.py): BIND9, BIRD 2 + two
-ExaBGP speakers, HAProxy, moto's Route 53 emulator, all on loopback.
+daemons are the tests' (lifeline/daemons.py): BIND9, BIRD 2 + two
+ExaBGP speakers, HAProxy, moto's Route 53 emulator, all on loopback; the
+mesh row is an Istio VirtualService on the Kubernetes API emulator
+(lifeline/kube_emulator.py: no API server runs here).
 
 For DNS the time a client needs is this plus `client_cache_ttl_s` (the TTL
 of the replaced answer, 60 s for the external record): the column
@@ -166,8 +168,38 @@ def haproxy_driver(workdir: Path) -> Iterator[tuple[PollingDriver, tuple[object,
             upstream.server_close()
 
 
+@contextmanager
+def istio_driver(workdir: Path) -> Iterator[tuple[PollingDriver, tuple[object, object]]]:
+    """An Istio VirtualService on the Kubernetes API emulator (lifeline/kube_emulator.py; istiod's status emulated)."""
+    from kubernetes.client import ApiClient, Configuration
+
+    from cutover.driver import MeshState, MeshTarget
+    from cutover.drivers.istio import IstioVirtualServiceDriver
+    from lifeline.kube_emulator import KubeApiEmulator
+
+    host = "llm.serving.svc.cluster.local"
+    with KubeApiEmulator() as api:
+        api.add_virtual_service({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": "llm", "namespace": "serving"},
+            "spec": {"hosts": [host], "http": [{"name": "default", "route": [
+                {"destination": {"host": host, "subset": z}, "weight": 50} for z in ("zone-a", "zone-b")]}]}})
+        configuration = Configuration()
+        configuration.host = api.url
+        client = ApiClient(configuration)
+        target = MeshTarget(namespace="serving", virtual_service="llm", route="default",
+                            destinations=(f"{host}/zone-a",))
+        try:
+            yield IstioVirtualServiceDriver(client), (
+                MeshState(target=target, weights={f"{host}/zone-a": 50, f"{host}/zone-b": 50}),
+                MeshState(target=target, weights={f"{host}/zone-a": 0, f"{host}/zone-b": 100}))
+        finally:
+            client.close()
+
+
 BENCHES: list[tuple[tuple[str, str], Callable[[Path], object]]] = [
     (("l7", "HAProxy 2.6 runtime API: drain ↔ ready"), haproxy_driver),
+    (("mesh", "Istio VirtualService, emulated API server: weight 50 ↔ 0"), istio_driver),
     (("anycast", "ExaBGP 5 → BIRD 2: withdraw ↔ announce"), anycast_driver),
     (("dns", "BIND 9.18, RFC 2136 + TSIG: A record flip"), bind_driver),
     (("dns", "Route 53 (moto emulator): UPSERT flip"), route53_driver),
@@ -185,7 +217,8 @@ def report(runs: int, results: list[Result]) -> str:
         "daemon on loopback. write → verified is the driver's `Verification.time_to_effect_s`: from the start of "
         "`apply` (write plus its acknowledgement) to the first read-back from the real system that shows the new "
         "state (BIND: a UDP query to the authoritative server; anycast: `birdc show route … all` at the observing "
-        "BIRD; HAProxy: `show servers state`; Route 53: `ListResourceRecordSets` after `GetChange` is INSYNC). "
+        "BIRD; HAProxy: `show servers state`; Route 53: `ListResourceRecordSets` after `GetChange` is INSYNC; "
+        "Istio: the VirtualService read back with istiod's Reconciled status, on the Kubernetes API emulator). "
         "Verification polls every 5 ms, the first poll at once, so 1 poll means the write was visible on the first "
         "read. For DNS a client sees the new answer only after its cached copy expires: the last column adds the "
         "replaced answer's TTL (the short external record, 60 s; the internal one is 600 s and is not moved). "
@@ -204,11 +237,13 @@ def report(runs: int, results: list[Result]) -> str:
             f"| {statistics.median(r.polls):.0f} | {client} |")
     lines += [
         "",
-        "Seed bands (dr-failover-engineering §4): L7 milliseconds, anycast seconds, DNS 30 s – 5 min including "
+        "Seed bands (dr-failover-engineering §4): L7 milliseconds, mesh sub-second, anycast seconds, DNS 30 s – 5 min including "
         "TTL. On loopback every write is in effect at the first router/server within milliseconds; what remains "
         "of the anycast band is BGP propagation beyond the first router, and of the DNS band the TTL column — "
         "which is why the cutover moves the 60 s record. The moto row measures the emulator, not Route 53's "
-        "propagation (AWS: PENDING → INSYNC, typically within 60 s).",
+        "propagation (AWS: PENDING → INSYNC, typically within 60 s), and the Istio row the emulator, whose istiod "
+        "reports Reconciled at once (a real one pushes to every Envoy first). Whole cutovers, with the control "
+        "plane's commits and events, are bench/cutover.py's section.",
     ]
     return "\n".join(lines)
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -255,13 +255,13 @@ def _anycast(config: AnycastConfig, clock: Clock) -> StepDriver:
     return TierDriverAdapter(driver, tier=CutoverTier.ANYCAST, name="exabgp", targets_for=targets_for)
 
 
-def dns_desired(config: DnsConfig) -> Callable[[Any, TargetState, Scope], Any]:
+def dns_desired(regions: Mapping[str, DnsRegion], ttl_s: int) -> Callable[[Any, TargetState, Scope], Any]:
     """out: the answer of the region that takes over; in: the region's own. TTL: the configured short one."""
 
     def desired_for(before: Any, target_state: TargetState, scope: Scope) -> Any:
-        region = config.regions[scope.region]
-        answer = config.regions[region.failover_to].answer if target_state == TargetState.OUT else region.answer
-        return before.model_copy(update={"values": tuple(sorted(answer)), "ttl_s": config.ttl_s})
+        region = regions[scope.region]
+        answer = regions[region.failover_to].answer if target_state == TargetState.OUT else region.answer
+        return before.model_copy(update={"values": tuple(sorted(answer)), "ttl_s": ttl_s})
 
     return desired_for
 
@@ -282,7 +282,7 @@ def _dns(config: DnsConfig, clock: Clock) -> list[StepDriver]:
                                key_secret=spec.key_secret_file.read_text().strip(), key_algorithm=spec.key_algorithm,
                                io_timeout_s=spec.io_timeout_s, clock=clock)
         drivers.append(ScopedTierDriverAdapter(driver, tier=CutoverTier.DNS, name="rfc2136", targets_for=targets_for,
-                                               desired_for=dns_desired(config)))
+                                               desired_for=dns_desired(config.regions, config.ttl_s)))
     if config.route53 is not None:
         import boto3
 
@@ -290,7 +290,7 @@ def _dns(config: DnsConfig, clock: Clock) -> list[StepDriver]:
                               region_name=config.route53.region_name)
         drivers.append(ScopedTierDriverAdapter(Route53Driver(client, clock=clock), tier=CutoverTier.DNS,
                                                name="route53", targets_for=targets_for,
-                                               desired_for=dns_desired(config)))
+                                               desired_for=dns_desired(config.regions, config.ttl_s)))
     return drivers
 
 

@@ -113,13 +113,18 @@ def _scope_of(model: str, region: str | None) -> str:
     return f"region:{region}" if region else "global"
 
 
-def put_route(session: Session, spec: MeshRouteSpec, *, actor: str, clock: Clock) -> MeshRouteRead:
-    """Create or replace one route; bumps the routing version and writes one `mesh.route` event. Never commits."""
+def put_route(session: Session, spec: MeshRouteSpec, *, actor: str, clock: Clock,
+              check_versions: bool = True) -> MeshRouteRead:
+    """Create or replace one route; bumps the routing version and writes one `mesh.route` event. Never commits.
+
+    `check_versions=False` is for a cutover re-weighting a route's existing destinations: it must be able
+    to take a zone to zero even if an alias has moved off one of their versions since the route was set.
+    """
     from controlplane.routing_version import service as routing_version
     from weight_catalog import repository as catalog
 
     aliased = {v.version for a, v in catalog.aliases_with_versions(session) if a.model == spec.model}
-    unknown = sorted({d.version for d in spec.destinations} - aliased)
+    unknown = sorted({d.version for d in spec.destinations} - aliased) if check_versions else []
     if unknown:
         raise MeshUnknownVersion(f"model {spec.model!r} has no aliased version {unknown} (aliased: {sorted(aliased)});"
                                  " the snapshot describes only versions an alias points at")
@@ -198,7 +203,7 @@ class SnapshotMeshDriver(SnapshotL7Driver):
             put_route(session, MeshRouteSpec(
                 model=target["model"], region=region, cohort=None if target["cohort"] == ANY else target["cohort"],
                 destinations=[MeshDestination.model_validate(d) for d in desired["destinations"]],
-                reason=f"cutover of zone {target['zone']}"), actor=ACTOR, clock=self.clock)
+                reason=f"cutover of zone {target['zone']}"), actor=ACTOR, clock=self.clock, check_versions=False)
 
     def _in_snapshot(self, snapshot: RoutingSnapshot, expected: dict[str, Any]) -> bool:
         target = expected["target"]

@@ -1,0 +1,24 @@
+"""bench/cutover.py's table: the seed's band is judged on p99 plus what clients may still cache (no timing here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cutover import EU, ZONE_A, Row, report
+from cutover.models import CutoverTier
+
+pytestmark = pytest.mark.unit
+
+
+def _row(tier: CutoverTier, seconds: float, ttl: int | None = None) -> Row:
+    return Row(tier, f"{tier.value} system", EU if tier == CutoverTier.DNS else ZONE_A, [seconds] * 20,
+               [seconds / 10] * 20, [seconds / 2] * 20, ttl)
+
+
+def test_the_table_judges_each_tier_by_its_band_and_adds_the_dns_ttl() -> None:
+    table = report(20, [_row(CutoverTier.L7, 0.05), _row(CutoverTier.MESH, 1.5),
+                        _row(CutoverTier.DNS, 0.1, ttl=60), _row(CutoverTier.DNS, 0.1, ttl=600)])
+    rows = [line for line in table.splitlines() if line.startswith("| ") and " system | 20 |" in line]
+    assert [r.split(" | ")[-1] for r in rows] == ["yes |", "no |", "yes |", "no |"]
+    assert "| 60.1 s |" in rows[2] and "| 600.1 s |" in rows[3]
+    assert "| 50.0 | 50.0 |" in rows[0]  # cutover p50 and p99 in ms
