@@ -44,18 +44,28 @@ def _print_json(value: Any) -> None:
 
 
 def _run(settings: ControlPlaneSettings, *, action: str, target: str, work: Callable[[CutoverRuntime], T]) -> T:
-    """Run a flow (which commits per step) with the built-in l7 tier; audited either way."""
+    """Run a flow (which commits per step) with the tiers the served control plane has; audited either way.
+
+    The snapshot's l7 and mesh, and the drivers of `cutover_drivers_file` (cutover/driver_config.py), so a
+    rollback from the CLI — the way back while the API is down — restores every tier a cutover touched.
+    """
     from common.clock import SystemClock
     from controlplane.auth.service import record_audit
     from controlplane.db import build_session_factory, session_scope
+    from cutover.driver_config import build_drivers, load
     from cutover.l7 import SnapshotL7Driver
+    from cutover.mesh import SnapshotMeshDriver
     from cutover.service import CutoverRuntime
 
     clock = SystemClock()
+    configured = (build_drivers(load(settings.cutover_drivers_file), clock=clock)
+                  if settings.cutover_drivers_file is not None else [])
     with audited_command(settings, action=action, target=target), cli_database(settings) as factory:
         read_factory = build_session_factory(factory.kw["bind"], read_only=True)
-        runtime = CutoverRuntime(factory=factory, clock=clock, drivers=[
-            SnapshotL7Driver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep)])
+        runtime = CutoverRuntime(factory=factory, clock=clock, record_unconfigured=True, drivers=[
+            SnapshotL7Driver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
+            SnapshotMeshDriver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
+            *configured])
         result = work(runtime)
         with session_scope(factory) as session:
             record_audit(session, actor=cli_actor(), action=action, target=target, outcome="succeeded",

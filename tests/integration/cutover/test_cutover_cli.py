@@ -80,3 +80,43 @@ def test_zonal_shift_start_list_cancel(cli: Any, session_factory: Any) -> None:
     assert cancelled.exit_code == 0, cancelled.output
     assert cluster_states(session_factory)["c-eu-b"] == "active"
     assert json.loads(cli(zonal_shift_app, "list", "--active", "--json").output) == []
+
+
+def test_cli_drives_the_configured_tiers_so_it_can_roll_them_back_without_the_api(
+        cli: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, bind_server: Any) -> None:
+    import dns.message
+    import dns.query
+
+    from tests.integration.cutover.conftest import REGION_A, REGION_B
+
+    def answer() -> list[str]:
+        response = dns.query.udp(dns.message.make_query(f"api.{bind_server.zone}", "A"), bind_server.host,
+                                 port=bind_server.port, timeout=2)
+        return sorted(r.address for rrset in response.answer for r in rrset)
+
+    (tmp_path / "tsig.secret").write_text(bind_server.key_secret)
+    drivers = tmp_path / "drivers.toml"
+    drivers.write_text(f"""
+[dns]
+zone = "{bind_server.zone}"
+name = "api.{bind_server.zone}"
+[dns.rfc2136]
+server = "{bind_server.host}"
+port = {bind_server.port}
+key_name = "{bind_server.key_name}"
+key_secret_file = "{tmp_path}/tsig.secret"
+[dns.regions.eu]
+answer = ["{REGION_A}"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["{REGION_B}"]
+failover_to = "eu"
+""")
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE", str(drivers))
+    planned = cli(cutover_app, "plan", "--region", "eu", "--tier", "dns", "--reason", "eu lost", "--json")
+    assert planned.exit_code == 0, planned.output
+    cutover_id = json.loads(planned.output)["id"]
+    assert cli(cutover_app, "execute", str(cutover_id)).exit_code == 0
+    assert answer() == [REGION_B]
+    assert cli(cutover_app, "rollback", str(cutover_id), "--reason", "eu back").exit_code == 0
+    assert answer() == [REGION_A]
