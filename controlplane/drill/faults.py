@@ -402,7 +402,7 @@ class RedisDown(FaultPlan):
     log holds frames in the gateway (`lifeline_gateway_token_log_buffered_frames`)
     and flushes them when Redis answers (`…_flushed_frames_total`); a new
     stream during the outage is refused with 503 `token_log_unavailable`
-    (one probe, sent by the drill halfway through the outage); and how long
+    (one probe, sent by the drill a fifth of the way in); and how long
     after the return every gateway's stores answer again.
     """
 
@@ -420,8 +420,10 @@ class RedisDown(FaultPlan):
     probe_error: str | None = "not sent"
     recovered_at: float | None = None
     fault_mono: float | None = None
-    _next_probe: float = 0.0
-    _probe_thread: threading.Thread | None = None
+    probe_sent_at: float | None = None
+    probe_answered_at: float | None = None
+    _cleared: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
 
     def documented_refusal(self, trace: RequestTrace) -> bool:
         return bool(trace.error and "token_log_unavailable" in trace.error)
@@ -449,6 +451,11 @@ class RedisDown(FaultPlan):
         self.injected = True
         self.fault_mono = self.clock.now()
         self.redis.pause()
+        self._threads = [threading.Thread(target=self._watch, name="drill-redis-watch", daemon=True)]
+        if self.probe is not None and self.hold_s is not None:
+            self._threads.append(threading.Thread(target=self._send_probe, name="drill-redis-probe", daemon=True))
+        for thread in self._threads:
+            thread.start()
 
     def _observe(self) -> tuple[bool, set[str]]:
         """(every gateway ready with its token log answering, lease-view modes seen now)."""
@@ -469,29 +476,40 @@ class RedisDown(FaultPlan):
                 and token_log.get("available", True) is not False
         return all_back, modes
 
-    def tick(self, now: float) -> None:
-        if now < self._next_probe:
-            return
-        self._next_probe = now + 0.25
-        _, modes = self._observe()
-        self.modes_seen |= modes
-        self.frames_held_max = max(self.frames_held_max, self._metric("lifeline_gateway_token_log_buffered_frames"))
-        if (self.probe is not None and self._probe_thread is None and self.hold_s is not None
-                and self.fault_mono is not None and now >= self.fault_mono + self.hold_s / 2):
-            def send() -> None:
-                assert self.probe is not None
-                self.probe_error = self.probe()
+    def _watch(self) -> None:
+        """Its own thread while Redis is silent: `/healthz/ready` waits out a socket timeout there, and the
+        runner's loop (stop conditions, the hold) must not wait with it."""
+        while not self._cleared.is_set():
+            _, modes = self._observe()
+            self.modes_seen |= modes
+            self.frames_held_max = max(self.frames_held_max,
+                                       self._metric("lifeline_gateway_token_log_buffered_frames"))
+            self._cleared.wait(0.25)
 
-            self._probe_thread = threading.Thread(target=send, name="drill-redis-probe", daemon=True)
-            self._probe_thread.start()
+    def _send_probe(self) -> None:
+        """One new stream early in the outage; what it got, and when, is the measurement.
+
+        Early (a fifth of the way in) because the gateway's create waits out its
+        Redis socket timeout (1 s) before refusing: sent later, a Redis that
+        came back within that second would answer it. The report says when it
+        was sent and answered, so a probe answered after the return is visible.
+        """
+        assert self.probe is not None and self.hold_s is not None and self.clock is not None
+        if self._cleared.wait(self.hold_s / 5):
+            self.probe_error = "not sent: the outage ended first"
+            return
+        self.probe_sent_at = self.clock.now()
+        self.probe_error = self.probe()
+        self.probe_answered_at = self.clock.now()
 
     def clear(self) -> None:
         self.redis.resume()  # harmless on a running process
+        self._cleared.set()
 
     def after_clear(self) -> None:
         assert self.clock is not None and self.sleep is not None
-        if self._probe_thread is not None:
-            self._probe_thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
         if not self.injected:
             return
         deadline = self.clock.now() + self.recover_timeout
@@ -524,8 +542,13 @@ class RedisDown(FaultPlan):
         return out
 
     def details(self) -> dict[str, Any]:
+        def since_fault(at: float | None) -> float | None:
+            return None if at is None or self.fault_mono is None else round(at - self.fault_mono, 4)
+
         return {"lease_view_modes_seen": sorted(self.modes_seen), "token_log_unavailable_seen": self.token_log_down_seen,
-                "new_stream_during_outage": self.probe_error or "served"}
+                "new_stream_during_outage": self.probe_error or "served",
+                "new_stream_sent_at_s": since_fault(self.probe_sent_at),
+                "new_stream_answered_at_s": since_fault(self.probe_answered_at)}
 
 
 # -- choosing the plan ------------------------------------------------------------------------------------

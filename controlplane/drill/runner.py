@@ -352,7 +352,9 @@ class DrillRunner:
             if len(trace.token_ids) < traffic.max_tokens:
                 trace.error = f"stream ended after {len(trace.token_ids)} of {traffic.max_tokens} tokens"
         except Exception as error:  # noqa: BLE001 - openai.APIError, transport errors alike: the request is lost
-            trace.error = f"{type(error).__name__}: {error}"[:500]
+            # The stable error type the gateway sent (openai.APIError.type), so a documented refusal is told apart.
+            kind = getattr(error, "type", None)
+            trace.error = f"{type(error).__name__}: {f'[{kind}] ' if kind else ''}{error}"[:500]
         finally:
             trace.ended_at = self.clock.now()
 

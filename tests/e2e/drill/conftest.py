@@ -40,6 +40,7 @@ class LocalFleet:
     started: list[EngineProcess] = field(default_factory=list)
     zones: dict[str, str] = field(default_factory=dict)  # instance → zone, as each engine registers it
     region: str = "local"
+    redis: Any = None  # the region's lease-registry / token-log Redis, where the fleet has one (redis_down)
 
     @property
     def gateway_url(self) -> str:
@@ -238,3 +239,39 @@ def snapshot_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Snapsho
         if snap.controlplane.process is not None and snap.controlplane.process.poll() is None:
             snap.controlplane.process.send_signal(signal.SIGCONT)  # never leave it stopped, whatever failed
         snap.close()
+
+
+@pytest.fixture(scope="module")
+def redis_fleet(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """A gateway whose lease registry and token log are one private redis-server (never the shared one), two engines.
+
+    Lease TTL 2 s (the most the gateway allows), so an outage longer than
+    that is also an engine stepping down for want of a renewal (the known
+    limit docs/gateway.md states; streams in flight are unaffected).
+    """
+    from controlplane.drill.faults import PidHandle
+    from lifeline.daemons import RedisNode
+
+    workdir = tmp_path_factory.mktemp("drill-redis-fleet")
+    model = built_model("tiny", 0)
+    node = RedisNode(workdir / "redis", free_port()).start()
+    url = f"redis://127.0.0.1:{node.port}/0"
+    config = gateway_config(model, registry={"kind": "redis", "url": url, "token": "test-lease-token", "ttl": 2.0},
+                            token_log={"kind": "redis", "url": url, "owner_ttl": 2.0},
+                            recovery={"stall_timeout": 10.0},
+                            routing={"controlplane_url": controlplane.url, "token": controlplane.tokens["gateway"],
+                                     "event_flush_interval": 0.1})
+    gateway = GatewayProcess(config, free_port(), workdir, replica_id="gw-redis")
+    gateway.start()
+    local = LocalFleet(workdir, model, gateway,
+                       redis=PidHandle(url, lambda: node.process.pid))  # type: ignore[union-attr]
+    try:
+        gateway.wait_live()
+        for instance_id in ("r-0", "r-1"):
+            local.start_engine(instance_id)
+        gateway.wait_routable("tiny", 2)
+        yield local
+    finally:
+        node.resume()  # never leave it stopped, whatever failed
+        local.close()
+        node.stop()
