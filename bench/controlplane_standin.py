@@ -3,7 +3,8 @@
 Speaks exactly the contract a gateway uses (`contract.snapshot`,
 `contract.events`): `GET /api/v1/snapshot` with ETag / If-None-Match,
 `PUT /api/v1/gateways/{replica}`, `GET /api/v1/gateways`,
-`POST /api/v1/events/dataplane`. The snapshot it serves is whatever body was
+`POST /api/v1/events/dataplane`, and the agent's `PUT /api/v1/agents/{region}`
+(`contract.events.AgentReport`; `GET /api/v1/agents`). The snapshot it serves is whatever body was
 last posted to `POST /_standin/snapshot` — deliberately unvalidated, so a
 test can serve one the gateways must refuse. State is in memory: a restart
 starts empty, as a control plane restored from nothing would.
@@ -24,13 +25,14 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from contract.events import EventBatch, GatewayReport
+from contract.events import AgentReport, EventBatch, GatewayReport
 from contract.snapshot import etag_for, if_none_match_hits
 
 
 def create_app(token: str | None = None) -> FastAPI:
     app = FastAPI(title="control plane stand-in")
-    state: dict = {"body": None, "version": 0, "gateways": {}, "events": [], "dropped": 0, "snapshot_gets": 0}
+    state: dict = {"body": None, "version": 0, "gateways": {}, "agents": {}, "events": [], "dropped": 0,
+                   "snapshot_gets": 0}
 
     def authorized(request: Request) -> bool:
         return token is None or request.headers.get("authorization") == f"Bearer {token}"
@@ -58,6 +60,18 @@ def create_app(token: str | None = None) -> FastAPI:
     @app.get("/api/v1/gateways")
     async def gateways() -> dict:
         return {"gateways": list(state["gateways"].values())}
+
+    @app.put("/api/v1/agents/{region}")
+    async def agent_report(region: str, request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"error": {"type": "authentication_error"}}, status_code=401)
+        body = AgentReport.model_validate_json(await request.body())
+        state["agents"][region] = body.model_dump(mode="json")
+        return JSONResponse(state["agents"][region])
+
+    @app.get("/api/v1/agents")
+    async def agents() -> list:
+        return list(state["agents"].values())
 
     @app.post("/api/v1/events/dataplane", status_code=202)
     async def events(request: Request) -> Response:

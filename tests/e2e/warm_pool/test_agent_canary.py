@@ -122,6 +122,17 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
         assert born_bad["detail"]["canary_probes"] == 1  # its admission canary caught it
         assert "wp-corrupt" not in leased()
 
+        def agent_report() -> dict | None:  # PUT /api/v1/agents/{region}, from the agent's loop
+            report = httpx.get(f"{standin.url}/_standin/state", timeout=5).json()["agents"].get(REGION)
+            instances = {i["instance_id"]: i for i in (report or {}).get("instances", [])}
+            return instances if instances.get("wp-corrupt", {}).get("verdict") == "wrong_output" and \
+                instances.get("wp-healthy", {}).get("lease_held") else None
+
+        reported = until(agent_report, "the agent's report shows both engines")
+        assert not reported["wp-corrupt"]["lease_held"] and reported["wp-corrupt"]["canary_verdict"] == "wrong_output"
+        assert reported["wp-healthy"]["canary_verdict"] == "ok" and reported["wp-healthy"]["origin"] == "external"
+        assert reported["wp-healthy"]["lease_generation"] is not None
+
         # corrupt the serving one in memory: it keeps answering 200 on every health level
         httpx.post(f"{healthy.url}/admin/faults", json={"corrupt_weights": True}, timeout=10).raise_for_status()
         canaries_at_fault = scrape_metric(f"http://127.0.0.1:{metrics_port}/metrics",
