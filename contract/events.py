@@ -87,7 +87,8 @@ class AgentInstance(_Record):
     verdict_reason: str = Field("", max_length=2000)
     verdict_since: datetime | None = Field(None, description="when the verdict last changed (the agent's clock)")
     lease_held: bool = Field(False, description="the agent holds a lease for it")
-    lease_generation: int | None = None
+    lease_generation: int | None = Field(None, description="the generation it is routed under: the agent's lease, "
+                                         "or (origin registry) its own; None: no live lease")
     canary_verdict: Verdict | None = None
     canary_at: datetime | None = Field(None, description="when the last canary answered")
     canaries: int = Field(0, ge=0, description="canaries it has answered since the agent first saw it")

@@ -620,7 +620,7 @@ class Agent:
                 instance_id=i.instance_id, zone=i.zone, version=i.version, url=i.url, origin=i.origin,
                 pool_state=i.state.value if i.state else None, verdict=i.verdict.value if i.verdict else None,
                 verdict_reason=i.reason[:2000], verdict_since=i.verdict_since, lease_held=i.lease is not None,
-                lease_generation=i.lease.generation if i.lease else None,
+                lease_generation=i.lease.generation if i.lease else i.generation if i.origin == "registry" else None,
                 canary_verdict=i.canary.verdict.value if i.canary else None, canary_at=i.canary_at,
                 canaries=i.canaries) for i in self.instances.values()])
 

@@ -514,3 +514,23 @@ async def test_report_outcomes_are_counted_and_an_unreachable_control_plane_cost
     samples = {s.labels["outcome"]: s.value for m in agent.metrics.registry.collect() if m.name == "lifeline_agent_reports"
                for s in m.samples if s.name.endswith("_total")}
     assert samples == {"unreachable": 1.0, "sent": 1.0}
+
+
+async def test_report_and_board_carry_the_generation_of_an_engine_that_holds_its_own_lease() -> None:
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    fleet.engines["e1"].output = [5, 9, 7]
+    agent, registry, _ = make_agent(fleet, clock)
+    own = await registry.register(Registration("e1", "http://e1", "v1", "z1", "r1"))  # renews its own lease
+    agent.budget.note_served("e1", clock.now() - 100)
+    for _ in range(40):
+        await settle(agent, clock)
+        await registry.renew("e1", own.generation)
+        if agent.instances["e1"].verdict is Verdict.WRONG_OUTPUT:
+            break
+    [instance] = agent.report().instances
+    assert (instance.origin, instance.lease_held, instance.lease_generation, instance.verdict) == (
+        "registry", False, own.generation, "wrong_output")
+    [entry] = agent.verdicts().verdicts
+    assert (entry.instance_id, entry.generation, entry.verdict, entry.action) == (
+        "e1", own.generation, "wrong_output", "eject")
