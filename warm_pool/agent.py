@@ -140,6 +140,7 @@ class Agent:
         self.verdict_board = verdict_board
         self.agent_id = agent_id or settings.agent_id or self.actor
         self._pool_seq = 0
+        self._adopted = False  # the pool a previous agent left running has been taken back
         self._seq = 0  # orders canaries against releases (virtual time may not move between them)
         self._draining: set[asyncio.Task] = set()
 
@@ -187,6 +188,8 @@ class Agent:
 
     # -- the loop ------------------------------------------------------------------------------------
     async def tick(self) -> None:
+        if not self._adopted:
+            await self.adopt_pool()  # before observe: their leases are the pool's, not engines' own
         await self.observe()
         await self.probe_health()
         self.start_canaries()
@@ -480,6 +483,35 @@ class Agent:
                        and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
             for _ in range(zone_target.serving + zone_target.warm - len(present)):
                 await self._start(zone, desired)
+
+    async def adopt_pool(self) -> None:
+        """Take back the pool instances a previous agent of this region left running (the driver finds them).
+
+        One with a live lease was serving: the lease is taken over (same generation, renewed from the next
+        probe), so an agent restart costs no capacity. The others start over as cold: an admission canary,
+        then warm. A driver that cannot say (local processes) adopts nothing; a failed read is retried next tick.
+        """
+        if self.driver is None or self.settings.pool is None:
+            self._adopted = True
+            return
+        try:
+            found = await self.driver.adopt()
+            leases = {lease.instance_id: lease for lease in await self.registry.live()}
+        except Exception as exc:
+            log.warning("pool not adopted yet; trying again next tick", error=repr(exc)[:200])
+            return
+        self._adopted = True
+        now = self.clock.now()
+        for pool_instance in found:
+            if pool_instance.instance_id in self.instances:
+                continue
+            lease = leases.get(pool_instance.instance_id)
+            self.instances[pool_instance.instance_id] = Instance(
+                pool_instance.instance_id, pool_instance.url, pool_instance.zone, pool_instance.version, "pool",
+                first_seen=now, state=InstanceState.SERVING if lease is not None else InstanceState.COLD,
+                started_at=now, lease=lease)
+            log.info("pool instance adopted", instance=pool_instance.instance_id, zone=pool_instance.zone,
+                     version=pool_instance.version, serving=lease is not None)
 
     async def _rebalance(self, mine: list[Instance], desired: str | None) -> None:
         """One move a tick: a zone short of serving takes its own warm instance, an over-served zone retires one.

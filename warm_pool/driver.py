@@ -2,6 +2,7 @@
 
     start(instance_id, zone, version) → PoolInstance   begin loading (the instance is COLD until it answers)
     refresh()                                          re-read what exists (the agent calls it once a tick)
+    adopt() → [PoolInstance]                           instances a previous agent left running, taken back
     alive(instance_id) → bool                          the process / pod still exists, as last read
     stop(instance_id, graceful)                        SIGTERM and wait (drain), or SIGKILL
 
@@ -46,6 +47,8 @@ class PoolDriver(Protocol):
     async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance: ...
 
     async def refresh(self) -> None: ...
+
+    async def adopt(self) -> list[PoolInstance]: ...
 
     def alive(self, instance_id: str) -> bool: ...
 
@@ -96,6 +99,11 @@ class LocalDriver:
 
     async def refresh(self) -> None:
         """Nothing to re-read: `alive` asks the operating system each time."""
+
+    async def adopt(self) -> list[PoolInstance]:
+        """None: a previous agent's engine processes are not its children, so they cannot be stopped or watched
+        from here (docs/warm_pool.md, limits)."""
+        return []
 
     def alive(self, instance_id: str) -> bool:
         process = self.processes.get(instance_id)

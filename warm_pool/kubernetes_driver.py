@@ -3,6 +3,8 @@
     start(id, zone, version)  ensure the Deployment; claim a pod of it nobody holds (one the ReplicaSet
                               made to replace a lost one), else scale to held + 1 and claim the new pod:
                               label it lifeline.dev/instance=<id>; its URL is the pod IP (waits for one)
+    adopt()                   the region's pods that carry an instance label and are not being deleted: a
+                              previous agent's pool, taken back as it is (nothing is scaled or relabelled)
     alive(id) / ready(id)     from the last pod list (`refresh()`, every `resync_interval` and on each call)
     stop(id, graceful)        delete that pod (grace 0 unless graceful: SIGTERM, the engine drains), then
                               scale to the pods still held
@@ -226,6 +228,27 @@ class KubernetesDriver:
         self._held.pop(instance_id, None)
         self._placement.pop(instance_id, None)
         log.info("pool pod stopped", instance=instance_id, deployment=name, graceful=graceful, replicas=len(held))
+
+    async def adopt(self) -> list[PoolInstance]:
+        """The pods a previous agent of this region claimed, so a restarted agent keeps its pool.
+
+        The labels say everything needed: instance id, zone, version; the Deployment already counts them
+        as held (the replica count is written from the labels), so nothing is written here.
+        """
+        found = []
+        for pod in await self._list(self.selector()):
+            holder, ip = _holder(pod), pod["status"].get("podIP")
+            if holder is None or _deleting(pod) or not ip:
+                continue
+            labels = pod["metadata"]["labels"]
+            self._placement[holder] = (labels[LABEL_ZONE], labels[LABEL_VERSION])
+            self._held[holder] = pod
+            found.append(PoolInstance(holder, labels[LABEL_ZONE], labels[LABEL_VERSION],
+                                      f"http://{ip}:{self.config.port}"))
+        if found:
+            self._start_resync()
+            log.info("pool pods adopted", instances=sorted(p.instance_id for p in found))
+        return found
 
     async def refresh(self) -> None:
         """Re-read every pod of the region the agent holds: what `alive` and `ready` answer from."""

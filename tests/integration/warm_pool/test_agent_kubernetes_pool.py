@@ -128,6 +128,44 @@ async def test_agent_reconciles_a_kubernetes_pool_through_a_lost_node(emulator: 
         await agent.close()
 
 
+async def test_a_restarted_agent_adopts_the_pool_it_left_running(emulator: KubeApiEmulator) -> None:
+    settings = AgentSettings(region="eu-1", pool=kubernetes_pool(emulator))
+    clock = ManualClock()
+    registry = MemoryRegistry(clock)  # the region's registry outlives the agent
+
+    def agent_on(driver: KubernetesDriver, kubelet: Kubelet) -> Agent:
+        shipper = EventShipper(None, None)
+        shipper.url = "kept"
+        return Agent(settings, registry=registry, http=httpx.AsyncClient(transport=kubelet.transport()), clock=clock,
+                     shipper=shipper, canary_records={"v1": RECORD}, driver=driver,
+                     budget=ProbeBudget(clock, per_instance_per_s=settings.canary_per_instance_per_s))
+
+    first_driver = build_driver(settings.region, settings.pool)
+    assert isinstance(first_driver, KubernetesDriver)
+    kubelet = Kubelet(emulator, first_driver)
+    first = agent_on(first_driver, kubelet)
+    await settle(first, clock, 4)
+    before = {i.instance_id: (i.zone, i.state, i.lease.generation if i.lease else None)
+              for i in first.instances.values()}
+    pods_before = held_pods(kubelet)
+    await first_driver.close()  # the agent process dies: no leases released, no pods stopped
+
+    second_driver = build_driver(settings.region, settings.pool)
+    assert isinstance(second_driver, KubernetesDriver)
+    second = agent_on(second_driver, Kubelet(emulator, second_driver))
+    try:
+        await settle(second, clock, 4)
+        after = {i.instance_id: (i.zone, i.state, i.lease.generation if i.lease else None)
+                 for i in second.instances.values()}
+        assert after == before  # the same pods, the serving ones under the same lease generations
+        assert held_pods(kubelet) == pods_before and len(kubelet.pods()) == 3  # nothing started beside them
+        assert not [e for e in second.shipper.buffer if e.kind == "pool.started"]
+        assert {lease.instance_id for lease in await registry.live()} == {
+            i for i, (_, state, _) in after.items() if state is InstanceState.SERVING}
+    finally:
+        await second.close()
+
+
 def test_pool_driver_settings_are_typed_per_driver(tmp_path: Path, emulator: KubeApiEmulator) -> None:
     local = AgentSettings(region="eu-1", pool={"model": "m", "versions": {"v1": str(tmp_path)}, "zones": ZONES,
                                               "state_dir": str(tmp_path)})

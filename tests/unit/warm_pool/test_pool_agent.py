@@ -123,6 +123,9 @@ class FakeDriver:
     async def refresh(self) -> None:
         pass
 
+    async def adopt(self) -> list[PoolInstance]:
+        return []
+
     def alive(self, instance_id: str) -> bool:
         engine = self.fleet.engines.get(instance_id)
         return engine is not None and engine.live
