@@ -34,8 +34,10 @@ def export(model: Annotated[str, typer.Option(help="model name (as the catalog a
     if fmt not in ("md", "json", "html"):
         typer.echo(f"error: invalid_request: --format must be md, json or html, not {fmt!r}", err=True)
         raise typer.Exit(2)
-    text = read_only(load_settings(), lambda session: slo_export.render(
-        service.build(session, model=model, clock=SystemClock()), fmt))  # type: ignore[arg-type]
+    settings = load_settings()
+    text = read_only(settings, lambda session: slo_export.render(
+        service.build(session, model=model, clock=SystemClock(), gateway_stale_after=settings.gateway_report_stale_after,
+                      agent_stale_after=settings.agent_report_stale_after), fmt))  # type: ignore[arg-type]
     if output is None:
         typer.echo(text, nl=False)
     else:

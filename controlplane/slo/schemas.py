@@ -21,6 +21,8 @@ class SloFigure(BaseModel):
     run_id: int | None
     drill: str | None
     run_ended_at: datetime | None
+    # drill_run: the run named above measured it; reports: read from the catalog and live reports when generated
+    source: Literal["drill_run", "reports"] = "drill_run"
 
 
 class TripleEntry(BaseModel):

@@ -10,7 +10,16 @@ the latest ended run of a drill that declares it decides the status:
 
 Where several drills declare one metric the strictest target is the
 document's, and a run that measured it against a looser target does not
-verify it. Never commits.
+verify it. Two figures rest on other evidence:
+
+    RPO_weight    measured when the document is built, from the catalog's
+                  `prod` history and the regions' fresh gateway and agent
+                  reports (`rpo_weight.py`); its evidence is named, not a run
+    RPO_context   unverified, "no KV replication policy": until issue 12's
+                  policies exist nothing replicates KV state, so no drill
+                  result can stand for it, whatever a report says
+
+Never commits.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from controlplane.drill import repository as drill_repository
 from controlplane.drill.models import DrillDefinition, DrillRun
 from controlplane.drill.service import DEFAULT_CADENCE
 from controlplane.drill.states import DrillRunState, DrillScope
+from controlplane.slo import rpo_weight
 from controlplane.slo.schemas import CatalogView, SloDocument, SloFigure, TripleEntry
 from weight_catalog import repository as catalog_repository
 
@@ -68,13 +78,28 @@ def model_names(session: Session, *, model: str) -> tuple[list[str], CatalogView
     return names, CatalogView(versions=versions, aliases=alias_view)
 
 
+# Until issue 12 lands KV replication policies, nothing replicates KV state: RPO_context has no evidence.
+NO_KV_POLICY = "no KV replication policy: nothing replicates KV state yet (issue 12), so nothing can measure it"
+
+
 def build(session: Session, *, model: str, clock: Clock,
-          cadence: dict[DrillScope, timedelta] | None = None) -> SloDocument:
+          cadence: dict[DrillScope, timedelta] | None = None,
+          gateway_stale_after: timedelta = timedelta(seconds=30),
+          agent_stale_after: timedelta = timedelta(seconds=15)) -> SloDocument:
+    """`*_stale_after`: the control plane's report staleness settings (a stale report is no evidence)."""
     names, catalog = model_names(session, model=model)
     definitions = [d for d in drill_repository.list_definitions(session, latest_only=True) if d.model in names]
     runs = drill_repository.ended_runs_for_model(session, models=names)
     figures = {metric: _figure(metric, definitions, runs, clock=clock, cadence=cadence or DEFAULT_CADENCE)
                for metric in FIGURES}
+    figures["rpo_context_s"] = figures["rpo_context_s"].model_copy(update={
+        "status": "unverified", "why": NO_KV_POLICY, "measured": None, "run_id": None, "drill": None,
+        "run_ended_at": None})
+    history, regions = rpo_weight.read_evidence(session, model=model, clock=clock,
+                                                gateway_stale_after=gateway_stale_after,
+                                                agent_stale_after=agent_stale_after)
+    figures["rpo_weight_versions"] = _rpo_weight_figure(definitions, rpo_weight.measure(history, regions),
+                                                        clock=clock)
     triple = [TripleEntry(dimension=dim, name=name, lost=lost, kept=kept, recovery=recovery,
                           figures=[figures[m] for m in metrics])
               for dim, name, lost, kept, recovery, metrics in TRIPLE]
@@ -110,3 +135,22 @@ def _figure(metric: str, definitions: list[DrillDefinition], runs: list[DrillRun
     if float(measured) > target:
         return SloFigure(**base, target=target, why=f"run {last.id} measured {measured:.3f} against a looser target")
     return SloFigure(**{**base, "status": "measured"}, target=target, why=f"measured by drill run {last.id}")
+
+
+def _rpo_weight_figure(definitions: list[DrillDefinition], lag: rpo_weight.RpoWeight, *, clock: Clock) -> SloFigure:
+    """Measured from reports read now; the target is still the strictest a drill of the model declares."""
+    label, unit = FIGURES["rpo_weight_versions"]
+    declared = [float(d.targets["rpo_weight_versions"]) for d in definitions
+                if d.targets.get("rpo_weight_versions") is not None]
+    target = min(declared) if declared else None
+    base = {"metric": "rpo_weight_versions", "label": label, "unit": unit, "target": target, "run_id": None,
+            "drill": None, "run_ended_at": None, "source": "reports",
+            "measured": None if lag.value is None else float(lag.value)}
+    if lag.value is None:
+        return SloFigure(**base, status="unverified", why=lag.why)
+    if target is None:
+        return SloFigure(**base, status="unverified", why=f"no drill declares a target for it; {lag.why}")
+    if lag.value > target:
+        return SloFigure(**base, status="unverified",
+                         why=f"{lag.value} version(s) behind, over the target of {target:g}; {lag.why}")
+    return SloFigure(**base, status="measured", why=f"measured {clock.utcnow().isoformat()}: {lag.why}")
