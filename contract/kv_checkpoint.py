@@ -86,6 +86,7 @@ class KVCheckpointManifest(BaseModel):
     blocks: list[KVBlockEntry] = Field(min_length=1, max_length=MAX_MANIFEST_BLOCKS)
     # Provenance, for logs and replication; not part of what makes a block valid.
     instance_id: str | None = None
+    generation: int | None = None  # the writer's (instance_id, generation): which process wrote it
     request_id: str | None = None
     created_at: float | None = None  # Unix seconds
 

@@ -30,6 +30,7 @@ import json
 import queue
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,6 +211,7 @@ class KVCheckpointer:
         self.clock = clock
         self.instance_id = instance_id
         self.every_tokens = every_tokens
+        self.generation_of: Callable[[], int | None] = lambda: None  # set by the runtime once it exists
         self._jobs: queue.Queue[CheckpointJob | None] = queue.Queue(maxsize=CHECKPOINT_QUEUE)
         # request id → (entries written, blocks not yet written): owned by the writer thread
         self._chains: OrderedDict[str, tuple[list[KVBlockEntry], list[KVBlock]]] = OrderedDict()
@@ -294,8 +296,8 @@ class KVCheckpointer:
                 written.append(KVBlockEntry(hash=block.hash, token_ids=list(block.token_ids), checksum=checksum))
             entries = entries + written
             manifest = KVCheckpointManifest(validity=self.validity, root_hash=self.root_hash, blocks=entries,
-                                            instance_id=self.instance_id, request_id=job.request_id,
-                                            created_at=self.clock.wall())
+                                            instance_id=self.instance_id, generation=self.generation_of(),
+                                            request_id=job.request_id, created_at=self.clock.wall())
             self.store.write_manifest(manifest)
         except KVStoreUnavailable as exc:
             self.metrics.kv_checkpoints.labels(outcome="failed").inc()

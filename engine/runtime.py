@@ -255,6 +255,8 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
         kv_validity=prefix_cache.validity if prefix_cache is not None else None, prefix_cache=prefix_cache,
         checkpointer=checkpointer,
     )
+    if checkpointer is not None:
+        checkpointer.generation_of = lambda: runtime.generation
     scheduler.start()
     return runtime
 

@@ -220,8 +220,10 @@ class Scheduler:
 
     def _publish(self, seq: Sequence) -> None:
         """Hand every KV block this sequence has filled to the prefix cache (engine.prefix_cache)."""
-        if self.prefix_cache is not None and seq.cache is not None:
-            self.prefix_cache.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
+        cache = self.prefix_cache
+        # Checked here first so a decode step builds the token list only when a block has filled.
+        if cache is not None and seq.cache is not None and (len(seq.kv_chain) + 1) * cache.block_tokens <= seq.cache.length:
+            cache.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
 
     def _checkpoint(self, seq: Sequence) -> None:
         """Every `every_tokens` committed tokens, queue the new full blocks for the checkpoint store."""

@@ -167,3 +167,15 @@ def test_a_bad_store_url_stops_start_up_naming_the_key(tmp_path, url, message):
     with pytest.raises(ValidationError, match="needs a prefix cache"):
         EngineSettings(model=tmp_path, kv_checkpoint_store=str(tmp_path), kv_cache_blocks=0)
     assert EngineSettings(model=tmp_path, kv_checkpoint_store="redis://127.0.0.1:6379/0?key_prefix=a:").kv_checkpoint_store
+
+
+def test_a_manifest_names_the_process_that_wrote_it(model, tmp_path):
+    model_dir = built_model("tiny", 0)
+    writer, _, _ = checkpointer(model_dir, tmp_path / "store")
+    writer.generation_of = lambda: 7
+    run(model, PROMPT, 8, writer=writer)
+    writer.flush()
+    checkpoints = KVCheckpointStore(FilesystemKVStore(tmp_path / "store"))
+    [key] = checkpoints.manifests(writer.root_hash)
+    manifest = checkpoints.read_manifest(writer.root_hash, key.rsplit("/", 1)[1].removesuffix(".json"))
+    assert (manifest.instance_id, manifest.generation, manifest.request_id) == ("engine-a", 7, "req-1")
