@@ -36,7 +36,7 @@ from cutover.errors import EvidenceRequired, NothingToCutOver, SafetyRuleViolati
 from cutover.models import Cutover, CutoverMode, CutoverTier, ScopeKind, TargetState
 from cutover.service import CutoverRuntime
 from cutover.states import ACTIVE_STATES, CutoverState
-from cutover.tiers import Scope
+from cutover.tiers import Scope, event_tier
 
 
 class Outcome(StrEnum):
@@ -179,6 +179,7 @@ def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: in
         decision = decide(fault, attempts)
         decisions.append(decision)
         if decision.action != Action.CUT_OVER:
+            _record_stop(runtime, fault, decision, attempts, actor=actor)
             return decisions
         assert decision.scope is not None and decision.rung is not None  # set for every CUT_OVER
         tiers = [t for t in decision.tiers if runtime.drivers_for(t)] or list(decision.tiers[:1])
@@ -191,8 +192,10 @@ def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: in
                     evidence=evidence)
                 cutover_id = cutover.id
         except NothingToCutOver as exc:
-            decisions.append(Decision(Action.HOLD, f"{tiers[0].value} has nothing to change for "
-                                                   f"{decision.scope.key}: {exc.message}"))
+            held = Decision(Action.HOLD, f"{tiers[0].value} has nothing to change for {decision.scope.key}: "
+                                         f"{exc.message}")
+            decisions.append(held)
+            _record_stop(runtime, fault, held, attempts, actor=actor)
             return decisions
         try:
             flows.execute(runtime, cutover_id=cutover_id, idempotency_key=f"escalation:{fault.id}:{decision.rung}",
@@ -200,3 +203,19 @@ def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: in
         except SafetyRuleViolation:
             pass  # recorded as blocked; the next decide() sees a refused attempt and holds
     return decisions
+
+
+def _record_stop(runtime: CutoverRuntime, fault: Fault, decision: Decision, attempts: Sequence[Attempt], *,
+                 actor: str) -> None:
+    """One `cutover.escalation` event when the ladder stops, so the log says why it went no higher."""
+    from controlplane.event import service as event_service
+
+    last = max(attempts, key=lambda a: a.rung) if attempts else None
+    with session_scope(runtime.factory) as session:
+        event_service.record(
+            session, kind="cutover.escalation", actor=actor, reason=decision.reason, scope=fault.scope.key,
+            clock=runtime.clock, routing_tier=event_tier(last.tier) if last else None,
+            outcome={Action.CONTAINED: "succeeded", Action.HOLD: "blocked"}.get(decision.action, "failed"),
+            after={"action": decision.action.value, **_fault_evidence(fault),
+                   "attempts": [{"cutover_id": a.cutover_id, "tier": a.tier.value, "scope": a.scope.key,
+                                 "outcome": a.outcome.value} for a in attempts]})

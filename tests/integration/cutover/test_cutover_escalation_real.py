@@ -18,6 +18,8 @@ import pytest
 
 from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
+from controlplane.event import service as event_service
+from controlplane.event.repository import EventFilter
 from cutover import service as cutover_service
 from cutover.driver_config import CutoverDriversConfig, build_drivers
 from cutover.escalation import Action, Fault, escalate
@@ -113,3 +115,8 @@ def test_zone_fault_escalates_to_real_dns_when_the_withdrawal_cannot_verify(
     with session_scope(real_runtime.factory) as session:
         step = cutover_service.get_or_raise(session, cutover_id=anycast[0]).steps[0]
         assert step.outcome == "failed" and step.evidence["error"] == "cutover_driver_unavailable"
+    # Where the ladder stopped, and on what, is one event.
+    with session_scope(real_runtime.factory) as session:
+        (stop,) = event_service.list_events(session, EventFilter(kind="cutover.escalation"), limit=10)
+        assert (stop.routing_tier, stop.outcome, stop.scope) == ("dns", "succeeded", "region:eu/zone:eu-a")
+        assert [a["outcome"] for a in stop.after["attempts"]] == ["verification_failed", "verified"]
