@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from lifeline.processes import EngineProcess, scrape_metric
 
@@ -48,3 +50,14 @@ def log_records(engine: EngineProcess, event: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return found
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[Any]:
+    """moto's S3 server (AWS emulated), a real HTTP endpoint the engines' boto3 clients talk to."""
+    from lifeline.daemons import MotoServer
+
+    server = MotoServer()
+    server.start()
+    yield server
+    server.stop()

@@ -148,3 +148,32 @@ def test_a_survivor_with_a_holder_imports_into_the_holders_pool(fleet_factory, u
     assert committed + response.json()["choices"][0]["token_ids"] == expected
     assert metric(survivor, "lifeline_engine_kv_imported_tokens_total") == checkpoint_blocks * BLOCK
     assert holder.state()["kv"]["committed"] - committed_before >= checkpoint_blocks
+
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+def test_the_store_may_be_a_directory_or_s3(engine_factory, undisturbed, tmp_path, monkeypatch, request, backend):
+    """The same failover with checkpoints on, through the other two backends (S3: moto's emulator)."""
+    ids, expected = undisturbed
+    if backend == "filesystem":
+        store = ["--kv-checkpoint-store", str(tmp_path / "kv-store")]
+    else:
+        moto = request.getfixturevalue("moto_s3")
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(name, value)  # inherited by the engine processes
+        bucket = f"kv-{uuid.uuid4().hex[:12]}"
+        moto.client().create_bucket(Bucket=bucket)
+        store = ["--kv-checkpoint-store", f"s3://{bucket}/region-a", "--kv-checkpoint-s3-endpoint-url",
+                 moto.endpoint_url]
+    shared = [*store, "--kv-checkpoint-every", str(EVERY)]
+    victim = engine_factory("kv-victim", extra_args=[*shared, "--fault-token-delay-ms", "150"])
+    survivor = engine_factory("kv-survivor", extra_args=shared)
+    checkpoint_blocks = (len(ids) + 2 * EVERY - 1) // BLOCK
+    committed = stream_then_kill(victim, checkpoint_blocks)
+    response = httpx.post(f"{survivor.url}/v1/completions", timeout=120,
+                          json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
+                                "ignore_eos": True, "return_token_ids": True})
+    response.raise_for_status()
+    assert committed + response.json()["choices"][0]["token_ids"] == expected
+    assert metric(survivor, "lifeline_engine_kv_imported_tokens_total") == checkpoint_blocks * BLOCK
