@@ -11,6 +11,9 @@ outage, and reconciled once the control plane answers again.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import pytest
 
@@ -60,3 +63,40 @@ def test_gateways_serve_on_the_last_good_snapshot_while_the_control_plane_is_sil
     with session_scope(controlplane.factory) as session:
         run = service.get_run_or_raise(session, run_id=run_id)
         assert (run.state, run.fault_target) == ("passed", "controlplane:local")
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (T: stopped by a signal)."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
+def test_an_operator_abort_mid_outage_resumes_the_control_plane(controlplane, snapshot_fleet, tmp_path):
+    spec = DrillSpec.model_validate({
+        "name": "controlplane-silent-long", "model": "tiny", "scope": "region", "fault": "controlplane_down",
+        "blast_radius": {"region": "local"}, "stop_conditions": {"max_error_rate": 0.5},
+        "traffic": {"requests": 2, "concurrency": 2, "max_tokens": 16, "fault_after_tokens": 0,
+                    "fault_duration_s": 120.0}})
+    clock = SystemClock()
+    with session_scope(controlplane.factory) as session:
+        definition = service.define(session, spec=spec, actor="test", clock=clock)
+        run_id = service.create_run(session, definition=definition, trigger="manual", actor="test", clock=clock).id
+        service.approve(session, run_id=run_id, actor="operator:alice", clock=clock)
+    pid = snapshot_fleet.snap.controlplane.process.pid
+    outcome: dict = {}
+    drill = DrillRunner(factory=controlplane.factory, fleet=snapshot_fleet, clock=clock)
+    thread = threading.Thread(target=lambda: outcome.update(result=drill.run(run_id)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _state(pid) != "T":  # the drill stopped it
+        assert time.monotonic() < deadline and thread.is_alive(), "the control plane was never stopped"
+        time.sleep(0.05)
+    with session_scope(controlplane.factory) as session:  # the runner's own database answers throughout
+        service.abort(session, run_id=run_id, reason="customer escalation", actor="operator:alice", clock=clock)
+    thread.join(timeout=90)
+    assert not thread.is_alive()
+    result = outcome["result"]
+    assert result.state == DrillRunState.ABORTED
+    assert result.report["aborted"] == "aborted by an operator: customer escalation"
+    assert result.report["measured"]["controlplane_down_s"] < 60  # cleared at the abort, not after 120 s
+    assert _state(pid) != "T"
+    assert httpx.get(f"{snapshot_fleet.snap.cp_url}/healthz/ready", timeout=10).status_code == 200

@@ -20,7 +20,7 @@ import pytest
 from common.clock import SystemClock
 from controlplane.db import session_scope
 from controlplane.drill import service
-from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius
+from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius, RegionTierNotWired
 from controlplane.drill.runner import DrillRunner, HttpEventReader
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
@@ -124,3 +124,22 @@ def test_zone_drill_that_would_reach_outside_its_blast_radius_is_refused_untouch
     with session_scope(controlplane.factory) as session:
         run = service.get_run_or_raise(session, run_id=run_id)
         assert run.state == "aborted" and run.abort_reason.startswith("refused") and run.started_at is None
+
+
+def test_region_drill_on_a_fleet_without_a_second_region_is_refused_typed(controlplane, zone_fleet, tmp_path):
+    spec = DrillSpec.model_validate({"name": "lose-region", "model": "tiny", "scope": "region",
+                                     "fault": "region_loss", "blast_radius": {"region": "local"},
+                                     "expected_tier": "dns"})
+    clock = SystemClock()
+    with session_scope(controlplane.factory) as session:
+        definition = service.define(session, spec=spec, actor="test", clock=clock)
+        run_id = service.create_run(session, definition=definition, trigger="manual", actor="test", clock=clock).id
+        service.approve(session, run_id=run_id, actor="operator:alice", clock=clock)
+    before, generations = pids(zone_fleet), zone_fleet.gateway.leases()
+    with pytest.raises(RegionTierNotWired, match=r"region\(s\) \['local'\] and no dns tier") as refused:
+        runner(controlplane, zone_fleet, tmp_path).run(run_id)
+    assert (refused.value.error_type, refused.value.status_code) == ("region_tier_not_wired", 422)
+    assert pids(zone_fleet) == before and zone_fleet.gateway.leases() == generations
+    with session_scope(controlplane.factory) as session:
+        run = service.get_run_or_raise(session, run_id=run_id)
+        assert run.state == "aborted" and "no dns tier" in run.abort_reason and run.started_at is None

@@ -118,3 +118,24 @@ def test_a_fleet_that_names_no_region_is_the_radiuss_region() -> None:
     fleet = _Fleet()
     fleet.region = None  # type: ignore[assignment]  # a fleet file written before `region:`
     assert plan(DrillFault.ZONE_LOSS, DrillScope.ZONE, fleet, region="eu-west").target == "local-a"
+
+
+def test_a_fleet_file_carries_zones_and_the_processes_an_outage_drill_may_silence(tmp_path) -> None:
+    import yaml
+
+    from controlplane.drill.fleet import FileFleet
+
+    (tmp_path / "cp.pid").write_text("4242\n")
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({
+        "gateway_url": "http://gw-a", "gateway_urls": ["http://gw-a", "http://gw-b"], "region": "local",
+        "controlplane": {"url": "http://cp/", "token": "ll_x", "pid_file": str(tmp_path / "cp.pid")},
+        "instances": {"a-0": {"url": "http://a0", "served_model": "tiny", "zone": "local-a"},
+                      "b-0": {"url": "http://b0", "served_model": "tiny", "zone": "local-b"}}}))
+    fleet = FileFleet.load(path)
+    assert (fleet.zone_of("a-0"), fleet.zone_of("b-0"), fleet.gateway_urls) == ("local-a", "local-b",
+                                                                                ["http://gw-a", "http://gw-b"])
+    assert (fleet.controlplane.url, fleet.controlplane.token, fleet.controlplane.pid) == ("http://cp", "ll_x", 4242)
+    assert fleet.redis is None
+    zone = plan(DrillFault.ZONE_LOSS, DrillScope.ZONE, fleet)
+    assert zone.instances == ["a-0"]
