@@ -1,0 +1,75 @@
+"""`lifeline catalog canary record`: a version's canary, from verified instances into the catalog.
+
+Apart from `weight_catalog/cli.py` because it is the one catalog command
+that talks to engines (over HTTP, before its unit of work) rather than
+only to the database.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from controlplane.cli_support import audited_command, cli_actor, fail, load_settings, read_only, run_mutation
+
+canary_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                         help="A version's canary: a verified instance's greedy output, checked by the agents.")
+
+
+@canary_app.command("record")
+def canary_record(
+    model: str,
+    version: str,
+    url: Annotated[list[str], typer.Option(help="A verified instance of VERSION (repeat for a quorum: all must "
+                                                "agree): its greedy output becomes the record.")],
+    prompt_token_ids: Annotated[str, typer.Option(help="Comma-separated prompt token ids.")] = "1,2,3,4,5,6,7,8",
+    max_tokens: Annotated[int, typer.Option(min=1, max=256, help="Tokens the canary generates.")] = 8,
+    max_ttft_s: Annotated[float, typer.Option(min=0.001, help="Time to first token the canary allows (s).")] = 2.0,
+    compare_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Compare only this prefix (engines without batch-invariant kernels); default all.")] = None,
+    replace: Annotated[bool, typer.Option(help="Replace the version's recorded canary.")] = False,
+    timeout_s: Annotated[float, typer.Option(min=0.1, help="Per request to the engine (s).")] = 30.0,
+) -> None:
+    """Record VERSION's canary from a verified instance into the catalog; the snapshot carries it to agents.
+
+    Each engine must serve VERSION with the catalog's weights digest and give
+    the same greedy output twice, and all engines the same output; anything
+    else is refused and changes nothing. The digest covers the files an engine
+    loaded, not its memory: two instances that agree are the check against one
+    whose weights went bad after loading.
+    """
+    import asyncio
+
+    import httpx
+    from pydantic import ValidationError
+
+    from contract.canary import CanaryRecord, record_from_engine
+    from weight_catalog import canary, service
+
+    settings = load_settings()
+    target = f"model:{model}/version:{version}"
+    with audited_command(settings, action="catalog.canary.record", target=target):
+        try:
+            prompt = [int(t) for t in prompt_token_ids.split(",") if t.strip()]
+            CanaryRecord(prompt_token_ids=prompt, output_token_ids=[0], max_ttft_s=max_ttft_s,
+                         compare_tokens=compare_tokens)  # the record's bounds, before asking the engine
+        except (ValueError, ValidationError) as exc:
+            fail("invalid_request", f"--prompt-token-ids: {str(exc).splitlines()[0][:300]}", code=2)
+        # Fail fast on a version the catalog does not have or an unverified engine, before generating.
+        read_only(settings, lambda session: service.get_version_or_raise(session, model=model, version=version))
+
+        async def ask() -> list:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))) as client:
+                return [await record_from_engine(client, u, prompt, max_tokens=max_tokens, max_ttft_s=max_ttft_s,
+                                                 compare_tokens=compare_tokens) for u in url]
+
+        answers = asyncio.run(ask())
+        record = canary.agreed([r for _, r in answers], [i.instance_id for i, _ in answers])
+    stored = run_mutation(
+        settings, action="catalog.canary.record", target=target,
+        work=lambda session, clock: canary.record(session, model=model, version=version, canary=record,
+                                                  engines=[i for i, _ in answers], actor=cli_actor(), clock=clock,
+                                                  replace=replace))
+    typer.echo(f"recorded the canary of {model} {version} from {', '.join(i.instance_id for i, _ in answers)}: "
+               f"{record.output_token_ids} (at {stored.canary_recorded_at.isoformat() if stored.canary_recorded_at else '?'})")
