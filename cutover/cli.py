@@ -193,6 +193,20 @@ def rollback(
 
 
 @cutover_app.command()
+def abort(
+    cutover_id: int,
+    reason: Annotated[str, typer.Option(help="Why it stops.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop a running cutover at its next step boundary and roll it back (at once if its runner is gone)."""
+    from cutover import flows
+
+    done = _run(load_settings(), action="cutover.abort", target=f"cutover:{cutover_id}",
+                work=lambda runtime: flows.abort(runtime, cutover_id=cutover_id, actor=cli_actor(), reason=reason))
+    _print_json(_cutover_json(done)) if as_json else typer.echo(_summary(done))
+
+
+@cutover_app.command()
 def show(cutover_id: int) -> None:
     """One cutover with its steps, recorded before-states and evidence (JSON)."""
     from cutover import service

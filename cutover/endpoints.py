@@ -4,6 +4,7 @@
     GET    /cutovers[/{id}]                                                                   viewer
     POST   /cutovers/{id}/execute       run it (idempotency_key; break_glass needs admin)     operator
     POST   /cutovers/{id}/rollback      restore the recorded before-states                    operator
+    POST   /cutovers/{id}/abort         stop a running one at its next step boundary, roll back  operator
     GET    /cutover-gate                the global stop switch                                viewer
     PUT    /cutover-gate                stop: operator; release: admin
     POST   /zonal-shifts                start (expires_in ≤ 72 h)                              operator
@@ -167,6 +168,16 @@ def execute_cutover(cutover_id: IdPath, body: ExecuteRequest, request: Request, 
 def rollback_cutover(cutover_id: IdPath, body: RollbackRequest, request: Request, principal: Operator) -> CutoverRead:
     """Restore every touched step's recorded before-state (also completes one a crash interrupted)."""
     done = flows.rollback(build_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
+    return CutoverRead.model_validate(done)
+
+
+@router.post("/cutovers/{cutover_id}/abort", status_code=202, response_model=CutoverRead)
+def abort_cutover(cutover_id: IdPath, body: RollbackRequest, request: Request, principal: Operator) -> CutoverRead:
+    """Ask the runner to stop at its next step boundary and roll back (202: it is still running when this answers).
+
+    A cutover whose runner is gone is rolled back at once; 409 for one that is planned or finished.
+    """
+    done = flows.abort(build_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
     return CutoverRead.model_validate(done)
 
 

@@ -10,6 +10,10 @@
       all done   executing → verifying; re-verify every step; → completed          [commit]
       a step fails (or a rule refuses one): → rolling_back, then rollback below
 
+    abort(id)
+      an operator's request (an event) the runner reads at each step boundary:
+      it stops and rolls back as below; with no live runner, rollback at once
+
     rollback(id)
       → rolling_back by compare-and-set; each touched step, last first: restore the
       recorded before-state, verify, one `cutover.rollback_step` event;
@@ -45,6 +49,7 @@ from cutover import service as cutover_service
 from cutover.errors import (
     BreakGlassNeedsReason,
     CutoverInProgress,
+    InvalidTransition,
     SafetyRuleViolation,
     ScopeBusy,
 )
@@ -114,6 +119,23 @@ class _Runner:
         self.state = new_state
         return cutover
 
+    def _abort_requested(self) -> dict[str, Any] | None:
+        """An operator's abort of this cutover (`abort()`), if one is in the event log."""
+        with session_scope(self.rt.reads) as session:
+            cutover = get_or_raise(session, cutover_id=self.cutover_id)
+            request = abort_request(session, cutover)
+            if request is None:
+                return None
+            return {"abort_event_id": request.id, "actor": request.actor, "reason": request.reason}
+
+    def _stop_if_aborted(self) -> Cutover | None:
+        """At a step boundary: roll back what was done if an operator asked to abort."""
+        request = self._abort_requested()
+        if request is None:
+            return None
+        return self._fail_to_rollback(CutoverEvent.ROLLBACK,
+                                      f"aborted by {request['actor']}: {request['reason']}", request)
+
     def _steps(self) -> list[CutoverStep]:
         with session_scope(self.rt.factory) as session:
             return list(get_or_raise(session, cutover_id=self.cutover_id, fresh=True).steps)
@@ -165,6 +187,8 @@ class _Runner:
         for step in self._steps():
             if step.status == StepStatus.VERIFIED:
                 continue
+            if (aborted := self._stop_if_aborted()) is not None:
+                return aborted
             driver = self.rt.driver_named(step.tier, step.driver)
             started_at = step.started_at or self.rt.clock.utcnow()
             with session_scope(self.rt.factory) as session:
@@ -217,12 +241,16 @@ class _Runner:
                     f"{step.timeout_s:g}s",
                     check.evidence,
                 )
+        if (aborted := self._stop_if_aborted()) is not None:
+            return aborted
         with session_scope(self.rt.factory) as session:
             self.cas(session, event=CutoverEvent.STEPS_DONE)
         return self._final_verify()
 
     def _final_verify(self) -> Cutover:
         """Every step still shows its after-state (a later step or someone else may have undone one)."""
+        if (aborted := self._stop_if_aborted()) is not None:
+            return aborted
         results = {}
         for step in self._steps():
             check = self._check(step, step.expected_after, apply=False)
@@ -262,6 +290,18 @@ class _Runner:
                 return self.cas(session, event=CutoverEvent.ROLLBACK_DONE)
             return self.cas(session, event=CutoverEvent.ROLLBACK_FAILED,
                             failure="a step could not be restored to its recorded before-state; see its revert evidence")
+
+
+ABORT_KIND = "cutover.abort_requested"
+
+
+def abort_request(session: Any, cutover: Cutover) -> Any | None:
+    """The first abort request for `cutover` in the event log, or None."""
+    from controlplane.event import service as event_service
+    from controlplane.event.repository import EventFilter
+
+    found = event_service.list_events(session, EventFilter(kind=ABORT_KIND, scope_prefix=cutover.scope), limit=1000)
+    return next((e for e in found if (e.after or {}).get("cutover_id") == cutover.id), None)
 
 
 def _target_of(step: CutoverStep) -> dict[str, Any]:
@@ -377,3 +417,30 @@ def rollback(runtime: CutoverRuntime, *, cutover_id: int, actor: str, reason: st
         else:
             runner.cas(session, event=CutoverEvent.ROLLBACK, failure=None)
     return runner._run_rollback()
+
+
+def abort(runtime: CutoverRuntime, *, cutover_id: int, actor: str, reason: str) -> Cutover:
+    """Stop a running cutover and roll back what it did (Argo Rollouts' abort).
+
+    The request is an event (`cutover.abort_requested`), which the runner
+    reads at its next step boundary — after the step it is verifying now,
+    at most that step's timeout — and then rolls back every touched step.
+    A cutover whose runner is gone (its claim lapsed) is rolled back here
+    at once. Planned or finished cutovers cannot be aborted (409: plan
+    another, or roll back); one already rolling back is returned as it is.
+    """
+    with session_scope(runtime.factory) as session:
+        cutover = get_or_raise(session, cutover_id=cutover_id)
+        state = CutoverState(cutover.state)
+        if state == CutoverState.ROLLING_BACK:
+            return cutover
+        if state not in (CutoverState.EXECUTING, CutoverState.VERIFYING):
+            raise InvalidTransition(f"cutover #{cutover.id} is {state}: only an executing or verifying cutover can "
+                                    "be aborted (roll back a finished one)")
+        live = _claim_live(cutover, runtime)
+        if live and abort_request(session, cutover) is None:
+            cutover_service.record(session, cutover, kind=ABORT_KIND, actor=actor, reason=reason, clock=runtime.clock,
+                                   outcome="requested", after={"cutover_id": cutover.id, "state": state.value})
+        if live:
+            return cutover
+    return rollback(runtime, cutover_id=cutover_id, actor=actor, reason=f"abort: {reason}")

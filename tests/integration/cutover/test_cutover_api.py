@@ -161,3 +161,13 @@ def test_zonal_shift_start_list_cancel(api: TestClient, as_role: Any, clock: Man
     assert error_type(api.delete(f"/api/v1/zonal-shifts/{shift['id']}", params={"reason": "again"},
                                  headers=op)) == (409, "zonal_shift_ended")
     assert error_type(api.get("/api/v1/zonal-shifts/77", headers=viewer)) == (404, "zonal_shift_not_found")
+
+
+def test_abort_is_an_operators_and_refuses_a_cutover_that_is_not_running(api: TestClient, as_role: Any) -> None:
+    op = as_role("operator")
+    planned = api.post("/api/v1/cutovers", json=EU, headers=op).json()
+    url = f"/api/v1/cutovers/{planned['id']}/abort"
+    assert api.post(url, json={"reason": "stop"}, headers=as_role("viewer")).status_code == 403
+    assert error_type(api.post(url, json={"reason": "stop"}, headers=op)) == (409, "invalid_transition")
+    assert error_type(api.post(url, json={}, headers=op)) == (422, "invalid_request")
+    assert api.get(f"/api/v1/cutovers/{planned['id']}", headers=op).json()["state"] == "planned"
