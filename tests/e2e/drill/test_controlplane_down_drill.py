@@ -63,6 +63,11 @@ def test_gateways_serve_on_the_last_good_snapshot_while_the_control_plane_is_sil
     with session_scope(controlplane.factory) as session:
         run = service.get_run_or_raise(session, run_id=run_id)
         assert (run.state, run.fault_target) == ("passed", "controlplane:local")
+    # The fleet's own SLO document, from its catalog and this gateway's live report: one region, no standby.
+    slo = httpx.get(f"{fleet_cp.url}/api/v1/slo/tiny", timeout=10,
+                    headers={"Authorization": f"Bearer {snapshot_fleet.viewer_token}"}).json()
+    weight = next(f for e in slo["triple"] for f in e["figures"] if f["metric"] == "rpo_weight_versions")
+    assert weight["status"] == "unverified" and "there is no standby" in weight["why"], weight
 
 
 def _state(pid: int) -> str:
