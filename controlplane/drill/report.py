@@ -30,10 +30,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
         (f"- model: `{report['model']}`; scope: {report['scope']}; fault: {report['fault']} on "
          f"`{report.get('fault_target')}` (region {report['region']})"),
-        (f"- blast radius: instances {report['blast_radius'].get('instances')}, cap "
-         f"{report['blast_radius'].get('max_instances')}"),
+        (f"- blast radius: instances {report['blast_radius'].get('instances')}, zones "
+         f"{report['blast_radius'].get('zones') or []}, cap {report['blast_radius'].get('max_instances')}"),
         (f"- requests: {report.get('requests')}; migrated streams: {report.get('migrated_streams')}; "
          f"error rate: {_fmt(report.get('error_rate'))}"),
+    ]
+    if report.get("faulted_instances"):
+        lines.append(f"- faulted instances: {report['faulted_instances']}")
+    if "fault_cleared_at_s" in report:
+        lines.append(f"- fault cleared {_fmt(report['fault_cleared_at_s'])} s after it landed; requests in flight or "
+                     f"started during it: {report.get('requests_during_fault')}; refused as documented: "
+                     f"{report.get('refused_as_documented', 0)}")
+    for key, value in (report.get("fault_details") or {}).items():
+        lines.append(f"- {key}: {json.dumps(value, sort_keys=True, default=str)}")
+    lines += [
         "",
         "## RTO measured vs target",
         "",
@@ -72,6 +82,8 @@ def plot_timeline(report: dict[str, Any], path: Path) -> Path:
             if row.get("error"):
                 axes.scatter([end], [y], marker="x", c="tab:red")
         axes.axvline(0.0, color="tab:red", linestyle="--", label=f"fault: {report['fault']}")
+        if report.get("fault_cleared_at_s"):
+            axes.axvline(report["fault_cleared_at_s"], color="tab:purple", linestyle="--", label="fault cleared")
         for offset, label in report.get("event_offsets", []):
             axes.axvline(offset, color="tab:green", linestyle=":", linewidth=1)
             axes.annotate(label, (offset, 0), fontsize="x-small", rotation=90, va="bottom")

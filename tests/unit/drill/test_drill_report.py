@@ -43,3 +43,15 @@ def test_export_writes_markdown_json_and_png(tmp_path):
     assert md.read_text() == to_markdown(REPORT)
     assert json.loads(js.read_text())["run"] == 7
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2000
+
+
+def test_markdown_names_the_faults_footprint_and_its_own_observations():
+    zone = {**REPORT, "scope": "zone", "fault": "zone_loss", "fault_target": "local-a",
+            "blast_radius": {"zones": ["local-a"], "instances": [], "max_instances": 2},
+            "faulted_instances": ["a-0", "a-1"], "fault_cleared_at_s": 4.25, "requests_during_fault": 3,
+            "refused_as_documented": 0, "fault_details": {"zone": "local-a", "instances_killed": ["a-0", "a-1"]}}
+    text = to_markdown(zone)
+    assert "zones ['local-a'], cap 2" in text
+    assert "- faulted instances: ['a-0', 'a-1']" in text
+    assert "- fault cleared 4.250 s after it landed; requests in flight or started during it: 3" in text
+    assert '- instances_killed: ["a-0", "a-1"]' in text
