@@ -46,17 +46,18 @@ def _drill_dispatch(settings: ControlPlaneSettings, clock: Clock) -> Callable[[i
     return dispatch
 
 
-def _cutover_drivers(settings: ControlPlaneSettings) -> list[object]:
-    """The tiers' drivers from `cutover_drivers_file`; a bad file stops start-up naming its key.
+def _cutover_wiring(settings: ControlPlaneSettings) -> tuple[list[object], object | None]:
+    """The tiers' drivers and the cutover policy from `cutover_drivers_file`; a bad file stops start-up naming its key.
 
-    They poll real routing systems, so they time their timeouts and time to effect on the system clock,
-    whatever clock the app is given.
+    The drivers poll real routing systems, so they time their timeouts and time to effect on the system
+    clock, whatever clock the app is given. No `[policy]` table: None (the code defaults).
     """
     if settings.cutover_drivers_file is None:
-        return []
+        return [], None
     from cutover.driver_config import build_drivers, load
 
-    return list(build_drivers(load(settings.cutover_drivers_file), clock=SystemClock()))
+    config = load(settings.cutover_drivers_file)
+    return list(build_drivers(config, clock=SystemClock())), config.policy.build() if config.policy else None
 
 
 def create_app(
@@ -96,7 +97,7 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
-    app.state.cutover_drivers = _cutover_drivers(settings)
+    app.state.cutover_drivers, app.state.cutover_policy = _cutover_wiring(settings)
     install_error_handlers(app)
     # The last added is outermost: an oversized body is refused before anything parses it, and audited.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)

@@ -46,8 +46,9 @@ def _print_json(value: Any) -> None:
 def _run(settings: ControlPlaneSettings, *, action: str, target: str, work: Callable[[CutoverRuntime], T]) -> T:
     """Run a flow (which commits per step) with the tiers the served control plane has; audited either way.
 
-    The snapshot's l7 and mesh, and the drivers of `cutover_drivers_file` (cutover/driver_config.py), so a
-    rollback from the CLI — the way back while the API is down — restores every tier a cutover touched.
+    The snapshot's l7 and mesh, and the drivers and policy of `cutover_drivers_file`
+    (cutover/driver_config.py), so a rollback from the CLI — the way back while the API is down — restores
+    every tier a cutover touched, under the same rules.
     """
     from common.clock import SystemClock
     from controlplane.auth.service import record_audit
@@ -55,14 +56,16 @@ def _run(settings: ControlPlaneSettings, *, action: str, target: str, work: Call
     from cutover.driver_config import build_drivers, load
     from cutover.l7 import SnapshotL7Driver
     from cutover.mesh import SnapshotMeshDriver
+    from cutover.policy import CutoverPolicy
     from cutover.service import CutoverRuntime
 
     clock = SystemClock()
-    configured = (build_drivers(load(settings.cutover_drivers_file), clock=clock)
-                  if settings.cutover_drivers_file is not None else [])
+    config = load(settings.cutover_drivers_file) if settings.cutover_drivers_file is not None else None
+    configured = build_drivers(config, clock=clock) if config is not None else []
+    policy = config.policy.build() if config is not None and config.policy is not None else CutoverPolicy()
     with audited_command(settings, action=action, target=target), cli_database(settings) as factory:
         read_factory = build_session_factory(factory.kw["bind"], read_only=True)
-        runtime = CutoverRuntime(factory=factory, clock=clock, record_unconfigured=True, drivers=[
+        runtime = CutoverRuntime(factory=factory, clock=clock, record_unconfigured=True, policy=policy, drivers=[
             SnapshotL7Driver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
             SnapshotMeshDriver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
             *configured])

@@ -1,4 +1,4 @@
-"""Which routing systems the served control plane drives: typed driver settings, read once at start-up.
+"""Which routing systems the served control plane drives, and its cutover policy: typed, read once at start-up.
 
 `LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE` names a TOML file; each table
 configures one tier's driver, and a tier without one is *recorded only*
@@ -24,6 +24,11 @@ The l7 and mesh tiers through Lifeline's own snapshot are always there.
     [dns.regions.eu]
     answer = ["192.0.2.10"]; failover_to = "us"
 
+    [policy]                        the workflow's tunables (cutover.policy), all optional
+    min_wait = 300; step_timeout = 30; claim_ttl = 60; headroom = 1.2; max_zonal_shift = "PT72H"
+    [policy.step_timeouts]
+    dns = 120                       #   Route 53 can take a minute to be INSYNC
+
     [istio]                         mesh: Istio VirtualService weights
     kubeconfig = "/etc/lifeline/kubeconfig"     #   or host + token_file (+ ca_file)
     [[istio.routes]]
@@ -42,6 +47,7 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -51,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, FilePath, StringConstraints, 
 from common.clock import Clock
 from controlplane.types import Name
 from cutover.models import CutoverTier, ScopeKind, TargetState
+from cutover.policy import CutoverPolicy
 from cutover.tiers import Scope, ScopedTierDriverAdapter, StepDriver, TierDriverAdapter
 
 ENV_KEY = "LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE"
@@ -188,7 +195,31 @@ class IstioConfig(_Config):
         return self
 
 
+PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0), le=timedelta(days=7))]
+
+
+class PolicyConfig(_Config):
+    """`[policy]`: the workflow's tunables (cutover.policy.CutoverPolicy); durations in seconds or ISO 8601."""
+
+    min_wait: timedelta = Field(timedelta(minutes=5), ge=timedelta(0), le=timedelta(days=1))
+    claim_ttl: PositiveDuration = timedelta(seconds=60)
+    step_timeout: PositiveDuration = timedelta(seconds=30)
+    step_timeouts: dict[CutoverTier, PositiveDuration] = Field(default_factory=dict,
+                                                               description="per tier, over step_timeout")
+    headroom: float = Field(1.2, ge=1.0, le=10.0)
+    max_zonal_shift: timedelta = Field(timedelta(hours=72), gt=timedelta(0), le=timedelta(hours=72),
+                                       description="ARC's rule: never more than 72 h")
+    expiry_interval: PositiveDuration = timedelta(seconds=5)
+
+    def build(self) -> CutoverPolicy:
+        return CutoverPolicy(min_wait=self.min_wait, claim_ttl=self.claim_ttl, step_timeout=self.step_timeout,
+                             headroom=self.headroom, max_zonal_shift=self.max_zonal_shift,
+                             expiry_interval=self.expiry_interval,
+                             tier_step_timeouts={t.value: d for t, d in self.step_timeouts.items()})
+
+
 class CutoverDriversConfig(_Config):
+    policy: PolicyConfig | None = None
     haproxy: HaproxyConfig | None = None
     anycast: AnycastConfig | None = None
     dns: DnsConfig | None = None

@@ -1,12 +1,15 @@
 """Tunables of the cutover workflow, as timedeltas (STYLE: durations are timedelta).
 
 Built once by the composition root and passed down; the defaults are the
-ones the tests and docs/cutover.md describe.
+ones the tests and docs/cutover.md describe. A served control plane reads
+them from the `[policy]` table of its cutover drivers file
+(`cutover.driver_config.PolicyConfig`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 
@@ -24,6 +27,11 @@ class CutoverPolicy:
     max_zonal_shift: timedelta = timedelta(hours=72)
     # How often the control plane looks for zonal shifts that are due.
     expiry_interval: timedelta = timedelta(seconds=5)
+    # Per tier (its value: "dns", …), overriding step_timeout: Route 53 can take a minute to be INSYNC.
+    tier_step_timeouts: Mapping[str, timedelta] = field(default_factory=dict)
+
+    def step_timeout_for(self, tier: str) -> timedelta:
+        return self.tier_step_timeouts.get(str(tier), self.step_timeout)
 
 
 def aware(value: datetime) -> datetime:

@@ -118,9 +118,9 @@ def plan(
         raise EvidenceRequired("an automatic cutover must name the evidence that triggered it")
     _check_scope(session, scope)
     clock = runtime.clock
-    timeout = (step_timeout or runtime.policy.step_timeout).total_seconds()
     planned: list[CutoverStep] = []
     for tier in tiers:
+        timeout = (step_timeout or runtime.policy.step_timeout_for(tier)).total_seconds()
         for driver in runtime.planning_drivers(tier):
             for target in driver.targets(scope, generation=generation):
                 before = driver.read_state(target)

@@ -31,6 +31,9 @@ def _drivers_file(tmp_path: Path, bind: BindServer, lab: HaproxyLab) -> Path:
     (tmp_path / "tsig.secret").write_text(bind.key_secret)
     path = tmp_path / "drivers.toml"
     path.write_text(f"""
+[policy.step_timeouts]
+dns = 120
+
 [haproxy]
 runtime_api = "127.0.0.1:{lab.haproxy.admin_port}"
 [haproxy.servers]
@@ -74,7 +77,8 @@ def test_served_region_cutover_moves_the_real_dns_record_and_rolls_it_back(
     op = as_role("operator")
     plan = served.post("/api/v1/cutovers", json={"scope": {"kind": "region", "region": "eu"}, "tier": "dns",
                                                  "reason": "eu lost"}, headers=op).json()
-    assert [(s["driver"], s["expected_after"]["values"]) for s in plan["steps"]] == [("rfc2136", [REGION_B])]
+    assert [(s["driver"], s["expected_after"]["values"], s["timeout_s"]) for s in plan["steps"]] == [
+        ("rfc2136", [REGION_B], 120.0)]  # the [policy] table's per-tier step timeout
     assert plan["recorded_only"] == [] and _answer(bind_server) == [REGION_A]
     done = served.post(f"/api/v1/cutovers/{plan['id']}/execute", json={"idempotency_key": "k"}, headers=op).json()
     assert done["state"] == "completed", done

@@ -147,3 +147,28 @@ def test_a_missing_or_broken_file_is_named(tmp_path: Path) -> None:
         load(tmp_path / "absent.toml")
     with pytest.raises(CutoverDriverConfigError, match="not TOML"):
         load(_write(tmp_path, "[haproxy\n"))
+
+
+def test_the_policy_table_sets_the_workflows_tunables_and_per_tier_step_timeouts(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    config = load(_write(tmp_path, '[policy]\nmin_wait = "PT1M"\nstep_timeout = 20\n'
+                                   '[policy.step_timeouts]\ndns = 120\n'))
+    policy = config.policy.build()
+    assert (policy.min_wait, policy.step_timeout) == (timedelta(minutes=1), timedelta(seconds=20))
+    assert policy.step_timeout_for("dns") == timedelta(seconds=120)
+    assert policy.step_timeout_for("l7") == timedelta(seconds=20)
+    assert policy.max_zonal_shift == timedelta(hours=72) and policy.headroom == 1.2
+    assert load(_write(tmp_path, "")).policy is None
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[policy]\nmax_zonal_shift = "PT73H"\n', "policy.max_zonal_shift"),
+    ("[policy]\nstep_timeout = 0\n", "policy.step_timeout"),
+    ("[policy]\nheadroom = 0.5\n", "policy.headroom"),
+    ("[policy.step_timeouts]\ncarrier-pigeon = 5\n", "policy.step_timeouts.carrier-pigeon.[key]"),
+    ("[policy]\nmin_wait = \"soon\"\n", "policy.min_wait"),
+])
+def test_a_bad_policy_names_its_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(CutoverDriverConfigError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+        load(_write(tmp_path, text))
