@@ -35,6 +35,11 @@ from lifeline.processes import free_port
 class DaemonMissing(RuntimeError):
     """A daemon the caller needs is not installed; the message names the package (CI installs it)."""
 
+    def __init__(self, message: str, *, pytrace: bool = True) -> None:
+        # `pytrace` mirrors pytest.fail's: callers pass it; RuntimeError itself takes no keywords.
+        super().__init__(message)
+        self.pytrace = pytrace
+
 
 def require_binary(name: str, package: str) -> str:
     """The path of `name`, or fail the test naming the package that provides it."""
