@@ -1,24 +1,27 @@
-"""The demo's fleet: a served control plane, and per region one gateway routing by its snapshot plus engines per zone.
+"""The demo's fleet: a served control plane and, per region, a gateway plus a regional agent keeping a warm pool.
 
-Every part is a real `lifeline …` process started through
-`lifeline.processes`; the demo talks to them as an operator would, over the
-control plane's API (`/api/v1`) and the gateways' OpenAI surface. The
-control plane is the embedded default (SQLite in the work dir, tasks
-in-process), so nothing beyond Python is needed.
-
-Engines renew their leases against their region's gateway (its in-process
-registry): the regional agent's warm pool needs a Redis registry, which the
-embedded default does not have (docs/demo.md says what that leaves out).
+Every part is a real process: `lifeline controlplane serve` (the embedded
+default, SQLite in the work dir, tasks in-process), a private
+`redis-server` on a spare loopback port (the regions' lease registries),
+per region one `lifeline gateway serve` routing by the control plane's
+snapshot and one `lifeline agent serve` whose `local` pool driver runs the
+region's `lifeline engine serve` processes at the capacity plan's serving
+and warm counts. The demo talks to them as an operator would: the control
+plane's API (`/api/v1`), the gateways' OpenAI surface, an engine's fault
+admin. It never starts or stops an engine itself; the agents do, and the
+demo finds an instance's pid among its agent's children to SIGKILL it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,102 +29,154 @@ from typing import Any
 import httpx
 import yaml
 
-from lifeline.processes import (
-    LEASE_TOKEN,
-    ControlPlaneProcess,
-    EngineProcess,
-    GatewayProcess,
-    free_port,
-    wait_for_http_ok,
-)
+from lifeline.daemons import DaemonMissing, RedisNode
+from lifeline.processes import LEASE_TOKEN, ControlPlaneProcess, GatewayProcess, free_port, wait_for_http_ok
 
 MODEL = "tiny"
+# Each engine's decode-loop watchdog: a step older than this is a hang (/healthz/live 503). The engine's
+# default (10 s) is sized for a 2048-token prefill on a loaded CPU; the demo's prompts are ~10 tokens.
+STEP_STALL_BOUND_S = 3.0
 
 
 @dataclass
-class Engine:
-    """One engine process, where it stands, and a pid file a drill's fleet file can kill it by."""
+class PoolEngine:
+    """One engine the region's agent runs, as the agent last reported it."""
 
-    process: EngineProcess
+    instance_id: str
     region: str
     zone: str
-
-    @property
-    def instance_id(self) -> str:
-        return self.process.instance_id
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    @property
-    def pid_file(self) -> Path:
-        return self.process.state_dir.parent / f"{self.instance_id}.pid"
-
-    def command(self) -> list[str]:
-        """The argv that starts this engine (what a drill's restart runs too)."""
-        p = self.process
-        return [sys.executable, "-m", "lifeline.cli", "engine", "serve", "--model", str(p.model), "--port", str(p.port),
-                "--instance-id", p.instance_id, "--state-dir", str(p.state_dir), "--torch-threads", "1",
-                *p.extra_args]
-
-    def start(self) -> None:
-        self.process.state_dir.mkdir(parents=True, exist_ok=True)
-        self.process.start()
-        self.pid_file.write_text(str(self.process.process.pid))  # type: ignore[union-attr]
+    url: str
+    agent_pid: int
 
     def pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Kill whichever process serves this instance now: ours, or one a drill restarted."""
-        self.process.kill(sig)
-        pid = self.pid()
-        if pid is not None:
+        """The engine's pid: the agent's child whose argv names this instance (the local driver's process)."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid != self.agent_pid:
+                    continue
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"--instance-id" in argv and argv[argv.index(b"--instance-id") + 1] == self.instance_id.encode():
+                return int(entry.name)
+        return None
+
+    def kill(self, sig: int = signal.SIGKILL) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def faults(self, **faults: Any) -> dict[str, Any]:
+        """Set the engine's injected faults (`--enable-fault-admin`, POST /admin/faults); the new fault set."""
+        response = httpx.post(f"{self.url}/admin/faults", json=faults, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+
+@dataclass
+class AgentProcess:
+    """`lifeline agent serve --config …` for one region; stopped with SIGTERM, which stops its pool."""
+
+    config: dict[str, Any]
+    workdir: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def region(self) -> str:
+        return str(self.config["region"])
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"agent-{self.region}.log"
+
+    def start(self) -> None:
+        path = self.workdir / f"agent-{self.region}.yaml"
+        path.write_text(yaml.safe_dump(self.config))
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "lifeline.cli", "agent", "serve", "--region", self.region, "--config",
+                 str(path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
 
 @dataclass
 class Region:
     name: str
     zones: tuple[str, ...]
+    plan: dict[str, dict[str, int]]  # zone → {serving, warm}, from `lifeline pool plan`
     gateway: GatewayProcess
-    engines: list[Engine] = field(default_factory=list)
-
-    def engine(self, instance_id: str) -> Engine:
-        return next(e for e in self.engines if e.instance_id == instance_id)
+    agent: AgentProcess
 
 
 @dataclass
 class DemoFleet:
     workdir: Path
     model_dir: Path
+    drivers_file: Path | None = None
     controlplane: ControlPlaneProcess = field(init=False)
     operator_token: str = ""
     gateway_token: str = ""
+    agent_token: str = ""
     regions: dict[str, Region] = field(default_factory=dict)
+    redis: RedisNode | None = None
+    registry_url: str = ""
+    registry_prefix: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:8]}")
+    registry_note: str = ""
+    _stray_pids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.controlplane = ControlPlaneProcess(self.workdir, env={
-            "LIFELINE_CONTROLPLANE_DRILL_FLEET_FILE": str(self.fleet_file),
-            "LIFELINE_CONTROLPLANE_DRILL_REPORT_DIR": str(self.workdir / "reports"),
-        })
+        env = {"LIFELINE_CONTROLPLANE_DRILL_FLEET_FILE": str(self.fleet_file),
+               "LIFELINE_CONTROLPLANE_DRILL_REPORT_DIR": str(self.workdir / "reports" / "drills")}
+        if self.drivers_file is not None:
+            env["LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE"] = str(self.drivers_file)
+        self.controlplane = ControlPlaneProcess(self.workdir, env=env)
 
     @property
     def fleet_file(self) -> Path:
         return self.workdir / "drill-fleet.yaml"
 
+    # -- the lease registry ----------------------------------------------------------------
+    def start_registry(self) -> str:
+        """A private redis-server on a spare port (a real part); else the machine's on 6379 under our own prefix."""
+        try:
+            self.redis = RedisNode(self.workdir / "redis", free_port()).start()
+            self.registry_url = f"redis://127.0.0.1:{self.redis.port}/0"
+            self.registry_note = f"redis-server on 127.0.0.1:{self.redis.port}, started by the demo"
+        except DaemonMissing:
+            if not _listening(6379):
+                raise
+            self.registry_url = "redis://127.0.0.1:6379/0"
+            self.registry_note = f"the machine's Redis on 127.0.0.1:6379, keys under {self.registry_prefix}:"
+        return self.registry_note
+
     # -- the control plane ---------------------------------------------------------------
     def start_controlplane(self) -> dict[str, Any]:
         """A fresh database: tokens, the model registered and promoted to `prod`, the API serving. Returns the version."""
+        import shutil
+
         database = self.workdir / "controlplane.sqlite3"
         database.unlink(missing_ok=True)  # every run measures its own numbers from an empty history
         # Run ids and snapshot versions restart with the database: a gateway's cached snapshot from an
@@ -132,6 +187,7 @@ class DemoFleet:
         cli = self.controlplane.cli
         self.operator_token = cli("controlplane", "token", "create", "--role", "operator", "--name", "demo-operator").split()[0]
         self.gateway_token = cli("controlplane", "token", "create", "--role", "gateway", "--name", "demo-gateways").split()[0]
+        self.agent_token = cli("controlplane", "token", "create", "--role", "agent", "--name", "demo-agents").split()[0]
         cli("catalog", "register", MODEL, self.model_dir.name, str(self.model_dir))
         cli("catalog", "promote", MODEL, "prod", self.model_dir.name, "--reason", "demo")
         self.controlplane.start()
@@ -164,81 +220,161 @@ class DemoFleet:
     def gateway_reports(self) -> dict[str, dict[str, Any]]:
         return {g["replica_id"]: g for g in self.api("GET", "/gateways").json()}
 
-    def wait_applied(self, version: int, timeout: float = 60.0, engines: int | None = None) -> dict[str, dict[str, Any]]:
-        """Until every gateway reports (GET /api/v1/gateways) a snapshot at least `version`; the reports."""
+    def wait_applied(self, version: int, timeout: float = 60.0, engines: dict[str, int] | None = None,
+                     ) -> dict[str, dict[str, Any]]:
+        """Until every gateway reports a snapshot at least `version` routing to its region's planned serving count."""
         deadline = time.monotonic() + timeout
         reports: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:
             reports = self.gateway_reports()
             if all(_applied(reports.get(r.gateway.replica_id, {}), version,
-                            len(r.engines) if engines is None else engines)
+                            r_serving(r) if engines is None else engines.get(r.name, 0))
                    for r in self.regions.values()):
                 return reports
             time.sleep(0.2)
         raise TimeoutError(f"gateways never reported snapshot {version}: {reports}")
 
     # -- regions ---------------------------------------------------------------------------
-    def start_region(self, name: str, zones: tuple[str, ...]) -> Region:
+    def start_region(self, name: str, zones: tuple[str, ...], plan: dict[str, dict[str, int]]) -> Region:
+        """The region declared, its gateway (Redis registry, snapshot routing) and its agent with the planned pool."""
         self.declare(name, zones)
         replica = f"gw-{name}"
+        state = self.workdir / "state"
         config = {
             "replica_id": replica,
             "region": name,
-            "registry": {"kind": "memory", "token": LEASE_TOKEN, "ttl": 2.0,
-                         "state_dir": str(self.workdir / "state" / replica)},
+            "registry": {"kind": "redis", "url": self.registry_url, "key_prefix": self.registry_prefix,
+                         "token": LEASE_TOKEN, "ttl": 2.0, "refresh_interval": 0.1},
             "recovery": {"stall_timeout": 2.0, "first_token_timeout": 30.0, "connect_timeout": 1.0},
             "routing": {"source": "snapshot", "controlplane_url": self.controlplane.url, "token": self.gateway_token,
-                        "region": name, "poll_interval": 0.25, "cache_path": str(self.workdir / "state" / replica / "snapshot.json"),
+                        "region": name, "poll_interval": 0.25, "cache_path": str(state / replica / "snapshot.json"),
                         "report_interval": 1.0, "event_flush_interval": 0.2},
         }
         gateway = GatewayProcess(config, free_port(), self.logs, replica_id=replica)
         gateway.start()
-        region = self.regions[name] = Region(name, zones, gateway)
+        agent = AgentProcess({
+            "region": name, "agent_id": f"agent-{name}", "controlplane_url": self.controlplane.url,
+            "controlplane_token": self.agent_token, "snapshot_cache": str(state / f"agent-{name}" / "snapshot.json"),
+            "snapshot_poll_interval": 0.5, "report_interval": 0.5,
+            "registry": self.registry_url, "registry_prefix": self.registry_prefix, "lease_ttl": 2.0,
+            "probe_interval": 0.25, "probe_timeout": 1.5,
+            # Routine canaries: each instance about every 2 s (the default 0.1/s budgets production traffic).
+            "canary_per_instance_per_s": 0.5,
+            "pool": {"driver": "local", "model": MODEL, "alias": "prod",
+                     "versions": {self.model_dir.name: str(self.model_dir)}, "zones": plan,
+                     "state_dir": str(state / f"pool-{name}"),
+                     "engine_args": ["--enable-fault-admin", "--step-stall-bound", str(STEP_STALL_BOUND_S)]},
+        }, self.logs)
+        (state / f"agent-{name}").mkdir(parents=True, exist_ok=True)
+        agent.start()
+        region = self.regions[name] = Region(name, zones, plan, gateway, agent)
         return region
 
-    def add_engine(self, region: Region, zone: str, instance_id: str) -> Engine:
-        port = free_port()
-        engine = Engine(EngineProcess(
-            self.model_dir, port, instance_id, self.workdir / "state" / instance_id, self.logs / f"{instance_id}.log",
-            extra_args=["--region", region.name, "--zone", zone, *region.gateway.registry_args(),
-                        "--advertise-url", f"http://127.0.0.1:{port}", "--enable-fault-admin"]), region.name, zone)
-        engine.start()
-        region.engines.append(engine)
-        return engine
+    def agent_report(self, region: Region) -> dict[str, Any]:
+        reports = self.api("GET", "/agents", params={"region": region.name}).json()
+        return reports[0] if reports else {}
 
-    def wait_serving(self, timeout: float = 180.0) -> None:
+    def instances(self, region: Region) -> list[dict[str, Any]]:
+        """The agent's last view of its region's instances (GET /api/v1/agents)."""
+        return list(self.agent_report(region).get("instances", []))
+
+    def engines(self, region: Region, *, state: str | None = None, zone: str | None = None) -> list[PoolEngine]:
+        """The region's pool instances the agent reports (optionally only one pool state, one zone)."""
+        assert region.agent.process is not None
+        found = [PoolEngine(i["instance_id"], region.name, i["zone"], i["url"], region.agent.process.pid)
+                 for i in self.instances(region) if i.get("origin") == "pool"
+                 and (state is None or i.get("pool_state") == state) and (zone is None or i["zone"] == zone)]
+        for engine in found:
+            if (pid := engine.pid()) is not None:
+                self._stray_pids.add(pid)
+        return sorted(found, key=lambda e: (e.zone, e.instance_id))
+
+    def pool_layout(self, region: Region) -> dict[str, dict[str, int]]:
+        """zone → {serving, warm} as the agent reports it, counting only instances whose canary passed."""
+        layout = {zone: {"serving": 0, "warm": 0} for zone in region.zones}
+        for i in self.instances(region):
+            if i.get("origin") == "pool" and i.get("pool_state") in ("serving", "warm") and i.get("verdict") == "ok":
+                layout.setdefault(i["zone"], {"serving": 0, "warm": 0})[i["pool_state"]] += 1
+        return layout
+
+    def wait_pool(self, region: Region, timeout: float = 180.0) -> dict[str, dict[str, int]]:
+        """Until the agent reports the planned pool and the gateway routes to every serving instance."""
+        deadline = time.monotonic() + timeout
+        layout: dict[str, dict[str, int]] = {}
+        while time.monotonic() < deadline:
+            if not region.agent.alive():
+                raise RuntimeError(f"agent {region.name} exited:\n{region.agent.log_path.read_text()[-3000:]}")
+            try:
+                layout = self.pool_layout(region)
+            except RuntimeError:
+                layout = {}
+            if layout == region.plan and _routable(region.gateway) >= r_serving(region):
+                return layout
+            time.sleep(0.25)
+        raise TimeoutError(f"{region.name}: the pool never matched the plan {region.plan}: {layout}")
+
+    def wait_gateways(self, timeout: float = 120.0) -> None:
         for region in self.regions.values():
             wait_for_http_ok(f"{region.gateway.url}/healthz/live", region.gateway.process, name=region.gateway.replica_id,
                              log_path=region.gateway.log_path, timeout=timeout)
-        for region in self.regions.values():
-            for engine in region.engines:
-                engine.process.wait_ready(timeout=timeout)
-            region.gateway.wait_routable(MODEL, len(region.engines), timeout=timeout)
 
     def write_drill_fleet(self, region: Region) -> None:
-        """The fleet file the control plane's drill task acts on: this region's gateway and engines."""
-        instances = {}
-        for engine in region.engines:
-            restart = ["sh", "-c", f'echo $$ > "{engine.pid_file}"; exec "$@" >> "{engine.process.log_path}" 2>&1', "restart", *engine.command()]
-            instances[engine.instance_id] = {"url": engine.url, "served_model": self.model_dir.name,
-                                             "pid_file": str(engine.pid_file), "restart": restart}
+        """The fleet file the control plane's drill task acts on: this region's gateway and its serving engines."""
+        instances = {e.instance_id: {"url": e.url, "served_model": self.model_dir.name, "zone": e.zone}
+                     for e in self.engines(region, state="serving")}
         self.fleet_file.write_text(yaml.safe_dump({
-            "gateway_url": region.gateway.url,
+            "gateway_url": region.gateway.url, "region": region.name,
             "events": {"controlplane_url": self.controlplane.url, "token": self.operator_token},
             "instances": instances,
         }))
 
     def close(self) -> None:
-        # The control plane first: a drill it is running may restart an engine, which must not outlive us.
+        """Stop everything: the control plane first (a drill it runs must not outlive us), agents (and their
+        pools), gateways, then any engine pid we ever saw that is still there, then the registry."""
         self.controlplane.stop()
         for region in self.regions.values():
-            for engine in region.engines:
-                engine.kill(signal.SIGTERM)
+            region.agent.stop()
         for region in self.regions.values():
             region.gateway.kill(signal.SIGTERM)
+        for pid in self._stray_pids:
+            try:
+                if _is_our_engine(pid, self.workdir):
+                    os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.redis is not None:
+            self.redis.stop()
 
+
+def r_serving(region: Region) -> int:
+    return sum(z["serving"] for z in region.plan.values())
+
+
+def _routable(gateway: GatewayProcess) -> int:
+    try:
+        return int(httpx.get(f"{gateway.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
+                   .get(MODEL, 0))
+    except (httpx.HTTPError, ValueError):
+        return 0
+
+
+def _is_our_engine(pid: int, workdir: Path) -> bool:
+    """Still one of this run's engines (its argv names our work dir), not a pid reused by someone else's process."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"engine\0serve" in argv and str(workdir).encode() in argv
+    except OSError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
 
 
 def _applied(report: dict[str, Any], version: int, engines: int) -> bool:
-    """A report that says the snapshot is applied and routes to every engine the region started."""
+    """A report that says the snapshot is applied and routes to at least `engines` engines."""
     return (report.get("snapshot_version") or 0) >= version and len(report.get("live_endpoints", [])) >= engines

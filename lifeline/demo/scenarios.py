@@ -1,70 +1,102 @@
-"""What the demo does to the fleet, and what it measures at the client.
+"""What the demo does to the fleet, and what it measures: one `Row` per scenario.
 
-Each scenario returns a `Outcome`: one printed line of what was measured,
-and whether the promise held. Streams are greedy (`temperature 0`), so an
-undisturbed run is the reference a disturbed one must equal token by token.
+Streams are greedy (`temperature 0`, `ignore_eos`), sent with the official
+`openai` client, so an undisturbed run is the reference a disturbed one
+must equal token by token. `Traffic` keeps short streams flowing at each
+region's gateway for the whole run and records every request (start, end,
+tokens, error): the rows' requests lost, wrong answers and RTO_latency are
+read from it, the timeline plot too. Detection times and the `routing_tier`
+events come from the control plane's event log (`GET /api/v1/events`).
+Every number is measured in the run; a figure that could not be measured
+is `None` and printed as `n/a`.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import signal
+import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Self
+from datetime import UTC, datetime
+from typing import Any, Self
 
 import httpx
-from httpx_sse import connect_sse
 
-from lifeline.demo.fleet import MODEL, DemoFleet, Engine, Region
+from lifeline.demo.fleet import MODEL, STEP_STALL_BOUND_S, DemoFleet, PoolEngine, Region
+from lifeline.demo.tiers import RealTiers
 from lifeline.processes import scrape_metric
 
 PROMPT = "The primary region lost power, so the gateway"
+STEADY_TOKENS = 12
 
 
 @dataclass
-class Outcome:
-    line: str
-    ok: bool
+class Row:
+    """One scenario: what failed and what the client and the control plane saw."""
+
+    scenario: str
+    failed: str
+    detection_s: float | None = None
+    rto_latency_s: float | None = None
+    request_rto_s: float | None = None
+    token_rpo: int | None = None
+    rpo_context: int | None = None
+    requests_lost: int | None = None
+    tiers: list[str] = field(default_factory=list)
+    ok: bool = False
+    line: str = ""
+    fault_at: float = 0.0  # monotonic, for the timeline
+    ended_at: float = 0.0
 
 
 @dataclass
 class StreamRun:
     token_ids: list[int] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)
     text: str = ""
     arrivals: list[float] = field(default_factory=list)
-    killed_at: float | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    error: str | None = None
+
+    def ttft(self) -> float | None:
+        return self.arrivals[0] - self.started if self.arrivals else None
 
 
-def stream(gateway_url: str, *, max_tokens: int, prefer: str | None = None, kill_after: int | None = None,
-           victim: Engine | None = None) -> StreamRun:
-    """One streamed greedy completion; with `victim`, SIGKILL it once `kill_after` tokens reached the client."""
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "return_token_ids": True}
-    headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
-    run = StreamRun()
-    with httpx.Client(timeout=120) as client, connect_sse(
-        client, "POST", f"{gateway_url}/v1/completions", json=body, headers=headers
-    ) as source:
-        source.response.raise_for_status()
-        for event in source.iter_sse():
-            if event.data == "[DONE]":
-                break
-            chunk = json.loads(event.data)
-            if event.event == "error" or "error" in chunk:
-                raise RuntimeError(f"stream ended with an error: {chunk}")
-            choice = chunk["choices"][0]
-            run.token_ids += choice.get("token_ids", [])
-            run.text += choice.get("text", "")
-            run.seqs.append(chunk["lifeline"]["seq"])
-            run.arrivals.append(time.monotonic())
-            if victim is not None and kill_after is not None and run.killed_at is None and len(run.token_ids) >= kill_after:
-                victim.kill(signal.SIGKILL)
-                run.killed_at = time.monotonic()
+def stream(gateway_url: str, *, max_tokens: int, prefer: str | None = None,
+           on_token: Callable[[StreamRun], None] | None = None) -> StreamRun:
+    """One streamed greedy completion through the gateway with the `openai` client; errors are recorded, not raised."""
+    import openai
+
+    run = StreamRun(started=time.monotonic())
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="demo", max_retries=0, timeout=120.0)
+    try:
+        chunks = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0.0, stream=True,
+            extra_headers={"X-Lifeline-Prefer-Instance": prefer} if prefer else {},
+            extra_body={"ignore_eos": True, "return_token_ids": True})
+        for chunk in chunks:
+            lifeline = (chunk.model_extra or {}).get("lifeline") or {}
+            for choice in chunk.choices:
+                ids = (choice.model_extra or {}).get("token_ids") or []
+                run.token_ids += [int(t) for t in ids]
+                run.text += choice.text or ""
+                if ids:
+                    run.arrivals.append(time.monotonic())
+                    if "seq" in lifeline:
+                        run.seqs.append(int(lifeline["seq"]))
+                    run.epochs.append(int(lifeline.get("epoch", 0)))
+                    if on_token is not None:
+                        on_token(run)
+        if len(run.token_ids) < max_tokens:
+            run.error = f"stream ended after {len(run.token_ids)} of {max_tokens} tokens"
+    except Exception as error:  # noqa: BLE001 - openai.APIError and transport errors alike: the request is lost
+        run.error = f"{type(error).__name__}: {error}"[:300]
+    finally:
+        run.ended = time.monotonic()
+        client.close()
     return run
 
 
@@ -72,35 +104,354 @@ def mark(ok: bool) -> str:
     return "[green]yes[/]" if ok else "[red]NO[/]"
 
 
-def engine_kill(region: Region, victim: Engine, reference: StreamRun, *, max_tokens: int, kill_after: int) -> Outcome:
-    """SIGKILL the engine serving a stream mid-flight: the client's tokens must equal the undisturbed run's."""
-    gateway = region.gateway
-    migrations_before = gateway.metric("lifeline_gateway_migrations_total")
-    faulted = stream(gateway.url, max_tokens=max_tokens, prefer=victim.instance_id, kill_after=kill_after, victim=victim)
-    migrations = gateway.metric("lifeline_gateway_migrations_total") - migrations_before
-    identical = faulted.token_ids == reference.token_ids
-    contiguous = faulted.seqs == list(range(len(faulted.seqs)))
-    gaps = [b - a for a, b in zip(faulted.arrivals, faulted.arrivals[1:])]
-    rto_ms = max(gaps) * 1000 if gaps else float("nan")
-    line = (f"SIGKILL {victim.instance_id} ({victim.zone}) after {kill_after} tokens: the stream went on with "
-            f"{len(faulted.token_ids)} tokens; identical to reference: {mark(identical)}; "
-            f"seq 0..{len(faulted.seqs) - 1} contiguous: {mark(contiguous)}; migrations: {migrations:.0f}; "
-            f"request RTO (largest gap between tokens at the client): {rto_ms:.0f} ms")
-    return Outcome(line, identical and contiguous and migrations == 1)
+def fmt(value: float | None, unit: str = " s") -> str:
+    return "n/a" if value is None else f"{value:.2f}{unit}"
 
 
-def restart(region: Region, engine: Engine, timeout: float = 120.0) -> tuple[int, int]:
-    """Start the killed engine again; (generation before, generation after) as the gateway's registry sees them."""
-    before = region.gateway.leases().get(engine.instance_id, 0)
-    engine.start()
-    return before, region.gateway.wait_generation_above(engine.instance_id, before, timeout=timeout)
+def count(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
 
 
-def generated_tokens(engine: Engine) -> float:
+# ---------------------------------------------------------------- steady traffic
+
+
+@dataclass
+class Traffic:
+    """Short greedy streams one after another at a gateway, in a thread, every request recorded."""
+
+    region: str
+    gateway_url: str
+    reference: list[int]
+    runs: list[StreamRun] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.runs.append(stream(self.gateway_url, max_tokens=STEADY_TOKENS))
+            time.sleep(0.05)
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._loop, name=f"demo-traffic-{self.region}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=150)
+
+    def between(self, start: float, end: float) -> list[StreamRun]:
+        """Requests that overlapped [start, end]."""
+        return [r for r in list(self.runs) if r.ended >= start and r.started <= end]
+
+    def lost(self, start: float, end: float) -> int:
+        return sum(1 for r in self.between(start, end) if r.error is not None)
+
+    def wrong(self, start: float, end: float) -> list[StreamRun]:
+        return [r for r in self.between(start, end) if r.error is None and r.token_ids != self.reference]
+
+    def ttft_target(self) -> float:
+        """3 × the median undisturbed time to first token of the steady streams so far (as drills judge it)."""
+        ttfts = [t for r in list(self.runs)[:20] if r.error is None and (t := r.ttft()) is not None]
+        return 3 * statistics.median(ttfts) if ttfts else 1.0
+
+    def rto_latency(self, fault_at: float, settle: float = 0.0) -> float | None:
+        """fault → first token of the first request started after it (and after `settle`) that was served in
+        full, correctly, with TTFT within the target."""
+        target = self.ttft_target()
+        for run in list(self.runs):
+            if run.started < max(fault_at, settle) or run.error is not None or run.token_ids != self.reference:
+                continue
+            if (ttft := run.ttft()) is not None and ttft <= target:
+                return run.arrivals[0] - fault_at
+        return None
+
+
+# ---------------------------------------------------------------- the event log
+
+
+def last_event_id(fleet: DemoFleet) -> int:
+    return max((e["id"] for e in events_since(fleet, 0)), default=0)
+
+
+def events_since(fleet: DemoFleet, after_id: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    while True:
+        page = fleet.api("GET", "/events", params={"after_id": after_id, "limit": 1000}).json()
+        if not page:
+            return sorted(found, key=lambda e: e["id"])
+        found += page
+        after_id = max(e["id"] for e in page)
+
+
+def tiered(events: list[dict[str, Any]]) -> list[str]:
+    return [f"{e['kind']}({e['routing_tier']})" for e in events if e.get("routing_tier")]
+
+
+def detection(events: list[dict[str, Any]], fault_wall: datetime, *, about: str | None = None) -> float | None:
+    """fault → the first `routing_tier` event after it (about one instance, when named): who noticed, how fast."""
+    for event in events:
+        if not event.get("routing_tier"):
+            continue
+        at = datetime.fromisoformat(event["started_at"].replace("Z", "+00:00"))
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        if at < fault_wall:
+            continue
+        if about is not None and about not in f"{event.get('scope')} {event.get('after')} {event.get('reason')}":
+            continue
+        return (at - fault_wall).total_seconds()
+    return None
+
+
+def gateway_counter(region: Region, name: str) -> float:
     try:
-        return scrape_metric(f"{engine.url}/metrics", "vllm:generation_tokens_total")
-    except httpx.TransportError:
+        return region.gateway.metric(name)
+    except httpx.HTTPError:
         return 0.0
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.1)
+    raise TimeoutError(f"never: {what} (within {timeout:.0f} s)")
+
+
+def _leased(fleet: DemoFleet, region: Region) -> set[str]:
+    try:
+        return set(region.gateway.leases())
+    except httpx.HTTPError:
+        return set()
+
+
+# ---------------------------------------------------------------- the scenarios
+
+
+@dataclass
+class Context:
+    fleet: DemoFleet
+    region: Region
+    traffic: Traffic
+    reference: list[int]
+    max_tokens: int
+    kill_after: int
+
+
+def _pinned_stream(ctx: Context, victim: PoolEngine, fault: Callable[[], None]) -> tuple[StreamRun, float, datetime]:
+    """A stream pinned to `victim`; `fault` runs once `kill_after` tokens reached the client. (run, fault at, wall)."""
+    fired: dict[str, Any] = {}
+
+    def on_token(run: StreamRun) -> None:
+        if not fired and len(run.token_ids) >= ctx.kill_after:
+            fired["at"], fired["wall"] = time.monotonic(), datetime.now(UTC)
+            fault()
+
+    run = stream(ctx.region.gateway.url, max_tokens=ctx.max_tokens, prefer=victim.instance_id, on_token=on_token)
+    if not fired:
+        raise RuntimeError(f"the stream pinned to {victim.instance_id} ended before the fault: {run.error}")
+    return run, fired["at"], fired["wall"]
+
+
+def _judge_stream(ctx: Context, run: StreamRun) -> tuple[bool, int, float | None]:
+    """(token-identical and contiguous, token RPO against the reference, request RTO = largest gap at the client)."""
+    reference = ctx.reference[:ctx.max_tokens]
+    changed = sum(1 for a, b in zip(run.token_ids, reference) if a != b)
+    missing = max(0, len(reference) - len(run.token_ids))
+    duplicated = len(run.seqs) - len(set(run.seqs))
+    contiguous = run.seqs == list(range(len(run.seqs)))
+    gaps = [b - a for a, b in zip(run.arrivals, run.arrivals[1:])]
+    return (run.token_ids == reference and contiguous and run.error is None, changed + missing + duplicated,
+            max(gaps) if gaps else None)
+
+
+def engine_kill(ctx: Context) -> Row:
+    """SIGKILL the engine serving a long stream, mid-stream: the stream continues token-identical; the agent
+    promotes a warm instance (a routing change) and backfills the zone."""
+    fleet, region = ctx.fleet, ctx.region
+    victim = fleet.engines(region, state="serving", zone=region.zones[0])[0]
+    first = last_event_id(fleet)
+    reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
+    migrations = gateway_counter(region, "lifeline_gateway_migrations_total")
+    run, fault_at, wall = _pinned_stream(ctx, victim, lambda: victim.kill())
+    identical, rpo, gap = _judge_stream(ctx, run)
+    migrated = gateway_counter(region, "lifeline_gateway_migrations_total") - migrations
+    wait_until(lambda: len(fleet.engines(region, state="serving")) >= sum(z["serving"] for z in region.plan.values())
+               and victim.instance_id not in _leased(fleet, region), "a warm instance promoted", 60)
+    promoted_at = time.monotonic()
+    layout = fleet.wait_pool(region)
+    events = events_since(fleet, first)
+    promoted = [e for e in events if e["kind"].endswith("pool.promoted")]
+    row = Row("engine SIGKILL mid-stream", f"SIGKILL {victim.instance_id} after {ctx.kill_after} tokens")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = detection(events, wall)
+    row.request_rto_s = gap
+    row.token_rpo = rpo
+    row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
+    row.tiers = tiered(events)
+    row.ok = identical and migrated == 1 and row.requests_lost == 0 and bool(promoted)
+    row.line = (f"SIGKILL {victim.instance_id} ({victim.zone}) after {ctx.kill_after} tokens: the stream went on "
+                f"with {len(run.token_ids)} tokens; identical to reference: {mark(identical)}; seq "
+                f"0..{len(run.seqs) - 1} contiguous: {mark(run.seqs == list(range(len(run.seqs))))}; migrations: "
+                f"{migrated:.0f}; request RTO {fmt(gap)}; the agent promoted "
+                f"{', '.join(_instance_of(e) for e in promoted) or 'nothing'} {fmt(promoted_at - fault_at)} after the "
+                f"kill and backfilled the zone: pool {_layout(layout)}")
+    return row
+
+
+def silent_hang(ctx: Context) -> Row:
+    """Wedge an engine's decode loop (it still answers HTTP): the gateway's stall timeout moves the stream, the
+    engine's watchdog fails /healthz/live, the agent takes its lease away and promotes a warm instance."""
+    fleet, region = ctx.fleet, ctx.region
+    victim = fleet.engines(region, state="serving", zone=region.zones[0])[0]
+    first = last_event_id(fleet)
+    reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
+    run, fault_at, wall = _pinned_stream(ctx, victim, lambda: victim.faults(stall_step_after_tokens=0))
+    identical, rpo, gap = _judge_stream(ctx, run)
+    ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
+                         f"{victim.instance_id}'s lease released", 60)
+    # The watchdog's verdict: /healthz/live turns 503 once the wedged step is older than the bound.
+    watchdog_at = _wait_live_503(victim, timeout=STEP_STALL_BOUND_S + 15)
+    live = httpx.get(f"{victim.url}/healthz/live", timeout=5)
+    victim.faults()  # cleared: the step finishes, the engine is live again and may serve after a fresh canary
+    layout = fleet.wait_pool(region)
+    events = events_since(fleet, first)
+    row = Row("silent hang (decode loop wedged)", f"{victim.instance_id}'s decode loop blocked inside a step")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = detection(events, wall)
+    row.request_rto_s, row.token_rpo = gap, rpo
+    row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
+    row.tiers = tiered(events)
+    watchdog = watchdog_at is not None and live.status_code == 503
+    row.ok = identical and row.requests_lost == 0 and watchdog
+    row.line = (f"{victim.instance_id}'s decode loop wedged after {ctx.kill_after} tokens (HTTP still answers): "
+                f"the stream went on, identical to reference: {mark(identical)}; request RTO {fmt(gap)} (the "
+                f"gateway's stall timeout); /healthz/live {live.status_code} "
+                f"{_error_type(live)} {fmt(None if watchdog_at is None else watchdog_at - fault_at)} after the hang (watchdog: "
+                f"{mark(watchdog)}); first noticed by {_first_kind(events, wall)}; lease released "
+                f"{fmt(ejected - fault_at)} after the hang; fault cleared, the engine rejoined the pool: "
+                f"{_layout(layout)}")
+    return row
+
+
+def corrupted_weights(ctx: Context) -> Row:
+    """Corrupt one serving engine's weights in memory (it answers 200 everywhere): the canary ejects it."""
+    fleet, region = ctx.fleet, ctx.region
+    victim = fleet.engines(region, state="serving", zone=region.zones[-1])[0]
+    first = last_event_id(fleet)
+    fault_at, wall = time.monotonic(), datetime.now(UTC)
+    victim.faults(corrupt_weights=True)
+    ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
+                         f"{victim.instance_id} ejected by the canary", 60)
+    layout = fleet.wait_pool(region)
+    events = events_since(fleet, first)
+    verdicts = [e for e in events if e["kind"].endswith("probe.verdict") and victim.instance_id in str(e)]
+    wrong = ctx.traffic.wrong(fault_at, ejected)
+    row = Row("weights corrupted in memory", f"{victim.instance_id}'s output head shifted (health checks pass)")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = detection(events, wall, about=victim.instance_id)
+    row.token_rpo = sum(sum(1 for a, b in zip(r.token_ids, ctx.traffic.reference) if a != b) for r in wrong)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, settle=ejected)
+    row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at)
+    row.tiers = tiered(events)
+    reason = next((str((e.get("after") or {}).get("verdict", "")) + ": " + e.get("reason", "") for e in verdicts
+                   if "wrong_output" in str(e)), "")
+    row.ok = bool(reason) and row.requests_lost == 0
+    why = reason[:120] or "no wrong_output verdict seen"
+    row.line = (f"corrupted {victim.instance_id}'s weights in memory: the canary failed it ({why}) and its lease went {fmt(ejected - fault_at)} after the fault; "
+                f"{len(wrong)} steady answers served wrong before that ({row.token_rpo} tokens); the agent stopped "
+                f"it and refilled the pool: {_layout(layout)}")
+    return row
+
+
+def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
+    """Every engine of a zone SIGKILLed; the zone shifted out (l7 drain + anycast withdraw); the other zone's warm
+    instance promoted. Then the shift is cancelled and the zone announced again."""
+    fleet, region = ctx.fleet, ctx.region
+    zone = region.zones[0]
+    victims = fleet.engines(region, zone=zone)
+    serving = next(e for e in victims if e in fleet.engines(region, state="serving"))
+    first = last_event_id(fleet)
+    announced_before = tiers.announcing() if tiers.bird else []
+    run, fault_at, wall = _pinned_stream(ctx, serving, lambda: [v.kill() for v in victims])
+    identical, rpo, gap = _judge_stream(ctx, run)
+    shift_started = time.monotonic()
+    shift = fleet.api("POST", "/zonal-shifts", json={"region": region.name, "zone": zone, "expires_in": 600,
+                                                     "reason": f"demo: {zone} lost"}).json()
+    shift_s = time.monotonic() - shift_started
+    cutover = fleet.api("GET", f"/cutovers/{shift['cutover_id']}").json()
+    announced_during = tiers.announcing() if tiers.bird else []
+    other = [z for z in region.zones if z != zone]
+    promoted = wait_until(lambda: len([e for e in fleet.engines(region, state="serving") if e.zone in other]) >=
+                          sum(region.plan[z]["serving"] for z in region.plan) and time.monotonic(),
+                          f"{'/'.join(other)} serving the region's N alone", 90)
+    fleet.api("DELETE", f"/zonal-shifts/{shift['id']}", params={"reason": f"demo: {zone} back"})
+    layout = fleet.wait_pool(region, timeout=240)
+    announced_after = tiers.announcing() if tiers.bird else []
+    events = events_since(fleet, first)
+    row = Row(f"zone loss ({zone})", f"every engine of {zone} SIGKILLed ({len(victims)})")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = detection(events, wall)
+    row.request_rto_s, row.token_rpo = gap, rpo
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
+    row.tiers = tiered(events)
+    steps = [s["tier"] for s in cutover["steps"]]
+    withdrawn = not tiers.bird or (zone in announced_before and zone not in announced_during
+                                   and zone in announced_after)
+    row.ok = identical and row.requests_lost == 0 and cutover["state"] == "completed" and withdrawn
+    bgp = (f"BIRD's paths to the anycast prefix: {announced_before} → {announced_during} → {announced_after}"
+           if tiers.bird else "anycast recorded only (no BIRD/ExaBGP)")
+    row.line = (f"{zone} lost ({len(victims)} engines SIGKILLed) mid-stream: the stream went on, identical: "
+                f"{mark(identical)}, request RTO {fmt(gap)}; zonal shift (cutover {cutover['id']} {cutover['state']} "
+                f"in {shift_s:.1f} s, tiers {steps}); {bgp}; {'/'.join(other)} served the region's N alone "
+                f"{fmt(promoted - fault_at)} after the loss; shift cancelled, pool rebuilt: {_layout(layout)}")
+    return row
+
+
+def _wait_live_503(engine: PoolEngine, *, timeout: float) -> float | None:
+    """When /healthz/live first answered 503 (monotonic), or None within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{engine.url}/healthz/live", timeout=2).status_code == 503:
+                return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return None
+
+
+def _error_type(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("error", {}).get("type", "")) if response.status_code != 200 else ""
+    except ValueError:
+        return ""
+
+
+def _first_kind(events: list[dict[str, Any]], fault_wall: datetime) -> str:
+    """Who noticed first: the first routing_tier event after the fault, with its reason."""
+    for event in events:
+        at = datetime.fromisoformat(event["started_at"].replace("Z", "+00:00"))
+        if event.get("routing_tier") and (at.tzinfo and at or at.replace(tzinfo=UTC)) >= fault_wall:
+            return f"{event['kind']} ({str(event.get('reason', ''))[:60]})"
+    return "nothing"
+
+
+def _instance_of(event: dict[str, Any]) -> str:
+    scope = str(event.get("scope", ""))
+    return scope.rsplit(":", 1)[-1] if "instance" in scope else scope
+
+
+def _layout(layout: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{z} {c['serving']}+{c['warm']}" for z, c in layout.items()) + " (serving+warm)"
 
 
 def snapshot_line(fleet: DemoFleet) -> str:
@@ -109,145 +460,13 @@ def snapshot_line(fleet: DemoFleet) -> str:
     parts = []
     for region in fleet.regions.values():
         report = reports[region.gateway.replica_id]
-        endpoints = sorted(f"{e['instance_id']}@{e['zone']}" for e in report["live_endpoints"])
         parts.append(f"{report['replica_id']} applied snapshot {report['snapshot_version']} "
-                     f"(routing_source {report['routing_source']}; live: {', '.join(endpoints)})")
+                     f"(routing_source {report['routing_source']}; {len(report['live_endpoints'])} live)")
     return f"control plane serves snapshot {version}; " + "; ".join(parts)
 
 
-class SteadyTraffic:
-    """Short greedy streams one after another at a gateway, in a thread, counting the ones that broke."""
-
-    def __init__(self, gateway_url: str, max_tokens: int = 12) -> None:
-        self.gateway_url = gateway_url
-        self.max_tokens = max_tokens
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="demo-traffic", daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                run = stream(self.gateway_url, max_tokens=self.max_tokens)
-                if len(run.token_ids) == self.max_tokens:
-                    self.ok += 1
-                else:
-                    self.failed.append(f"short: {len(run.token_ids)} tokens")
-            except (RuntimeError, httpx.HTTPError) as exc:
-                self.failed.append(str(exc)[:200])
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
-
-
-def _last_event_id(fleet: DemoFleet) -> int:
-    events = fleet.api("GET", "/events", params={"limit": 1000}).json()
-    return max((e["id"] for e in events), default=0)
-
-
-def _events_since(fleet: DemoFleet, after_id: int) -> list[dict]:
-    return sorted(fleet.api("GET", "/events", params={"after_id": after_id, "limit": 1000}).json(),
-                  key=lambda e: e["id"])
-
-
-def zonal_shift(fleet: DemoFleet, region: Region, zone: str, *, streams: int = 4, max_tokens: int = 16) -> Outcome:
-    """Shift a zone out (POST /api/v1/zonal-shifts) under steady traffic; the other zone serves it all; cancel."""
-    gateway = region.gateway
-    in_zone = [e for e in region.engines if e.zone == zone]
-    others = [e for e in region.engines if e.zone != zone]
-    first_event = _last_event_id(fleet)
-    with SteadyTraffic(gateway.url) as traffic:
-        time.sleep(0.5)  # streams in flight when the shift starts
-        started = time.monotonic()
-        shift = fleet.api("POST", "/zonal-shifts", json={"region": region.name, "zone": zone, "expires_in": 600,
-                                                         "reason": "demo: zone shifted out"}).json()
-        shift_s = time.monotonic() - started
-        cutover = fleet.api("GET", f"/cutovers/{shift['cutover_id']}").json()
-        report = fleet.wait_applied(fleet.snapshot_version(), engines=0)[gateway.replica_id]
-        before = {e.instance_id: generated_tokens(e) for e in region.engines}
-        for _ in range(streams):
-            stream(gateway.url, max_tokens=max_tokens)
-        after = {e.instance_id: generated_tokens(e) for e in region.engines}
-    shifted_tokens = sum(after[e.instance_id] - before[e.instance_id] for e in in_zone)
-    served_tokens = sum(after[e.instance_id] - before[e.instance_id] for e in others)
-    live = sorted(e["instance_id"] for e in report["live_endpoints"])
-    fleet.api("DELETE", f"/zonal-shifts/{shift['id']}", params={"reason": "demo: zone healthy again"})
-    fleet.wait_applied(fleet.snapshot_version())  # every engine routable again
-    tiered = [f"{e['kind']}({e['routing_tier']})" for e in _events_since(fleet, first_event) if e["routing_tier"]]
-    tiers = [s["tier"] for s in cutover["steps"]]
-    ok = (cutover["state"] == "completed" and shifted_tokens == 0 and served_tokens >= streams * max_tokens
-          and not traffic.failed and all(e.instance_id not in live for e in in_zone))
-    line = (f"zonal shift of {zone} (cutover {cutover['id']} {cutover['state']} in {shift_s:.1f} s, tiers {tiers}): "
-            f"{gateway.replica_id} routes to {live}; while shifted {served_tokens:.0f} tokens were generated in "
-            f"{'/'.join(sorted({e.zone for e in others}))}, {shifted_tokens:.0f} in {zone}; steady traffic through "
-            f"the shift: {traffic.ok} streams ok, {len(traffic.failed)} broken; cancelled, {zone} routable again; "
-            f"routing_tier events: {', '.join(tiered)}")
-    return Outcome(line, ok)
-
-
-def _slo_status(fleet: DemoFleet) -> dict[str, str]:
-    document = fleet.api("GET", f"/slo/{MODEL}").json()
-    return {f["metric"]: f["status"] for entry in document["triple"] for f in entry["figures"]}
-
-
-DRILL = "demo-weekly-kill"
-
-
-def instance_drill(fleet: DemoFleet, region: Region, victim: Engine, timeout: float = 240.0) -> Outcome:
-    """An instance drill (SIGKILL under traffic) requested through the drill API; its report; the SLO line."""
-    fleet.write_drill_fleet(region)
-    slo_before = _slo_status(fleet)
-    fleet.api("POST", "/drills", json={
-        "name": DRILL, "model": MODEL, "scope": "instance", "fault": "sigkill",
-        "blast_radius": {"region": region.name, "instances": [victim.instance_id], "max_instances": 1},
-        "targets": {"request_rto_s": 5.0, "token_rpo_tokens": 0, "rto_quality_s": 180.0},
-        "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 24, "fault_after_tokens": 6,
-                    "token_delay_ms": 40.0}})
-    run = fleet.api("POST", f"/drills/{DRILL}/runs").json()
-    deadline = time.monotonic() + timeout
-    while run["state"] not in ("passed", "failed", "aborted"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"drill run {run['id']} still {run['state']} after {timeout:.0f} s")
-        time.sleep(0.5)
-        run = fleet.api("GET", f"/drills/runs/{run['id']}").json()
-    report = run.get("report") or {}
-    measured = report.get("measured", {})
-    slo_after = _slo_status(fleet)
-    metric = "request_rto_s"
-    files = [p for p in report.get("files", []) if str(p).endswith(".md")]
-    line = (f"instance drill run {run['id']} ({DRILL}, SIGKILL {victim.instance_id} under traffic) {run['state']}: "
-            f"request RTO {_fmt(measured.get('request_rto_s'))} s, token RPO {_count(measured.get('token_rpo_tokens'))}, "
-            f"requests lost {_count(measured.get('requests_lost'))}, detection {_fmt(measured.get('detection_s'))} s, "
-            f"RTO_quality {_fmt(measured.get('rto_quality_s'))} s; tiers {report.get('routing_tiers_in_order')}; "
-            f"report {files[0] if files else '(none written)'}; SLO {metric}: {slo_before.get(metric)} → "
-            f"{slo_after.get(metric)}")
-    ok = run["state"] == "passed" and slo_before.get(metric) == "unverified" and slo_after.get(metric) == "measured"
-    return Outcome(line, ok)
-
-
-def _count(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}"
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-_TIER_DAEMONS = {"dns": ("BIND9", "named"), "anycast": ("BIRD 2 + ExaBGP", "bird"), "l7 (HAProxy)": ("HAProxy", "haproxy")}
-
-
-def tiers_line() -> str:
-    """Which routing tiers acted for real in this run, and which daemons sat unused."""
-    installed = [f"{name} ({'installed' if shutil.which(binary) or Path('/usr/sbin', binary).exists() else 'not installed'})"
-                 for name, binary in _TIER_DAEMONS.values()]
-    return ("l7 ran for real: the control plane's snapshot drained the zone and the region's gateway applied it; "
-            "the gateway's own instance ejection in the drill is an l7 event too. "
-            f"dns, anycast and HAProxy did not run: {', '.join(installed)} — the served control plane wires no "
-            "driver for them yet (docs/cutover.md), so the zonal shift planned an l7 step only and nothing was "
-            "recorded for those tiers")
+def generated_tokens(url: str) -> float:
+    try:
+        return scrape_metric(f"{url}/metrics", "vllm:generation_tokens_total")
+    except httpx.TransportError:
+        return 0.0

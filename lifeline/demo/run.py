@@ -1,0 +1,355 @@
+"""The demo's script: start the fleet, play the scenarios under steady traffic, write the report, stop everything.
+
+`run_demo` returns the exit status: 0 when every promise held, 1 when one
+was broken (or the fleet could not be built), 130 on Ctrl-C or SIGTERM.
+Whatever happens, every process it started is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from lifeline.demo import report as report_files
+from lifeline.demo.fleet import MODEL, DemoFleet, Region
+from lifeline.demo.scenarios import (
+    Context,
+    Row,
+    Traffic,
+    corrupted_weights,
+    count,
+    detection,
+    engine_kill,
+    events_since,
+    fmt,
+    last_event_id,
+    mark,
+    silent_hang,
+    snapshot_line,
+    stream,
+    tiered,
+    wait_until,
+    zone_loss,
+)
+from lifeline.demo.tiers import RealTiers
+
+REGIONS = {"eu-west": ("eu-west-a", "eu-west-b"), "us-east": ("us-east-a", "us-east-b")}
+# The demand the capacity plan is asked about, per region: a small steady load the tiny model serves on one core.
+# eu-west (the primary) plans 1 serving + 1 warm per zone; us-east, the standby, carries a third of it.
+INSTANCE = ["--instance-seqs", "4", "--instance-tokens-per-s", "100", "--instance-prefill-tokens-per-s", "1000",
+            "--headroom", "1.0", "--recovery-target-s", "5", "--context-tokens", "40"]
+DEMAND = {"eu-west": ["--demand-seqs", "6", "--demand-tokens-per-s", "150"],
+          "us-east": ["--demand-seqs", "2", "--demand-tokens-per-s", "50"]}
+REGION_ANSWERS = {"eu-west": "192.0.2.10", "us-east": "198.51.100.10"}  # TEST-NET: what api.lifeline.test answers
+DRILL = "demo-weekly-hang"
+
+
+def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool) -> int:
+    console = Console(highlight=False)
+    began = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    tiers: RealTiers | None = None
+    fleet: DemoFleet | None = None
+    flows: list[Traffic] = []
+    rows: list[Row] = []
+    regions = {"eu-west": REGIONS["eu-west"]} if quick else REGIONS
+
+    def say(step: str, text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - began:6.1f}s[/] {step:<10} {text}")
+
+    try:
+        console.print("[bold]Lifeline demo[/]" + (" --quick" if quick else "") + f" — {len(regions)} region(s) × 2 "
+                      "zones on real processes: a served SQLite control plane, a gateway and a regional agent with "
+                      "its warm pool per region, steady traffic with the openai client")
+        model_dir = _model(workdir, console)
+        say("model", f"tiny-seed0 in {model_dir}")
+        if not quick:
+            tiers = RealTiers(workdir / "tiers", REGION_ANSWERS,
+                              [("eu-west", z) for z in REGIONS["eu-west"]])
+            with console.status("starting BIND9, BIRD 2 and ExaBGP where installed …"):
+                drivers = tiers.start()
+            for tier, note in tiers.notes.items():
+                say("tier", f"{tier:<8} {note}")
+        else:
+            drivers = None
+        fleet = DemoFleet(workdir, model_dir, drivers_file=drivers)
+        say("registry", fleet.start_registry())
+        with console.status("starting the control plane, registering the model …"):
+            version = fleet.start_controlplane()
+        say("catalog", f"{MODEL}/{version['version']}: {len(version['shards'])} files hashed (sha256), semantic "
+                       f"fingerprint {version['fingerprint'][:16]}…, alias prod → {version['version']}; control "
+                       f"plane at {fleet.controlplane.url}")
+        with console.status("starting a gateway and an agent per region; the agents start their pools …"):
+            for name, zones in regions.items():
+                plan = fleet.pool_plan(name, zones, [*DEMAND[name], *INSTANCE])
+                fleet.start_region(name, zones, {z["zone"]: {"serving": z["serving"], "warm": z["warm"]}
+                                                 for z in plan["zones"]})
+            fleet.wait_gateways()
+            for region in fleet.regions.values():
+                layout = fleet.wait_pool(region)
+                say("pool", f"{region.name}: `lifeline pool plan` → {_layout(region.plan)}; agent-{region.name} "
+                            f"runs {_layout(layout)}; gateway {region.gateway.url}")
+        with console.status("recording the canary from two verified instances …"):
+            say("canary", _record_canary(fleet))
+        say("snapshot", snapshot_line(fleet))
+
+        primary = fleet.regions["eu-west"]
+        reference = stream(primary.gateway.url, max_tokens=max_tokens)
+        if reference.error:
+            raise RuntimeError(f"the undisturbed reference stream failed: {reference.error}")
+        same = True
+        for region in fleet.regions.values():
+            if region is not primary:
+                same = same and stream(region.gateway.url, max_tokens=max_tokens).token_ids == reference.token_ids
+        say("reference", f"{len(reference.token_ids)} tokens, undisturbed" + (
+            f"; identical across regions: {mark(same)}" if len(fleet.regions) > 1 else "") +
+            f": {reference.text[:50]!r}…")
+        short = reference.token_ids[:12]
+        for region in fleet.regions.values():
+            flows.append(Traffic(region.name, region.gateway.url, short).start())
+        ctx = Context(fleet, primary, flows[0], reference.token_ids, max_tokens, kill_after)
+
+        plays: list[tuple[str, Callable[[], Row]]] = [("kill", lambda: engine_kill(ctx)),
+                                                      ("corrupt", lambda: corrupted_weights(ctx))]
+        if not quick:
+            assert tiers is not None
+            plays[1:1] = [("hang", lambda: silent_hang(ctx))]
+            plays += [("zone", lambda: zone_loss(ctx, tiers)),
+                      ("drill", lambda: instance_drill(fleet, primary, ctx)),
+                      ("region", lambda: region_loss(fleet, primary, fleet.regions["us-east"], tiers, flows))]
+        with Live(_progress(rows, [p[0] for p in plays], flows), console=console, refresh_per_second=2,
+                  transient=True) as live:
+            for step, play in plays:
+                row = play()
+                rows.append(row)
+                say(step, row.line)
+                live.update(_progress(rows, [p[0] for p in plays], flows))
+        for flow in flows:
+            flow.stop()
+        all_events = events_since(fleet, 0)
+        slo = _slo_exports(fleet)
+        header = [f"Run of {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC, {time.monotonic() - began:.0f} s, "
+                  f"{'--quick' if quick else 'full'}; regions {', '.join(fleet.regions)}; steady traffic: "
+                  + "; ".join(f"{f.region} {len(f.runs)} streams, {sum(1 for r in f.runs if r.error)} lost"
+                              for f in flows), "",
+                  "Tiers: " + ("; ".join(f"{t}: {n}" for t, n in tiers.notes.items()) if tiers else
+                               "l7 only (--quick starts no DNS or BGP daemons)")]
+        written = report_files.write(workdir / "reports", rows=rows, header=header, events=all_events,
+                                     traffic=flows, began=began, slo=slo)
+        console.print(_summary(rows))
+        broken = [r.scenario for r in rows if not r.ok] + ([] if same else ["regions answer differently"])
+        if broken:
+            console.print(f"[red]a promise was broken: {', '.join(broken)}[/]; logs in {fleet.logs}")
+            return 1
+        console.print(f"[green]done[/] in {time.monotonic() - began:.0f} s: every promise held. Report: "
+                      f"{written[0]} (+ events.jsonl, timeline.png, slo.md); logs: {fleet.logs}")
+        return 0
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: stopping every process the demo started")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - reported with the logs' place, then everything is stopped
+        console.print(f"[red]the demo failed[/]: {type(exc).__name__}: {exc}")
+        if fleet is not None:
+            console.print(f"logs in {fleet.logs}")
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave processes behind
+        for flow in flows:
+            flow._stop.set()
+        if fleet is not None:
+            fleet.close()
+        if tiers is not None:
+            tiers.stop()
+        for flow in flows:
+            flow.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, previous_term)
+        console.print(f"stopped every process the demo started ({time.monotonic() - began:.0f} s in all)")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _model(workdir: Path, console: Console) -> Path:
+    from engine.model_build import build_model
+
+    model_dir = workdir / "models" / "tiny-seed0"
+    if not (model_dir / "model.safetensors.index.json").exists():
+        with console.status("building the tiny model …"):
+            build_model(model_dir, preset_name="tiny", seed=0)
+    return model_dir
+
+
+def _layout(layout: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{z} {c['serving']} serving + {c['warm']} warm" for z, c in layout.items())
+
+
+def _record_canary(fleet: DemoFleet) -> str:
+    """`lifeline catalog canary record` from two verified instances; wait until every agent's canaries pass."""
+    engines = [e for r in fleet.regions.values() for e in fleet.engines(r, state="serving")][:2]
+    version = fleet.model_dir.name
+    fleet.controlplane.cli("catalog", "canary", "record", MODEL, version, *[a for e in engines for a in ("--url", e.url)])
+    record = fleet.api("GET", f"/catalog/models/{MODEL}/versions/{version}").json().get("canary") or {}
+
+    def passed() -> bool:
+        return all(i.get("canary_verdict") == "ok" and i.get("canaries", 0) >= 1
+                   for r in fleet.regions.values() for i in fleet.instances(r)
+                   if i.get("pool_state") in ("serving", "warm"))
+
+    started = time.monotonic()
+    wait_until(passed, "every pool instance passed the recorded canary", 90)
+    return (f"recorded into the catalog from {', '.join(e.instance_id for e in engines)} (output "
+            f"{record.get('output_token_ids')}); every pool instance passed it within "
+            f"{time.monotonic() - started:.1f} s (the agents read it from the snapshot)")
+
+
+def _progress(rows: list[Row], steps: list[str], flows: list[Traffic]) -> Group:
+    table = Table(title="scenarios", show_lines=False)
+    for column in ("step", "state", "detection", "request RTO", "token RPO", "lost"):
+        table.add_column(column)
+    for i, step in enumerate(steps):
+        if i < len(rows):
+            r = rows[i]
+            table.add_row(step, "[green]kept[/]" if r.ok else "[red]broken[/]", fmt(r.detection_s),
+                          fmt(r.request_rto_s), count(r.token_rpo), count(r.requests_lost))
+        else:
+            table.add_row(step, "running …" if i == len(rows) else "waiting", "", "", "", "")
+    traffic = " · ".join(f"{f.region}: {sum(1 for r in f.runs if not r.error)} streams ok, "
+                         f"{sum(1 for r in f.runs if r.error)} lost" for f in flows)
+    return Group(table, traffic)
+
+
+def _summary(rows: list[Row]) -> Table:
+    table = Table(title="Lifeline demo: one row per scenario (every figure measured in this run)")
+    for column in report_files.COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*report_files.row_cells(row))
+    return table
+
+
+def _slo_exports(fleet: DemoFleet) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for fmt_name, suffix in (("json", "json"), ("markdown", "md")):
+        try:
+            response = fleet.api("GET", f"/slo/{MODEL}", params={"format": fmt_name})
+            out[suffix] = response.text
+        except RuntimeError as exc:
+            out[suffix] = f"(not exported: {exc})"
+    return out
+
+
+# ---------------------------------------------------------------- scenarios that need the whole fleet
+
+
+def _slo_status(fleet: DemoFleet) -> dict[str, str]:
+    document = fleet.api("GET", f"/slo/{MODEL}").json()
+    return {f["metric"]: f["status"] for entry in document["triple"] for f in entry["figures"]}
+
+
+def instance_drill(fleet: DemoFleet, region: Region, ctx: Context, timeout: float = 240.0) -> Row:
+    """An instance drill (a stream-level hang under traffic) requested through the drill API, run by the control
+    plane on the fleet file the demo writes; its report; the SLO document's request RTO unverified → measured."""
+    victim = fleet.engines(region, state="serving", zone=region.zones[-1])[0]
+    fleet.write_drill_fleet(region)
+    slo_before = _slo_status(fleet)
+    first = last_event_id(fleet)
+    fault_at = time.monotonic()
+    fleet.api("POST", "/drills", json={
+        "name": DRILL, "model": MODEL, "scope": "instance", "fault": "hang",
+        "blast_radius": {"region": region.name, "instances": [victim.instance_id], "max_instances": 1},
+        "targets": {"request_rto_s": 5.0, "token_rpo_tokens": 0, "rto_quality_s": 180.0},
+        "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 24, "fault_after_tokens": 6,
+                    "token_delay_ms": 40.0}})
+    run = fleet.api("POST", f"/drills/{DRILL}/runs").json()
+    deadline = time.monotonic() + timeout
+    while run["state"] not in ("passed", "failed", "aborted"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"drill run {run['id']} still {run['state']} after {timeout:.0f} s")
+        time.sleep(0.5)
+        run = fleet.api("GET", f"/drills/runs/{run['id']}").json()
+    report = run.get("report") or {}
+    measured = report.get("measured", {})
+    slo_after = _slo_status(fleet)
+    layout = fleet.wait_pool(region)
+    events = events_since(fleet, first)
+    metric = "request_rto_s"
+    files = [p for p in report.get("files", []) if str(p).endswith(".md")]
+    row = Row("instance drill (drill API)", f"{victim.instance_id}'s streams hang (drill {DRILL}, fault hang)")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = measured.get("detection_s")
+    row.rto_latency_s = measured.get("rto_latency_s")
+    row.request_rto_s = measured.get("request_rto_s")
+    row.token_rpo = None if measured.get("token_rpo_tokens") is None else int(measured["token_rpo_tokens"])
+    row.requests_lost = None if measured.get("requests_lost") is None else int(measured["requests_lost"])
+    row.tiers = list(report.get("routing_tiers_in_order") or []) or tiered(events)
+    row.ok = run["state"] == "passed" and slo_before.get(metric) == "unverified" and slo_after.get(metric) == "measured"
+    row.line = (f"drill run {run['id']} ({DRILL}, hang {victim.instance_id} under the drill's own openai traffic) "
+                f"{run['state']}: request RTO {fmt(row.request_rto_s)}, token RPO {count(row.token_rpo)}, requests "
+                f"lost {count(row.requests_lost)}, detection {fmt(row.detection_s)}, RTO_quality "
+                f"{fmt(measured.get('rto_quality_s'))}; report {files[0] if files else '(none written)'}; SLO "
+                f"{metric}: {slo_before.get(metric)} → {slo_after.get(metric)}; pool {_layout(layout)}")
+    return row
+
+
+def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTiers, flows: list[Traffic]) -> Row:
+    """Every process of a region SIGKILLed; a DNS cutover (POST /api/v1/cutovers, tier dns) points the service
+    name at the other region; clients that resolve it again are served there. Promise: service recovery only."""
+    first = last_event_id(fleet)
+    answer_before = tiers.dns_answer() if tiers.bind else []
+    flow = next(f for f in flows if f.region == lost.name)
+    by_answer = {REGION_ANSWERS[lost.name]: lost.gateway.url, REGION_ANSWERS[standby.name]: standby.gateway.url}
+    engines = fleet.engines(lost)
+    fault_at, wall = time.monotonic(), datetime.now(UTC)
+    for engine in engines:
+        engine.kill()
+    lost.gateway.kill(signal.SIGKILL)
+    if lost.agent.process is not None:
+        lost.agent.process.kill()
+    started = time.monotonic()
+    plan = fleet.api("POST", "/cutovers", json={"scope": {"kind": "region", "region": lost.name}, "tier": "dns",
+                                                "reason": f"demo: {lost.name} lost"}).json()
+    done = fleet.api("POST", f"/cutovers/{plan['id']}/execute", json={"idempotency_key": f"demo-{plan['id']}"}).json()
+    cutover_s = time.monotonic() - started
+    answer_after = tiers.dns_answer() if tiers.bind else []
+    # The region's clients resolve the name again (a stub honouring the 30 s TTL would wait it out first).
+    gateway_url = by_answer.get(answer_after[0], "") if answer_after else standby.gateway.url
+    flow.gateway_url = gateway_url
+    served_at = wait_until(lambda: (r := stream(gateway_url, max_tokens=12)).error is None
+                           and r.token_ids == flow.reference and time.monotonic(), "a new request served", 60)
+    time.sleep(2.0)  # some steady traffic on the standby
+    events = events_since(fleet, first)
+    row = Row(f"region loss ({lost.name})", f"every process of {lost.name} SIGKILLed (gateway, agent, "
+              f"{len(engines)} engines)")
+    row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.detection_s = detection(events, wall)
+    row.rto_latency_s = served_at - fault_at
+    row.requests_lost = flow.lost(fault_at, row.ended_at)
+    row.tiers = tiered(events)
+    moved = (not tiers.bind) or answer_after == [REGION_ANSWERS[standby.name]]
+    row.ok = done["state"] == "completed" and moved and gateway_url == standby.gateway.url
+    row.line = (f"{lost.name} lost: DNS cutover {plan['id']} {done['state']} in {cutover_s:.1f} s "
+                f"({'BIND9 answers' if tiers.bind else 'recorded only;'} {answer_before} → {answer_after} for "
+                f"api.lifeline.test); {lost.name}'s clients resolved again and were served by {standby.name} "
+                f"{fmt(row.rto_latency_s)} after the loss; {row.requests_lost} of their requests in flight or sent "
+                f"before the cutover were lost (a region's gateway takes its streams with it: service recovery "
+                f"only)")
+    return row
+
+
+def gateway_up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz/live", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
