@@ -13,8 +13,10 @@ more instances than its cap) is refused untouched.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from common.clock import SystemClock
@@ -143,3 +145,34 @@ def test_region_drill_on_a_fleet_without_a_second_region_is_refused_typed(contro
     with session_scope(controlplane.factory) as session:
         run = service.get_run_or_raise(session, run_id=run_id)
         assert run.state == "aborted" and "no dns tier" in run.abort_reason and run.started_at is None
+
+
+def test_a_zone_run_requested_through_the_api_starts_only_once_approved(controlplane, zone_fleet, tmp_path):
+    dispatched: list[int] = []
+    drill_runner = runner(controlplane, zone_fleet, tmp_path)
+    controlplane.app.state.drill_dispatch = lambda run_id: dispatched.append(run_id) or drill_runner.run(run_id)
+    api = httpx.Client(base_url=controlplane.url, headers=controlplane.headers("operator"), timeout=30)
+    body = {"name": "monthly-zone", "model": "tiny", "scope": "zone", "fault": "zone_loss",
+            "blast_radius": {"region": "local", "zones": ["local-a"], "max_instances": 2},
+            "targets": {"token_rpo_tokens": 0},
+            "traffic": {"requests": 4, "concurrency": 2, "max_tokens": 16, "fault_after_tokens": 4,
+                        "token_delay_ms": 40.0}}
+    try:
+        assert api.post("/api/v1/drills", json=body).status_code == 201
+        run = api.post("/api/v1/drills/monthly-zone/runs").json()
+        assert run["state"] == "awaiting_approval"
+        time.sleep(1.0)
+        assert dispatched == [] and api.get(f"/api/v1/drills/runs/{run['id']}").json()["state"] == "awaiting_approval"
+        approved = api.post(f"/api/v1/drills/runs/{run['id']}/approve")
+        assert approved.status_code == 200 and approved.json()["approved_by"]
+        deadline = time.monotonic() + 240
+        while (run := api.get(f"/api/v1/drills/runs/{run['id']}").json())["state"] not in ("passed", "failed",
+                                                                                             "aborted"):
+            assert time.monotonic() < deadline, run
+            time.sleep(0.5)
+    finally:
+        controlplane.app.state.drill_dispatch = None
+    assert dispatched == [run["id"]]
+    assert run["state"] == "passed", run["failure"]
+    assert run["report"]["measured"]["requests_lost"] == 0 and run["report"]["measured"]["token_rpo_tokens"] == 0
+    assert run["report"]["fault_details"]["instances_killed"] == list(ZONE_A)
