@@ -1,15 +1,16 @@
 """What each drill fault does to the fleet, what it may touch, how it is undone, and what it alone measures.
 
-    fault              scope     touches (its footprint)                   injected by             undone by
-    sigkill            instance  one instance of the blast radius          SIGKILL (fleet / pool)  restart (new generation)
-    hang               instance  one instance                              engine fault admin      faults cleared
-    corrupt_weights    instance  one instance                              engine fault admin      restart
-    zone_loss          zone      every instance the fleet places in it     SIGKILL each            restart each
-    controlplane_down  region    the control-plane API process the         SIGSTOP                 SIGCONT
+    fault              scope     touches (its footprint)                 injected by      undone by
+    sigkill            instance  one instance of the blast radius        SIGKILL (fleet)  restart (new generation)
+    hang               instance  one instance                            fault admin      faults cleared
+    corrupt_weights    instance  one instance                            fault admin      restart
+    zone_loss          zone      every instance the fleet places in it   SIGKILL each     restart each
+    controlplane_down  region    the control-plane API process the       SIGSTOP          SIGCONT
                                  region's gateways poll
-    redis_down         region    the region's lease-registry / token-log   SIGSTOP                 SIGCONT
-                                 Redis
-    region_loss        region    refused (`RegionTierNotWired`) until the fleet has a second region and a DNS tier
+    redis_down         region    the region's lease-registry /           SIGSTOP          SIGCONT
+                                 token-log Redis
+    region_loss        region    refused (`RegionTierNotWired`) until the fleet has a second
+                                 region and a DNS tier
 
 `plan_fault()` computes the footprint from the fleet and checks it against
 the blast radius *before anything is touched*: a target outside it, a
@@ -180,7 +181,10 @@ class FaultPlan:
 
 
 class _Engines:
-    """The engine fault admin (`--enable-fault-admin`) and the fleet's kill/restart, shared by instance and zone faults."""
+    """The engine fault admin (`--enable-fault-admin`) and the fleet's kill/restart.
+
+    Shared by instance and zone faults.
+    """
 
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
@@ -535,7 +539,8 @@ class RedisDown(FaultPlan):
             return []
         out = []
         if self.recovered_at is None:
-            out.append(f"the gateways' stores did not answer again within {self.recover_timeout:.0f} s of Redis's return")
+            out.append(f"the gateways' stores did not answer again within {self.recover_timeout:.0f} s "
+                       "of Redis's return")
         if self.probe_error is not None and "token_log_unavailable" not in self.probe_error:
             out.append(f"a new stream during the outage ended '{self.probe_error}', not the documented 503 "
                        "token_log_unavailable (nor served)")
@@ -545,7 +550,8 @@ class RedisDown(FaultPlan):
         def since_fault(at: float | None) -> float | None:
             return None if at is None or self.fault_mono is None else round(at - self.fault_mono, 4)
 
-        return {"lease_view_modes_seen": sorted(self.modes_seen), "token_log_unavailable_seen": self.token_log_down_seen,
+        return {"lease_view_modes_seen": sorted(self.modes_seen),
+                "token_log_unavailable_seen": self.token_log_down_seen,
                 "new_stream_during_outage": self.probe_error or "served",
                 "new_stream_sent_at_s": since_fault(self.probe_sent_at),
                 "new_stream_answered_at_s": since_fault(self.probe_answered_at)}

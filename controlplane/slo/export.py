@@ -54,8 +54,9 @@ _HTML = Environment(autoescape=select_autoescape(default=True)).from_string("""<
 <ul><li>lost: {{ e.lost }}</li><li>kept: {{ e.kept }}</li><li>recovery: {{ e.recovery }}</li></ul>
 {% if e.figures %}<table><tr><th>target</th><th>objective</th><th>latest measured</th></tr>
 {% for f in e.figures %}<tr class="{{ f.status }}"><td>{{ f.label }}</td><td>{{ value(f, f.target) }}</td>
-<td>{% if f.status == "unverified" %}<em>unverified</em> ({{ f.why }}){% elif f.source == "reports" %}{{ value(f, f.measured) }}
-({{ f.why }}){% else %}{{ value(f, f.measured) }}
+<td>{% if f.status == "unverified" %}<em>unverified</em> ({{ f.why }})
+{%- elif f.source == "reports" %}{{ value(f, f.measured) }} ({{ f.why }})
+{%- else %}{{ value(f, f.measured) }}
 (run {{ f.run_id }}, {{ f.drill }}){% endif %}</td></tr>
 {% endfor %}</table>{% endif %}{% endfor %}</body></html>
 """)

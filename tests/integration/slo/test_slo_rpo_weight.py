@@ -108,6 +108,8 @@ def test_rpo_weight_is_measured_from_the_catalog_and_fresh_reports(client, as_ro
     assert measured["run_id"] is None
     assert "| RPO_weight: how far the standby's weights may lag | 1 versions | 1 versions (measured" in figures(
         client, as_role, "md")
+    html = figures(client, as_role, "html")
+    assert "<em>unverified</em>" in html and "1 versions (measured" in html
 
     agent_report(client, agent, clock, "us", "v1")  # the standby falls two versions behind
     behind = figures(client, as_role)["rpo_weight_versions"]
