@@ -92,6 +92,21 @@ class PidHandle:
             pass  # gone: nothing left to resume
 
 
+def gateway_metric(gateway_urls: list[str], name: str) -> float:
+    """The sum of one metric sample over every gateway's /metrics (a gateway that does not answer adds nothing)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for url in gateway_urls:
+        try:
+            text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
+        except httpx.HTTPError:
+            continue
+        total += sum(sample.value for family in text_string_to_metric_families(text)
+                     for sample in family.samples if sample.name == name)
+    return total
+
+
 # -- footprints (pure) ----------------------------------------------------------------------------
 def check_blast_radius(radius: BlastRadius, targets: list[str]) -> None:
     """Refuse any target the blast radius does not name, and more targets than its cap."""
@@ -433,18 +448,7 @@ class RedisDown(FaultPlan):
         return bool(trace.error and "token_log_unavailable" in trace.error)
 
     def _metric(self, name: str) -> float:
-        """The sum of one metric over every gateway's /metrics (a gateway that does not answer adds nothing)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        total = 0.0
-        for url in self.gateway_urls:
-            try:
-                text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
-            except httpx.HTTPError:
-                continue
-            total += sum(sample.value for family in text_string_to_metric_families(text)
-                         for sample in family.samples if sample.name == name)
-        return total
+        return gateway_metric(self.gateway_urls, name)
 
     def prepare(self) -> None:
         self.flushed_before = self._metric("lifeline_gateway_token_log_flushed_frames_total")

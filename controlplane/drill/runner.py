@@ -57,6 +57,7 @@ from controlplane.drill.states import DrillFault, DrillRunEvent, DrillRunState, 
 log = get_logger(__name__)
 
 RUNNER_ACTOR = "drill-runner"
+RECOMPUTED = "lifeline_gateway_recomputed_decode_tokens_total"
 
 
 class Fleet(Protocol):
@@ -216,6 +217,9 @@ class DrillRunner:
         for instance in slowed:
             # Slow the victims' tokens so the fault lands mid-stream; inside the blast radius, rolled back below.
             engines.admin(instance, {"token_delay_ms": traffic.token_delay_ms})
+        gateways = faults._gateway_urls(self.fleet)
+        # The gateways' own count of decode tokens generated again after a failure (token RPO's recomputed part).
+        recomputed_before = faults.gateway_metric(gateways, RECOMPUTED)
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
@@ -287,8 +291,9 @@ class DrillRunner:
         for instance in slowed if plan.slow is not None else []:
             engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
+        recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
         report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
-                              baseline_ttft, tripped, model_name, traffic)
+                              baseline_ttft, tripped, model_name, traffic, recomputed=recomputed)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
@@ -400,7 +405,7 @@ class DrillRunner:
     def _report(self, meta: dict[str, Any], plan: faults.FaultPlan, traces: list[RequestTrace],
                 expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
                 first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
-                traffic: Traffic) -> dict[str, Any]:
+                traffic: Traffic, recomputed: float | None = None) -> dict[str, Any]:
         comparisons = [measure.compare_tokens(expected[t.sampling], t.token_ids, t.seqs) for t in traces
                        if not t.error]
         refused = [t for t in traces if t.error and plan.documented_refusal(t)]
@@ -427,6 +432,7 @@ class DrillRunner:
             "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
             "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons)),
             "requests_lost": float(len(lost)),
+            "recomputed_decode_tokens": recomputed,
             **plan.measurements(fault_at, cleared_at),
         }
         target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,

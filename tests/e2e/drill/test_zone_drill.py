@@ -79,6 +79,7 @@ def test_zone_drill_waits_for_approval_then_loses_the_zone_token_identical(contr
     assert report["measured"]["token_rpo_tokens"] == 0
     assert report["measured"]["requests_lost"] == 0
     assert report["migrated_streams"] >= 2  # a stream was in flight on each victim and moved to b-0
+    assert report["measured"]["recomputed_decode_tokens"] is not None  # the gateway's count, read before and after
     assert report["measured"]["request_rto_s"] is not None and report["measured"]["detection_s"] is not None
     # The gateway's own ejections, in order, one per lost engine (the local fleet has no zonal-shift tier wired).
     suppressed = [e for e in report["events"] if e["routing_tier"] == "l7" and e["kind"] == "instance.suppressed"]
