@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from common.clock import ManualClock
+from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
 from cutover import flows
 from cutover import service as cutover_service
@@ -215,3 +215,34 @@ def test_emulated_istio_mesh_cutover_refuses_to_empty_a_route(
             session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[CutoverTier.MESH],
             target_state=TargetState.OUT, reason="eu-a", mode=CutoverMode.MANUAL, actor="op")
     assert _weights(emulator) == {"eu-a": 100, "eu-b": 0}
+
+
+@pytest.mark.parametrize("how", ["kubeconfig", "host-and-token"])
+def test_emulated_istio_driver_built_from_the_drivers_file_reads_and_writes(
+        emulator: KubeApiEmulator, tmp_path: Any, how: str) -> None:
+    import yaml
+
+    from cutover.driver_config import CutoverDriversConfig, build_drivers
+
+    if how == "kubeconfig":
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
+            "users": [{"name": "lifeline", "user": {"token": "t0ken"}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "lifeline"}}]}))
+        access: dict[str, Any] = {"kubeconfig": kubeconfig}
+    else:
+        (tmp_path / "token").write_text("t0ken\n")
+        access = {"host": emulator.url, "token_file": tmp_path / "token"}
+    config = CutoverDriversConfig.model_validate({"istio": {**access, "routes": [
+        {"scope": "region:eu/zone:eu-a", "namespace": NS, "virtual_service": "llm", "route": "default",
+         "destinations": [f"{HOST}/eu-a"]}]}})
+    (istio,) = build_drivers(config, clock=SystemClock())
+    eu_a = Scope(ScopeKind.ZONE, "eu", "eu-a")
+    (target,) = istio.targets(eu_a)
+    before = istio.read_state(target)
+    out = istio.desired(before, TargetState.OUT)
+    istio.apply(out)
+    assert istio.verify(out, TIMEOUT).verified and _weights(emulator) == {"eu-a": 0, "eu-b": 100}
+    assert istio.targets(Scope(ScopeKind.ZONE, "eu", "eu-b")) == []
