@@ -109,27 +109,43 @@ def runs(state: Annotated[str | None, typer.Option()] = None, model: Annotated[s
 @drill_app.command()
 def run(name: str, version: Annotated[int | None, typer.Option(min=1)] = None,
         fleet: Annotated[Path | None, typer.Option(help="run it now on this fleet (fleet.py's YAML)")] = None,
-        report_dir: Annotated[Path | None, typer.Option(help="write Markdown, JSON and PNG here")] = None) -> None:
-    """Request a run of NAME; with --fleet, run it here and print its report."""
+        report_dir: Annotated[Path | None, typer.Option(help="write Markdown, JSON and PNG here")] = None,
+        existing: Annotated[int | None, typer.Option(
+            "--run", min=1, help="run this existing run of NAME (an approved zone or region run) "
+                                 "instead of requesting a new one; needs --fleet")] = None) -> None:
+    """Request a run of NAME; with --fleet, run it here and print its report.
+
+    Zone and region runs wait for approval: request one, `approve` it, then
+    `run NAME --run ID --fleet FILE` executes it.
+    """
     from controlplane.drill import service
 
     settings = load_settings()
-    created = run_mutation(settings, action="drill.run", target=name, work=lambda session, clock: _run_json(
-        service.create_run(session, definition=service.get_definition_or_raise(session, name=name, version=version),
-                           trigger="manual", actor=cli_actor(), clock=clock)))
+    if existing is not None:
+        if fleet is None:
+            fail("invalid_request", "--run needs --fleet: the fleet the run acts on", code=2)
+        drilled, created = read_only(settings, lambda session: (
+            (run := service.get_run_or_raise(session, run_id=existing)).definition.name, _run_json(run)))
+        if drilled != name:
+            fail("invalid_request", f"run {existing} is a run of drill {drilled!r}, not {name!r}", code=2)
+    else:
+        created = run_mutation(settings, action="drill.run", target=name, work=lambda session, clock: _run_json(
+            service.create_run(session, definition=service.get_definition_or_raise(session, name=name,
+                                                                                   version=version),
+                               trigger="manual", actor=cli_actor(), clock=clock)))
     typer.echo(_summary(created))
     if fleet is None:
         return
     from common.clock import SystemClock
     from controlplane.drill.fleet import FileFleet
-    from controlplane.drill.runner import HttpEventReader, InstanceDrillRunner
+    from controlplane.drill.runner import DrillRunner, HttpEventReader
 
     spec = FileFleet.load(fleet)
     events = HttpEventReader(spec.spec.events.controlplane_url, spec.spec.events.token) if spec.spec.events else None
     with audited_command(settings, action="drill.execute", target=str(created["id"])), \
             cli_database(settings) as factory:
-        outcome = InstanceDrillRunner(factory=factory, fleet=spec, events=events, clock=SystemClock(),
-                                      report_dir=report_dir or settings.drill_report_dir).run(created["id"])
+        outcome = DrillRunner(factory=factory, fleet=spec, events=events, clock=SystemClock(),
+                              report_dir=report_dir or settings.drill_report_dir).run(created["id"])
     _print_json(outcome.report)
     if outcome.state.value != "passed":
         raise typer.Exit(1)

@@ -31,8 +31,8 @@ def schedule_due(factory: Any, *, clock: Clock | None = None) -> list[int]:
 
 def run(factory: Any, run_id: int, *, fleet: Any, events: Any = None, clock: Clock | None = None,
         report_dir: Any = None) -> str:
-    from controlplane.drill.runner import InstanceDrillRunner
+    from controlplane.drill.runner import DrillRunner
 
-    outcome = InstanceDrillRunner(factory=factory, fleet=fleet, events=events, clock=clock or SystemClock(),
+    outcome = DrillRunner(factory=factory, fleet=fleet, events=events, clock=clock or SystemClock(),
                                   report_dir=report_dir).run(run_id)
     return outcome.state.value

@@ -113,3 +113,33 @@ def test_cli_defines_runs_approves_aborts_and_exports(database_url, session_fact
     assert exported.exit_code == 0, exported.output
     assert json.loads(exported.output)["model"] == "tiny"
     assert "*unverified*" in cli(slo_app, "export", "--model", "tiny").output
+
+
+def test_cli_executes_an_approved_region_run_and_refuses_it_typed_without_a_second_region(
+        database_url, session_factory, monkeypatch, tmp_path):
+    import yaml
+
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", database_url)
+    runner = CliRunner()
+
+    def cli(*args):
+        return runner.invoke(drill_app, list(args), catch_exceptions=False)
+
+    spec_file = tmp_path / "region.yaml"
+    spec_file.write_text(json.dumps({"name": "lose-region", "model": "tiny", "scope": "region",
+                                     "fault": "region_loss", "blast_radius": {"region": "local"},
+                                     "expected_tier": "dns"}))
+    fleet_file = tmp_path / "fleet.yaml"  # one region, no dns tier: the local fleet as it is
+    fleet_file.write_text(yaml.safe_dump({"gateway_url": "http://127.0.0.1:9", "region": "local", "instances": {
+        "eng-0": {"url": "http://127.0.0.1:9", "served_model": "tiny", "zone": "local-a"}}}))
+    assert cli("define", str(spec_file)).exit_code == 0
+    run_id = cli("run", "lose-region").output.split()[1].rstrip(":")
+    unapproved = cli("run", "lose-region", "--run", run_id, "--fleet", str(fleet_file))
+    assert unapproved.exit_code == 1 and "approval_required" in unapproved.output, unapproved.output
+    assert cli("run", "other-name", "--run", run_id, "--fleet", str(fleet_file)).exit_code == 2
+    assert cli("run", "lose-region", "--run", run_id).exit_code == 2  # --run needs --fleet
+    cli("approve", run_id)
+    refused = cli("run", "lose-region", "--run", run_id, "--fleet", str(fleet_file))
+    assert refused.exit_code == 1 and "error: region_tier_not_wired:" in refused.output, refused.output
+    shown = json.loads(cli("show", run_id).output)
+    assert shown["state"] == "aborted" and "no dns tier" in shown["abort_reason"] and shown["started_at"] is None
