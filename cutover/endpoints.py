@@ -252,7 +252,7 @@ def escalate_fault(body: EscalationRequest, request: Request, principal: Operato
 
     runtime = build_runtime(request)
     fault = Fault(body.fault_id, Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region),
-                  body.evidence, zone=body.zone)
+                  body.evidence, zone=body.zone, generation=body.generation)
     decisions = escalate(runtime, fault, actor=principal.actor)
     with session_scope(runtime.reads) as session:
         cutovers = [CutoverRead.model_validate(cutover_service.get_or_raise(session, cutover_id=a.cutover_id))

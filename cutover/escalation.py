@@ -61,6 +61,7 @@ class Fault:
     scope: Scope
     evidence: Mapping[str, Any]
     zone: str | None = None  # an instance fault: the instance's zone, to escalate to
+    generation: int | None = None  # an instance fault: the endpoint generation l7 ejects through the snapshot
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: in
                 cutover, _ = cutover_service.plan(
                     session, runtime, scope=decision.scope, tiers=tiers, target_state=TargetState.OUT,
                     reason=f"automatic: {decision.reason}", mode=CutoverMode.AUTOMATIC, actor=actor,
-                    evidence=evidence)
+                    evidence=evidence,
+                    generation=fault.generation if decision.scope.kind == ScopeKind.INSTANCE else None)
                 cutover_id = cutover.id
         except NothingToCutOver as exc:
             held = Decision(Action.HOLD, f"{tiers[0].value} has nothing to change for {decision.scope.key}: "

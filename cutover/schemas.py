@@ -173,6 +173,8 @@ class EscalationRequest(BaseModel):
                           description="ties the attempts for one fault together; the same id resumes its ladder")
     scope: ScopeSpec
     zone: Name | None = Field(default=None, description="an instance fault: the instance's zone, to escalate to")
+    generation: int | None = Field(default=None, ge=0, le=2**31 - 1,
+                                   description="an instance fault: the generation l7 ejects through the snapshot")
     evidence: dict[str, Any] = Field(min_length=1, description="what the detector saw; named by every action")
 
 

@@ -141,3 +141,17 @@ def test_served_region_fault_escalation_moves_the_real_dns_record_naming_the_evi
     assert [d["action"] for d in again["decisions"]] == ["contained"] and len(again["cutovers"]) == 1
     no_evidence = served.post("/api/v1/cutover-escalations", json={**body, "evidence": {}}, headers=op)
     assert no_evidence.status_code == 422
+
+
+def test_served_instance_fault_ejects_the_generation_and_drains_haproxy(
+        served: TestClient, as_role: Any, haproxy_lab: HaproxyLab) -> None:
+    op = as_role("operator")
+    body = {"fault_id": "outlier:engine-7:3", "scope": {"kind": "instance", "region": "eu", "name": "engine-7"},
+            "zone": "eu-a", "generation": 3, "evidence": {"source": "gateway outlier detection", "failures": 5}}
+    result = served.post("/api/v1/cutover-escalations", json=body, headers=op).json()
+    assert [d["action"] for d in result["decisions"]] == ["cut_over", "contained"], result
+    (cutover,) = result["cutovers"]
+    assert sorted(s["driver"] for s in cutover["steps"]) == ["haproxy", "snapshot"]
+    snapshot = served.get("/api/v1/snapshot", headers=op).json()
+    assert [(e["instance_id"], e["generation"]) for e in snapshot["ejections"]] == [("engine-7", 3)]
+    assert haproxy_lab.driver.read_state(haproxy_lab.target("s1")).admin_state == "drain"
