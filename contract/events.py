@@ -16,6 +16,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_BATCH = 500
+# Counters and versions the control plane stores land in INTEGER columns, 32-bit on PostgreSQL:
+# a larger value must be a 422 at the door, not an overflow (a 500) at the insert.
+DB_INT_MAX = 2**31 - 1
 
 
 class _Record(BaseModel):
@@ -58,14 +61,15 @@ class GatewayReport(_Record):
     replica_id: str = Field(min_length=1, max_length=160)
     region: str = Field(min_length=1, max_length=128)
     zone: str = Field(max_length=128)
-    snapshot_version: int | None = Field(None, description="the snapshot applied; None while routing from static config")
+    snapshot_version: int | None = Field(None, ge=0, le=DB_INT_MAX,
+                                         description="the snapshot applied; None while routing from static config")
     # Paired with snapshot_version: a version means something only within the epoch it came from.
     snapshot_epoch: str | None = Field(None, max_length=64, description="controlplane_epoch of the applied snapshot")
     snapshot_applied_at: datetime | None = None
     routing_source: Literal["static", "snapshot"]
     live_endpoints: list[LiveEndpoint] = Field(default_factory=list, max_length=10_000)
-    suppressed: int = Field(0, ge=0)
-    ejected: int = Field(0, ge=0)
+    suppressed: int = Field(0, ge=0, le=DB_INT_MAX)
+    ejected: int = Field(0, ge=0, le=DB_INT_MAX)
     reported_at: datetime
 
 
@@ -100,7 +104,8 @@ class AgentReport(_Record):
     region: str = Field(min_length=1, max_length=128)
     agent_id: str = Field(min_length=1, max_length=160, description="one agent process (host:pid or a pod name)")
     sent_at: datetime
-    # bounded by the control plane's snapshot counter (a 32-bit column on both databases)
-    snapshot_version: int | None = Field(None, ge=0, le=2**31 - 1, description="the snapshot applied; None before "
+    snapshot_version: int | None = Field(None, ge=0, le=DB_INT_MAX, description="the snapshot applied; None before "
                                          "the first")
+    # Paired with snapshot_version, as in GatewayReport: a version counts only within its epoch.
+    snapshot_epoch: str | None = Field(None, max_length=64, description="controlplane_epoch of the applied snapshot")
     instances: list[AgentInstance] = Field(default_factory=list, max_length=10_000)

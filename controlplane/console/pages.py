@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, Response
 
 from common.errors import LifelineError
 from controlplane.auth import service as auth_service
-from controlplane.auth.roles import Role
+from controlplane.auth.roles import MACHINES, Role
 from controlplane.deps import NamePath
 from controlplane.console import session as console_session
 from controlplane.console.web import (
@@ -110,10 +110,10 @@ def sign_in(request: Request, form: Form) -> Response:
                        back="/console/sign-in")
     with request.app.state.read_session_factory() as session:
         token = auth_service.authenticate(session, secret=form.get("token", "").strip())
-    if token is None or Role(token.role) is Role.GATEWAY:
+    if token is None or Role(token.role) in MACHINES:
         fresh = secrets.token_urlsafe(24)
         response = render(request, "sign_in.jinja", user=None, next=target, signin_csrf=fresh, status_code=401,
-                          error="That token is unknown or revoked (gateway tokens cannot sign in).")
+                          error="That token is unknown or revoked (machine tokens — gateway, agent — cannot sign in).")
         _set_cookie(request, response, console_session.PRESESSION_COOKIE, fresh, max_age=3600)
         return response
     request.state.actor = f"token:{token.name}#{token.id}"
@@ -148,6 +148,7 @@ def _agent_view(report: Any) -> dict[str, Any] | None:
         return None
     return {"agent_id": report.agent_id, "received_at": report.received_at, "age_s": report.age_s,
             "stale": report.stale, "snapshot_version": report.snapshot_version,
+            "foreign_epoch": report.foreign_epoch, "snapshot_epoch": report.snapshot_epoch,
             "instances": {i.instance_id: i for i in report.instances}}
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from controlplane.auth.models import ApiToken
-from controlplane.auth.roles import Role
+from controlplane.auth.roles import MACHINES, Role
 
 SESSION_COOKIE = "lifeline_console"
 PRESESSION_COOKIE = "lifeline_console_signin"
@@ -93,7 +93,7 @@ def resolve(session: Session, key: bytes, cookie: str | None, *, now: float) -> 
     if not hmac.compare_digest(mac, _mac(key, token, f"{token_id}.{expires_at}.{nonce}")):
         return None
     role = Role(token.role)
-    if role is Role.GATEWAY:  # a machine token has no business in a browser
+    if role in MACHINES:  # a machine token (gateway, agent) has no business in a browser
         return None
     return ConsoleUser(actor=f"token:{token.name}#{token.id}", role=role, token_id=token.id, nonce=nonce,
                        expires_at=float(expires_at))

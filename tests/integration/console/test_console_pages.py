@@ -13,6 +13,7 @@ from common.clock import ManualClock
 from contract.events import GatewayReport
 from contract.lease import Lease
 from controlplane.auth import service as auth_service
+from controlplane.auth.roles import MACHINES
 from controlplane.auth.models import AuditRecord
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
@@ -70,7 +71,8 @@ def test_the_cookie_is_secure_when_served_over_tls(settings: Any, session_factor
 
 
 def test_sign_in_refuses_a_bad_token_and_a_missing_csrf(console: TestClient, tokens: dict[str, str],
-                                                         gateway_token: str) -> None:
+                                                         gateway_token: str, session_factory: Any,
+                                                         clock: ManualClock) -> None:
     form = console.get("/console/sign-in")
     signin_csrf = form.text.split('name="signin_csrf" value="')[1].split('"')[0]
     bad = console.post("/console/sign-in", data={"token": "llt_nope", "signin_csrf": signin_csrf})
@@ -78,6 +80,13 @@ def test_sign_in_refuses_a_bad_token_and_a_missing_csrf(console: TestClient, tok
     machine = console.post("/console/sign-in", data={"token": gateway_token,
                                                      "signin_csrf": console.cookies["lifeline_console_signin"]})
     assert machine.status_code == 401  # a gateway token is for gateways, not for a browser
+    for role in sorted(MACHINES):  # every machine role, not only the first one written
+        with session_scope(session_factory) as session:
+            _, secret = auth_service.create_token(session, name=f"{role}-signin", role=role, created_by="test",
+                                                  clock=clock)
+        refused = console.post("/console/sign-in", data={"token": secret,
+                                                         "signin_csrf": console.cookies["lifeline_console_signin"]})
+        assert refused.status_code == 401 and "machine tokens" in refused.text, role
     no_csrf = console.post("/console/sign-in", data={"token": tokens["admin"]})
     assert no_csrf.status_code == 403 and "csrf_failed" in no_csrf.text
     assert "lifeline_console" not in console.cookies
@@ -167,15 +176,19 @@ def test_fleet_shows_instances_and_gateways_and_marks_stale_ones(
     assert 'data-testid="cluster-c-eu-a"' in page and "serving" in page
 
 
-def agent_report(session_factory: Any, clock: ManualClock, region: str, instances: list[dict[str, Any]]) -> None:
-    """The region's agent's report, stored as `PUT /api/v1/agents/{region}` stores it."""
+def agent_report(session_factory: Any, clock: ManualClock, region: str, instances: list[dict[str, Any]],
+                 epoch: str | None = "ours") -> None:
+    """The region's agent's report, stored as `PUT /api/v1/agents/{region}` stores it; `epoch` as in `report`."""
     from contract.events import AgentReport
     from controlplane.agent_report import service as agent_report_service
+    from controlplane.routing_version import service as routing_version
 
     with session_scope(session_factory) as session:
+        if epoch == "ours":
+            epoch = routing_version.current_epoch(session)
         agent_report_service.store(session, region=region, actor="test", clock=clock, report=AgentReport(
             region=region, agent_id=f"agent-{region}", sent_at=clock.utcnow(), snapshot_version=4,
-            instances=instances))
+            snapshot_epoch=epoch, instances=instances))
 
 
 @pytest.mark.usefixtures("topology_eu")
@@ -227,6 +240,18 @@ def test_fleet_shows_the_agents_verdicts_pool_and_canary_and_marks_them_stale_wi
         assert "stale" in shown, (cell, shown)  # each value drawn from the old report says so, none passes as now
     assert "stale" in stale["agent-instance-pool-3"] and "stale" in stale["agent"] and "current" not in stale["agent"]
     assert "timeout" in stale["instance-engine-1"]  # still the last verdict it sent, marked, not hidden
+
+
+@pytest.mark.usefixtures("topology_eu")
+def test_an_agent_on_another_control_planes_snapshot_is_not_shown_as_current(
+    console: TestClient, tokens: dict[str, str], clock: ManualClock, session_factory: Any,
+) -> None:
+    agent_report(session_factory, clock, "eu", [], epoch="0f0f0f0f-dead-4bee-8bad-000000000099")
+    sign_in(console, tokens["viewer"])
+    agent = console.get("/console/fleet").text.split('data-testid="agent-eu"')[1].split("</p>")[0]
+    assert "other control plane" in agent and "current" not in agent
+    listed = console.get("/api/v1/agents", headers={"Authorization": f"Bearer {tokens['viewer']}"}).json()
+    assert [(a["region"], a["foreign_epoch"]) for a in listed] == [("eu", True)]
 
 
 @pytest.mark.usefixtures("topology_eu")

@@ -163,6 +163,17 @@ def test_nul_bytes_and_far_future_reports_are_refused_the_same_on_both_databases
     assert client.get("/api/v1/gateways", headers=as_role("viewer")).json() == []
 
 
+@pytest.mark.parametrize("field", ["snapshot_version", "suppressed", "ejected"])
+def test_a_number_past_the_databases_integer_is_a_422_not_a_500(
+    client: TestClient, as_role: Any, clock: ManualClock, field: str
+) -> None:
+    """PostgreSQL's INTEGER is 32-bit, SQLite's 64: both must refuse at the door, before the insert overflows."""
+    body = {**report("gw-1", 1, clock.utcnow()), field: 2**70}
+    response = client.put("/api/v1/gateways/gw-1", json=body, headers=as_role("gateway"))
+    assert response.status_code == 422, response.text
+    assert client.get("/api/v1/gateways", headers=as_role("viewer")).json() == []
+
+
 def test_an_oversized_body_is_refused_with_413_and_audited(client: TestClient, as_role: Any) -> None:
     huge = b'{"name": "eu", "description": "' + b"x" * (9 * 1024 * 1024) + b'"}'
     response = client.post("/api/v1/regions", content=huge, headers={**as_role("operator"),
