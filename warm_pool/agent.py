@@ -648,6 +648,7 @@ class Agent:
         return AgentReport(
             region=self.settings.region, agent_id=self.agent_id, sent_at=self.clock.utcnow(),
             snapshot_version=self.snapshot.version if self.snapshot else None,
+            snapshot_epoch=self.snapshot.controlplane_epoch if self.snapshot else None,
             instances=[AgentInstance(
                 instance_id=i.instance_id, zone=i.zone, version=i.version, url=i.url, origin=i.origin,
                 pool_state=i.state.value if i.state else None, verdict=i.verdict.value if i.verdict else None,

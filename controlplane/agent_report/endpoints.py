@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from contract.events import AgentReport
 from controlplane.agent_report import service
+from controlplane.routing_version import service as routing_version
 from controlplane.agent_report.schemas import AgentReportRead
 from controlplane.auth.dependencies import AgentReporter, Viewer
 from controlplane.db import DbSession
@@ -24,7 +25,8 @@ def report(region: RegionPath, body: AgentReport, session: DbSession, principal:
            clock: ClockDep, settings: SettingsDep) -> AgentReportRead:
     """The region's agent's view: per instance its verdict, pool state, lease and last canary (the newest kept)."""
     row = service.store(session, region=region, report=body, actor=principal.actor, clock=clock)
-    return service.read(row, clock=clock, stale_after=settings.agent_report_stale_after)
+    return service.read(row, clock=clock, stale_after=settings.agent_report_stale_after,
+                        epoch=routing_version.current_epoch(session))
 
 
 @router.get("/agents", response_model=list[AgentReportRead])

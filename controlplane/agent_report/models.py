@@ -17,6 +17,7 @@ class AgentReportRow(Base):
     region: Mapped[str] = mapped_column(String(128), primary_key=True)
     agent_id: Mapped[str] = mapped_column(String(160))
     snapshot_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    snapshot_epoch: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the version counts in this
     instances: Mapped[list[Any]] = mapped_column(JSON)
     sent_at: Mapped[datetime] = mapped_column(UTCDateTime())  # the agent's clock
     received_at: Mapped[datetime] = mapped_column(UTCDateTime())  # ours: staleness is computed from this

@@ -14,3 +14,5 @@ class AgentReportRead(AgentReport):
     reported_by: str
     age_s: float = Field(description="seconds since the control plane received it")
     stale: bool = Field(description="older than the staleness limit: the agent may be gone or cut off")
+    foreign_epoch: bool = Field(description="its snapshot came from another control-plane database (epoch): "
+                                "its version says nothing about this one's")

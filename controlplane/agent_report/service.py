@@ -12,6 +12,7 @@ from common.clock import Clock
 from contract.events import AgentReport
 from controlplane.agent_report.models import AgentReportRow
 from controlplane.agent_report.schemas import AgentReportRead
+from controlplane.routing_version import service as routing_version
 from controlplane.errors import InvalidInput
 from controlplane.types import first_nul
 
@@ -21,7 +22,8 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)
 
 def _fields(report: AgentReport) -> dict[str, object]:
     return {
-        "agent_id": report.agent_id, "snapshot_version": report.snapshot_version, "sent_at": report.sent_at,
+        "agent_id": report.agent_id, "snapshot_version": report.snapshot_version,
+        "snapshot_epoch": report.snapshot_epoch, "sent_at": report.sent_at,
         "instances": [i.model_dump(mode="json") for i in report.instances],
     }
 
@@ -74,10 +76,13 @@ def store(session: Session, *, region: str, report: AgentReport, actor: str, clo
     return row
 
 
-def read(row: AgentReportRow, *, clock: Clock, stale_after: timedelta) -> AgentReportRead:
+def read(row: AgentReportRow, *, clock: Clock, stale_after: timedelta, epoch: str | None) -> AgentReportRead:
+    """`epoch`: this database's (`routing_version.current_epoch`); a snapshot from any other is foreign."""
     age = (clock.utcnow() - row.received_at).total_seconds()
     return AgentReportRead(
         region=row.region, agent_id=row.agent_id, sent_at=row.sent_at, snapshot_version=row.snapshot_version,
+        snapshot_epoch=row.snapshot_epoch,
+        foreign_epoch=row.snapshot_version is not None and row.snapshot_epoch != epoch,
         instances=row.instances,  # type: ignore[arg-type]
         received_at=row.received_at, reported_by=row.reported_by, age_s=round(age, 3),
         stale=age > stale_after.total_seconds(),
@@ -89,4 +94,5 @@ def list_reports(session: Session, *, clock: Clock, stale_after: timedelta,
     query = select(AgentReportRow).order_by(AgentReportRow.region)
     if region is not None:
         query = query.where(AgentReportRow.region == region)
-    return [read(row, clock=clock, stale_after=stale_after) for row in session.scalars(query)]
+    epoch = routing_version.current_epoch(session)
+    return [read(row, clock=clock, stale_after=stale_after, epoch=epoch) for row in session.scalars(query)]

@@ -39,13 +39,13 @@ def bearer(secret: str) -> dict[str, str]:
 
 
 def report(region: str, at: datetime, *, agent_id: str = "host-1:42", version: int | None = 3,
-           instances: list[AgentInstance] | None = None) -> dict[str, Any]:
+           instances: list[AgentInstance] | None = None, epoch: str | None = None) -> dict[str, Any]:
     if instances is None:
         instances = [AgentInstance(instance_id="e1", zone="z1", version="v1", url="http://e1", origin="pool",
                                    pool_state="serving", verdict="ok", verdict_since=at, lease_held=True,
                                    lease_generation=4, canary_verdict="ok", canary_at=at, canaries=2)]
     return AgentReport(region=region, agent_id=agent_id, sent_at=at, snapshot_version=version,
-                       instances=instances).model_dump(mode="json")
+                       snapshot_epoch=epoch, instances=instances).model_dump(mode="json")
 
 
 async def test_agent_report_written_by_the_agent_is_read_back_and_goes_stale(
@@ -72,6 +72,7 @@ async def test_agent_report_written_by_the_agent_is_read_back_and_goes_stale(
                   for i in shown["instances"]) == [
         ("z1", "serving", "ok", True, next(iter(lease.values()))), ("z2", "warm", "ok", False, None)]
     assert all(i["canary_verdict"] == "ok" and i["canary_at"] for i in shown["instances"])
+    assert (shown["snapshot_version"], shown["foreign_epoch"]) == (None, False)  # no snapshot yet: nothing to doubt
 
     clock.advance(settings.agent_report_stale_after + timedelta(seconds=1))
     [stale] = client.get("/api/v1/agents", params={"region": "r1"}, headers=viewer).json()
@@ -91,6 +92,21 @@ def test_a_newer_report_replaces_the_last_and_an_older_one_is_ignored(
     assert client.put("/api/v1/agents/us", json=report("us", now), headers=agent).status_code == 200
     shown = client.get("/api/v1/agents", headers=as_role("viewer")).json()
     assert [(r["region"], r["snapshot_version"], len(r["instances"])) for r in shown] == [("eu", 6, 0), ("us", 3, 1)]
+
+
+def test_a_version_from_another_control_plane_epoch_is_shown_foreign(
+    client: TestClient, as_role: Any, agent_token: str, clock: ManualClock
+) -> None:
+    """As for gateways: a snapshot version counts only within the database (epoch) that issued it."""
+    now, agent, viewer = clock.utcnow(), bearer(agent_token), as_role("viewer")
+    ours = client.get("/api/v1/snapshot", headers=agent).json()["controlplane_epoch"]
+    assert client.put("/api/v1/agents/eu", json=report("eu", now, epoch=ours), headers=agent).status_code == 200
+    elsewhere = report("us", now, version=900, epoch="0f0f0f0f-dead-4bee-8bad-000000000099")
+    answered = client.put("/api/v1/agents/us", json=elsewhere, headers=agent).json()
+    assert answered["foreign_epoch"] is True
+    shown = client.get("/api/v1/agents", headers=viewer).json()
+    assert [(r["region"], r["snapshot_epoch"] == ours, r["foreign_epoch"]) for r in shown] == [
+        ("eu", True, False), ("us", False, True)]
 
 
 def test_bad_reports_are_refused_change_nothing_and_only_agents_report(
@@ -169,5 +185,11 @@ def test_agent_reports_migration_goes_down_and_up(backend: str, tmp_path: Path) 
             upgrade(url, "0010")
             with engine.connect() as conn:
                 assert "agent_reports" in inspect(conn).get_table_names()
+            upgrade(url, "0014")
+            with engine.connect() as conn:
+                assert "snapshot_epoch" in {c["name"] for c in inspect(conn).get_columns("agent_reports")}
+            downgrade(url, "0013")
+            with engine.connect() as conn:
+                assert "snapshot_epoch" not in {c["name"] for c in inspect(conn).get_columns("agent_reports")}
         finally:
             engine.dispose()
