@@ -33,23 +33,15 @@ from common.clock import Clock
 from contract.mesh import MeshDestination, MeshRoute
 from contract.snapshot import RoutingSnapshot
 from controlplane.db import session_scope
-from controlplane.errors import Conflict, InvalidInput
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
 from controlplane.types import Name, Reason
+from cutover.errors import MeshRouteConflict, MeshUnknownVersion
 from cutover.l7 import ACTOR, SnapshotL7Driver
 from cutover.models import ANY, CutoverTier, MeshRouteRecord, ScopeKind, TargetState
 from cutover.tiers import Scope, mesh_weights
 
 COHORT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-
-
-class MeshUnknownVersion(InvalidInput):
-    error_type = "mesh_unknown_version"
-
-
-class MeshRouteConflict(Conflict):
-    error_type = "mesh_route_conflict"
 
 
 class MeshRouteSpec(BaseModel):
