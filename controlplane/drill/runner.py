@@ -256,11 +256,14 @@ class DrillRunner:
                     futures.append(pool.submit(one, submitted))
                     submitted += 1
                     in_flight += 1
-                if in_flight == 0 and not (held and not tripped):
+                # An outage fault stays on for its whole hold, traffic or not; the others end with the traffic.
+                outage = plan.hold_s is not None and cleared_at is None
+                traffic_done = submitted >= traffic.requests and (plan.keep_traffic or in_flight == 0)
+                if in_flight == 0 and not (outage and not tripped):
                     break
                 now = self.clock.now()
                 if fault_at is None and (live.tokens_seen >= traffic.fault_after_tokens
-                                         or submitted >= traffic.requests and plan.keep_traffic):
+                                         or (outage and traffic_done)):
                     inject()
                 elif fault_at is not None and cleared_at is None:
                     plan.tick(now)
