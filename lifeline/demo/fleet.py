@@ -331,6 +331,8 @@ class DemoFleet:
     def close(self) -> None:
         """Stop everything: the control plane first (a drill it runs must not outlive us), agents (and their
         pools), gateways, then any engine pid we ever saw that is still there, then the registry."""
+        if self.controlplane.process is not None and self.controlplane.process.poll() is None:
+            self.controlplane.process.send_signal(signal.SIGCONT)  # an outage drill may have left it stopped
         self.controlplane.stop()
         for region in self.regions.values():
             region.agent.stop()

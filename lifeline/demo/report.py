@@ -78,12 +78,17 @@ def timeline(path: Path, *, rows: list[Row], events: list[dict[str, Any]], traff
         failed = [r.ended - began for r in flow.runs if r.error is not None]
         if failed:
             top.plot(failed, [0] * len(failed), "rx", label=f"{flow.region}: requests lost")
+    gap_label = "recovery gap of the pinned stream (request RTO)"
     for row in rows:
         top.axvspan(row.fault_at - began, row.ended_at - began, alpha=0.12)
         top.text(row.fault_at - began, top.get_ylim()[1] * 0.95, row.scenario, fontsize=7, rotation=90, va="top")
         if row.request_rto_s:
             top.plot([row.fault_at - began, row.fault_at - began + row.request_rto_s], [0.2, 0.2], lw=4,
-                     label=None)
+                     color="black", label=gap_label)
+            gap_label = None
+    starts = [r.started - began for flow in traffic for r in flow.runs]
+    if starts:
+        top.set_xlim(left=max(0.0, min(starts) - 2))
     top.set_ylabel("requests/s")
     top.legend(fontsize=7, loc="upper right")
     tiers = ["l7", "mesh", "anycast", "dns"]

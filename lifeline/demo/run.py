@@ -53,7 +53,7 @@ REGION_ANSWERS = {"eu-west": "192.0.2.10", "us-east": "198.51.100.10"}  # TEST-N
 DRILL = "demo-weekly-hang"
 
 
-def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool) -> int:
+def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, outage_s: float = 10.0) -> int:
     console = Console(highlight=False)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +126,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool) ->
             plays[1:1] = [("hang", lambda: silent_hang(ctx))]
             plays += [("zone", lambda: zone_loss(ctx, tiers)),
                       ("drill", lambda: instance_drill(fleet, primary, ctx)),
+                      ("cp-down", lambda: controlplane_down(fleet, primary, flows, seconds=outage_s)),
                       ("region", lambda: region_loss(fleet, primary, fleet.regions["us-east"], tiers, flows))]
         with Live(_progress(rows, [p[0] for p in plays], flows), console=console, refresh_per_second=2,
                   transient=True) as live:
@@ -303,6 +304,64 @@ def instance_drill(fleet: DemoFleet, region: Region, ctx: Context, timeout: floa
     return row
 
 
+def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *, seconds: float) -> Row:
+    """The control plane's API SIGSTOPped for `seconds` while traffic flows (invariant 7): a region drill run by
+    its own process (`cp_outage.py`), approved by the demo's operator. Nothing should have to act."""
+    import json
+    import subprocess
+    import sys
+
+    pid_file = fleet.workdir / "state" / "controlplane.pid"
+    assert fleet.controlplane.process is not None
+    pid_file.write_text(str(fleet.controlplane.process.pid))
+    fleet_file = fleet.workdir / "drill-fleet-controlplane.yaml"
+    import yaml
+
+    fleet_file.write_text(yaml.safe_dump({
+        "gateway_url": region.gateway.url, "gateway_urls": [r.gateway.url for r in fleet.regions.values()],
+        "region": region.name,
+        "events": {"controlplane_url": fleet.controlplane.url, "token": fleet.operator_token},
+        "controlplane": {"url": fleet.controlplane.url, "token": fleet.operator_token, "pid_file": str(pid_file)},
+        "instances": {e.instance_id: {"url": e.url, "served_model": fleet.model_dir.name, "zone": e.zone}
+                      for e in fleet.engines(region, state="serving")}}))
+    # The runner records the run in a database of its own, as the drill's e2e test does: the API process it
+    # SIGSTOPs may be stopped inside a write transaction, and on SQLite that locks every other writer out.
+    runner_db = fleet.workdir / "drill-runner.sqlite3"
+    runner_db.unlink(missing_ok=True)
+    env = {**fleet.controlplane.environment(), "LIFELINE_CONTROLPLANE_DATABASE_URL": f"sqlite:///{runner_db}"}
+    migrated = subprocess.run([sys.executable, "-m", "lifeline.cli", "controlplane", "migrate"], env=env,
+                              capture_output=True, text=True, check=False)
+    if migrated.returncode != 0:
+        raise RuntimeError(f"the drill runner's database: {migrated.stderr[-2000:]}")
+    fault_at = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "lifeline.demo.cp_outage", str(fleet_file), str(seconds), region.name],
+                          capture_output=True, text=True, timeout=seconds + 240, env=env, check=False)
+    ended = time.monotonic()
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"the control-plane-down drill did not run: {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    report = result["report"]
+    measured = report.get("measured", {})
+    steady_lost = sum(f.lost(fault_at, ended) for f in flows)
+    steady = sum(len(f.between(fault_at, ended)) for f in flows)
+    row = Row("control plane down", f"the control plane's API SIGSTOPped for {seconds:g} s (drill "
+              f"{result['run_id']}, fault controlplane_down)")
+    row.fault_at, row.ended_at = fault_at, ended
+    row.request_rto_s = measured.get("request_rto_s")
+    row.token_rpo = None if measured.get("token_rpo_tokens") is None else int(measured["token_rpo_tokens"])
+    row.requests_lost = int(measured.get("requests_lost") or 0) + steady_lost
+    row.tiers = list(report.get("routing_tiers_in_order") or [])
+    row.ok = result["state"] == "passed" and steady_lost == 0
+    row.line = (f"drill run {result['run_id']} (region {region.name}, API SIGSTOPped "
+                f"{fmt(measured.get('controlplane_down_s'))}) {result['state']}: the drill's requests lost "
+                f"{count(measured.get('requests_lost'))}, token RPO {count(row.token_rpo)}; steady streams through the "
+                f"outage {steady}, lost {steady_lost}; gateways not ready {count(measured.get('gateways_not_ready'))}, "
+                f"changed snapshot {count(measured.get('gateways_changed_snapshot'))}; reconciled "
+                f"{fmt(measured.get('reconcile_s'))} after the return; routing tiers that acted: "
+                f"{row.tiers or 'none'}")
+    return row
+
+
 def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTiers, flows: list[Traffic]) -> Row:
     """Every process of a region SIGKILLed; a DNS cutover (POST /api/v1/cutovers, tier dns) points the service
     name at the other region; clients that resolve it again are served there. Promise: service recovery only."""
@@ -337,7 +396,8 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     row.rto_latency_s = served_at - fault_at
     row.requests_lost = flow.lost(fault_at, row.ended_at)
     row.tiers = tiered(events)
-    moved = (not tiers.bind) or answer_after == [REGION_ANSWERS[standby.name]]
+    moved = (not tiers.bind) or (answer_before == [REGION_ANSWERS[lost.name]]
+                                 and answer_after == [REGION_ANSWERS[standby.name]])
     row.ok = done["state"] == "completed" and moved and gateway_url == standby.gateway.url
     row.line = (f"{lost.name} lost: DNS cutover {plan['id']} {done['state']} in {cutover_s:.1f} s "
                 f"({'BIND9 answers' if tiers.bind else 'recorded only;'} {answer_before} → {answer_after} for "

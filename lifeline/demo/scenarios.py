@@ -29,6 +29,7 @@ from lifeline.processes import scrape_metric
 
 PROMPT = "The primary region lost power, so the gateway"
 STEADY_TOKENS = 12
+PACE_MS = 30.0  # the victim's per-token delay while a stream pinned to it is faulted
 
 
 @dataclass
@@ -199,10 +200,14 @@ def detection(events: list[dict[str, Any]], fault_wall: datetime, *, about: str 
             at = at.replace(tzinfo=UTC)
         if at < fault_wall:
             continue
-        if about is not None and about not in f"{event.get('scope')} {event.get('after')} {event.get('reason')}":
+        if about is not None and about not in _about(event):
             continue
         return (at - fault_wall).total_seconds()
     return None
+
+
+def _about(event: dict[str, Any]) -> str:
+    return f"{event.get('scope')} {event.get('after')} {event.get('reason')}"
 
 
 def gateway_counter(region: Region, name: str) -> float:
@@ -244,6 +249,9 @@ class Context:
 def _pinned_stream(ctx: Context, victim: PoolEngine, fault: Callable[[], None]) -> tuple[StreamRun, float, datetime]:
     """A stream pinned to `victim`; `fault` runs once `kill_after` tokens reached the client. (run, fault at, wall)."""
     fired: dict[str, Any] = {}
+    # Pace the victim as drills do: unpaced, the tiny model can finish the whole stream into socket buffers
+    # before the client has read `kill_after` tokens, and the fault would then miss the stream.
+    victim.faults(token_delay_ms=PACE_MS)
 
     def on_token(run: StreamRun) -> None:
         if not fired and len(run.token_ids) >= ctx.kill_after:
@@ -287,7 +295,7 @@ def engine_kill(ctx: Context) -> Row:
     promoted = [e for e in events if e["kind"].endswith("pool.promoted")]
     row = Row("engine SIGKILL mid-stream", f"SIGKILL {victim.instance_id} after {ctx.kill_after} tokens")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
-    row.detection_s = detection(events, wall)
+    row.detection_s = detection(events, wall, about=victim.instance_id)
     row.request_rto_s = gap
     row.token_rpo = rpo
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
@@ -311,7 +319,7 @@ def silent_hang(ctx: Context) -> Row:
     victim = fleet.engines(region, state="serving", zone=region.zones[0])[0]
     first = last_event_id(fleet)
     reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
-    run, fault_at, wall = _pinned_stream(ctx, victim, lambda: victim.faults(stall_step_after_tokens=0))
+    run, fault_at, wall = _pinned_stream(ctx, victim, lambda: victim.faults(token_delay_ms=PACE_MS, stall_step_after_tokens=0))
     identical, rpo, gap = _judge_stream(ctx, run)
     ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
                          f"{victim.instance_id}'s lease released", 60)
@@ -323,7 +331,7 @@ def silent_hang(ctx: Context) -> Row:
     events = events_since(fleet, first)
     row = Row("silent hang (decode loop wedged)", f"{victim.instance_id}'s decode loop blocked inside a step")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
-    row.detection_s = detection(events, wall)
+    row.detection_s = detection(events, wall, about=victim.instance_id)
     row.request_rto_s, row.token_rpo = gap, rpo
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
     row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
@@ -335,7 +343,7 @@ def silent_hang(ctx: Context) -> Row:
                 f"the stream went on, identical to reference: {mark(identical)}; request RTO {fmt(gap)} (the "
                 f"gateway's stall timeout); /healthz/live {live.status_code} "
                 f"{_error_type(live)} {fmt(None if watchdog_at is None else watchdog_at - fault_at)} after the hang (watchdog: "
-                f"{mark(watchdog)}); first noticed by {_first_kind(events, wall)}; lease released "
+                f"{mark(watchdog)}); first noticed by {_first_kind(events, wall, victim.instance_id)}; lease released "
                 f"{fmt(ejected - fault_at)} after the hang; fault cleared, the engine rejoined the pool: "
                 f"{_layout(layout)}")
     return row
@@ -436,11 +444,13 @@ def _error_type(response: httpx.Response) -> str:
         return ""
 
 
-def _first_kind(events: list[dict[str, Any]], fault_wall: datetime) -> str:
-    """Who noticed first: the first routing_tier event after the fault, with its reason."""
+def _first_kind(events: list[dict[str, Any]], fault_wall: datetime, about: str) -> str:
+    """Who noticed first: the first routing_tier event about `about` after the fault, with its reason."""
     for event in events:
         at = datetime.fromisoformat(event["started_at"].replace("Z", "+00:00"))
-        if event.get("routing_tier") and (at.tzinfo and at or at.replace(tzinfo=UTC)) >= fault_wall:
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        if event.get("routing_tier") and at >= fault_wall and about in _about(event):
             return f"{event['kind']} ({str(event.get('reason', ''))[:60]})"
     return "nothing"
 

@@ -11,6 +11,7 @@ installed is not installed here either: its tier is then *recorded only*
 
 from __future__ import annotations
 
+import shutil
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +38,10 @@ class RealTiers:
 
     def start(self) -> Path:
         """Start what is installed; write the drivers file for the control plane. Returns the file."""
+        # A fresh directory: named replays its journal (zone.db.jnl) over the zone file, so an earlier run's
+        # DNS cutover would otherwise still be the answer.
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir.mkdir(parents=True)
         sections: list[str] = []
         try:
             sections.append(self._start_dns())

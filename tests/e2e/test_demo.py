@@ -3,8 +3,8 @@
 `--quick` (one region: an engine SIGKILLed mid-stream, weights corrupted in
 memory) runs on every change; the full run adds the silent hang, the loss
 of a zone (a real BGP withdraw where BIRD and ExaBGP are installed), an
-instance drill through the drill API and the loss of a region (a real DNS
-cutover on BIND9). Ctrl-C is a real SIGINT to the demo's process group, as a
+instance drill through the drill API, the control plane's API stopped under
+traffic, and the loss of a region (a real DNS cutover on BIND9). Ctrl-C is a real SIGINT to the demo's process group, as a
 terminal sends it.
 """
 
@@ -121,7 +121,7 @@ def test_demo_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
 
 
 def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None:
-    done = _demo(tmp_path, "--max-tokens", "32", "--kill-after", "10", timeout=900)
+    done = _demo(tmp_path, "--max-tokens", "32", "--kill-after", "10", "--outage-s", "5", timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     out = done.stdout
     # BIND9, BIRD 2 and ExaBGP are installed where the tests run (make test installs them): the tiers run for real.
@@ -138,7 +138,11 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     drill = re.search(r"drill run \d+ \(demo-weekly-hang, .*\) passed: .*token RPO 0, requests lost 0,.*report "
                       r"(\S+\.md); SLO request_rto_s: unverified → measured", out)
     assert drill and Path(drill[1]).is_file(), out
+    # The control plane's API stopped under traffic: nothing lost, no tier had to act (invariant 7).
+    assert re.search(r"drill run \d+ \(region eu-west, API SIGSTOPped [\d.]+ s\) passed: the drill's requests lost 0, "
+                     r"token RPO 0; steady streams through the outage [1-9]\d*, lost 0; gateways not ready 0, changed "
+                     r"snapshot 0; .*routing tiers that acted: none", out), out
     assert re.search(r"eu-west lost: DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
                      r"api\.lifeline\.test\); eu-west's clients resolved again and were served by us-east", out), out
-    _report_files(tmp_path, 6)
+    _report_files(tmp_path, 7)
     assert _left_running(tmp_path) == []
