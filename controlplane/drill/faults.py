@@ -273,9 +273,10 @@ class ControlPlaneDown(FaultPlan):
 
     Measures invariant 7 from the control plane's own records: before the
     fault, each gateway's report (`GET /api/v1/gateways`: snapshot version,
-    epoch and when it was applied); after SIGCONT, the first report each
-    gateway sends that was received after the return and names the snapshot
-    the control plane serves now. From those: how long each gateway ran on
+    epoch and when it was applied; fresh reports only, so a replica long
+    gone is not waited for); after SIGCONT, the first report each gateway
+    built after the return that names the snapshot the control plane
+    serves now. From those: how long each gateway ran on
     its last good snapshot (fault → reconciled), how long it took to
     reconcile once the control plane answered again (the first report the
     gateway built after the return that names the snapshot served now: its
@@ -310,10 +311,17 @@ class ControlPlaneDown(FaultPlan):
         return {r["replica_id"]: r for r in self._api("/gateways")}
 
     def prepare(self) -> None:
-        self.before = self._reports()
+        try:
+            reports = self._reports()
+        except httpx.HTTPError as error:
+            raise UnsupportedDrill(f"the fleet's control plane {self.controlplane.url} does not answer before the "
+                                   f"drill ({type(error).__name__}): nothing to take away, nothing to measure "
+                                   "against") from None
+        self.before = {r: report for r, report in reports.items()
+                       if not report.get("stale") and not report.get("foreign_epoch")}
         if not self.before:
-            raise UnsupportedDrill("no gateway reports to the fleet's control plane: nothing would measure "
-                                   "invariant 7 (gateways routing by its snapshot report there)")
+            raise UnsupportedDrill("no gateway reports to the fleet's control plane (none fresh): nothing would "
+                                   "measure invariant 7 (gateways routing by its snapshot report there)")
 
     def inject(self) -> None:
         assert self.clock is not None

@@ -105,3 +105,40 @@ def test_an_operator_abort_mid_outage_resumes_the_control_plane(controlplane, sn
     assert result.report["measured"]["controlplane_down_s"] < 60  # cleared at the abort, not after 120 s
     assert _state(pid) != "T"
     assert httpx.get(f"{snapshot_fleet.snap.cp_url}/healthz/ready", timeout=10).status_code == 200
+
+
+def test_a_control_plane_that_does_not_answer_before_the_drill_is_refused_untouched(
+        controlplane, snapshot_fleet, tmp_path):
+    import dataclasses
+    import subprocess
+    import sys
+
+    from controlplane.drill.errors import UnsupportedDrill
+    from controlplane.drill.faults import PidHandle
+    from lifeline.processes import free_port
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # what it would stop
+    try:
+        class Elsewhere(type(snapshot_fleet)):  # the same fleet, its control plane named at a port nobody serves
+            @property
+            def controlplane(self):
+                return PidHandle(f"http://127.0.0.1:{free_port()}", lambda: bystander.pid, token="t")
+
+        fleet = Elsewhere(**{f.name: getattr(snapshot_fleet, f.name) for f in dataclasses.fields(snapshot_fleet)})
+        spec = DrillSpec.model_validate({"name": "controlplane-elsewhere", "model": "tiny", "scope": "region",
+                                         "fault": "controlplane_down", "blast_radius": {"region": "local"}})
+        clock = SystemClock()
+        with session_scope(controlplane.factory) as session:
+            definition = service.define(session, spec=spec, actor="test", clock=clock)
+            run_id = service.create_run(session, definition=definition, trigger="manual", actor="test",
+                                        clock=clock).id
+            service.approve(session, run_id=run_id, actor="operator:alice", clock=clock)
+        with pytest.raises(UnsupportedDrill, match="does not answer before the drill"):
+            DrillRunner(factory=controlplane.factory, fleet=fleet, clock=clock).run(run_id)
+        assert _state(bystander.pid) != "T"
+        with session_scope(controlplane.factory) as session:
+            run = service.get_run_or_raise(session, run_id=run_id)
+            assert run.state == "aborted" and run.abort_reason.startswith("refused") and run.started_at is None
+    finally:
+        bystander.kill()
+        bystander.wait()
