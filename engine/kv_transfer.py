@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -260,11 +261,14 @@ class KVCheckpointer:
     # -- the writer thread -----------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
+            started, cpu_started = self.clock.now(), time.thread_time()
             try:
                 if job.first_index == FORGET:
                     self._chains.pop(job.request_id, None)
                 else:
                     self._write(job)
+                    self.metrics.kv_checkpoint_write_seconds.inc(self.clock.now() - started)
+                    self.metrics.kv_checkpoint_write_cpu_seconds.inc(time.thread_time() - cpu_started)
             except Exception as exc:  # a bug must not stop every later checkpoint
                 self.metrics.kv_checkpoints.labels(outcome="failed").inc()
                 log.exception("kv checkpoint failed", request_id=job.request_id, error=repr(exc))

@@ -48,6 +48,16 @@ class EngineMetrics:
         self.kv_checkpoints = Counter(
             "lifeline_engine_kv_checkpoints", "KV checkpoints by outcome (written, skipped, failed)", ["outcome"],
             registry=r)
+        self.kv_decode_thread_seconds = Counter(
+            "lifeline_engine_kv_decode_thread_seconds",
+            "Decode-thread time spent keeping KV blocks: publish (prefix cache), checkpoint (copying new blocks "
+            "for the writer)", ["work"], registry=r)
+        self.kv_checkpoint_write_seconds = Counter(
+            "lifeline_engine_kv_checkpoint_write_seconds",
+            "Writer-thread wall time spent writing checkpoints to the store (waits on the store included)", registry=r)
+        self.kv_checkpoint_write_cpu_seconds = Counter(
+            "lifeline_engine_kv_checkpoint_write_cpu_seconds",
+            "Writer-thread CPU time spent writing checkpoints (hashing, serialising, system calls)", registry=r)
         self.kv_checkpoint_blocks = Counter(
             "lifeline_engine_kv_checkpoint_blocks", "KV blocks written to the checkpoint store", registry=r)
         self.kv_published_blocks = Counter(

@@ -223,14 +223,18 @@ class Scheduler:
         cache = self.prefix_cache
         # Checked here first so a decode step builds the token list only when a block has filled.
         if cache is not None and seq.cache is not None and (len(seq.kv_chain) + 1) * cache.block_tokens <= seq.cache.length:
+            started = self.clock.now()
             cache.publish([*seq.prompt_ids, *seq.output_ids], seq.cache, seq.kv_chain)
+            self.metrics.kv_decode_thread_seconds.labels(work="publish").inc(self.clock.now() - started)
 
     def _checkpoint(self, seq: Sequence) -> None:
         """Every `every_tokens` committed tokens, queue the new full blocks for the checkpoint store."""
         if self.checkpointer is not None and seq.cache is not None and self.checkpointer.due(len(seq.output_ids)):
+            started = self.clock.now()
             seq.kv_checkpointed_blocks = self.checkpointer.offer(
                 seq.request_id, seq.cache.length, [*seq.prompt_ids, *seq.output_ids], seq.cache,
                 seq.kv_checkpointed_blocks)
+            self.metrics.kv_decode_thread_seconds.labels(work="checkpoint").inc(self.clock.now() - started)
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> None:
         position = len(seq.prompt_ids) + len(seq.output_ids)
