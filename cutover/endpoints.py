@@ -10,7 +10,7 @@
     POST   /zonal-shifts                start (expires_in ≤ 72 h)                              operator
     GET    /zonal-shifts[/{id}]                                                               viewer
     DELETE /zonal-shifts/{id}?reason=   cancel (reverts now)                                  operator
-    POST   /cutover-escalations         a fault: automatic cutovers up the tier ladder        operator
+    POST   /cutover-escalations         a fault: automatic cutovers up the tier ladder        operator, agent
     GET    /mesh-routes                 the mesh tier's version/cohort splits                 viewer
     PUT    /mesh-routes                 set one (bumps the snapshot; a mesh.route event)      operator
 
@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from controlplane.auth.dependencies import Operator, Viewer
+from controlplane.auth.dependencies import EscalationReporter, Operator, Viewer
 from controlplane.auth.roles import Role
 from controlplane.db import DbSession, session_scope
 from controlplane.deps import IdPath
@@ -245,7 +245,7 @@ def put_mesh_route(body: MeshRouteSpec, request: Request, session: DbSession, pr
 
 
 @router.post("/cutover-escalations", response_model=EscalationRead)
-def escalate_fault(body: EscalationRequest, request: Request, principal: Operator) -> EscalationRead:
+def escalate_fault(body: EscalationRequest, request: Request, principal: EscalationReporter) -> EscalationRead:
     """Act on a fault: l7 for an instance, anycast + mesh for a zone, dns for a region; up one tier only when
     the lower one's verification failed (cutover/escalation.py). Each cutover is automatic and names the evidence."""
     from cutover.escalation import Fault, attempts_for, escalate

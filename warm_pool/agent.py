@@ -19,6 +19,8 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
     pool        a lost or ejected instance is stopped and replaced; serving short of the plan promotes a
                 warm instance (a lease: routing, not a load; a `pool.promoted` event), preferring the
                 short zone; each zone is backfilled to serving + warm from cold
+    faults      a whole zone (or the region) failing for `fault_rounds` rounds is one fault, posted once to
+                `POST /api/v1/cutover-escalations` in the background with its evidence (warm_pool/fault.py)
 
 An instance's admission canary (a loading pool instance, an external engine
 before its first lease, any instance about to be leased again after a release,
@@ -52,6 +54,7 @@ from contract.verdict import InstanceVerdict, RedisVerdictBoard, VerdictBoard
 from warm_pool.budget import ProbeBudget
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
+from warm_pool.fault import GONE, Fault, FaultDetector, FaultReporter, Observation, RoundResult
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
 from warm_pool.report import ReportSender
 from warm_pool.settings import AgentSettings, ExternalEngine
@@ -114,6 +117,12 @@ class AgentMetrics:
                                       registry=self.registry)
         self.reports = Counter("lifeline_agent_reports", "reports to the control plane by outcome", ["outcome"],
                                registry=self.registry)
+        self.faults = Counter("lifeline_agent_faults_detected", "zone and region faults opened", ["kind"],
+                              registry=self.registry)
+        self.fault_reports = Counter("lifeline_agent_fault_reports", "faults posted to cutover-escalations by "
+                                     "outcome", ["outcome"], registry=self.registry)
+        self.open_faults = Gauge("lifeline_agent_open_faults", "zone and region faults open now", ["kind"],
+                                 registry=self.registry)
 
 
 class Agent:
@@ -121,7 +130,8 @@ class Agent:
                  clock: Clock | None = None, driver: PoolDriver | None = None, shipper: EventShipper | None = None,
                  snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
                  budget: ProbeBudget | None = None, reporter: ReportSender | None = None,
-                 agent_id: str | None = None, verdict_board: RedisVerdictBoard | None = None) -> None:
+                 agent_id: str | None = None, verdict_board: RedisVerdictBoard | None = None,
+                 fault_reporter: FaultReporter | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.http = http
@@ -143,6 +153,13 @@ class Agent:
         self._adopted = False  # the pool a previous agent left running has been taken back
         self._seq = 0  # orders canaries against releases (virtual time may not move between them)
         self._draining: set[asyncio.Task] = set()
+        self.faults = FaultDetector(settings.region, rounds=settings.fault_rounds,
+                                    clear_rounds=settings.fault_clear_rounds, source=self.actor)
+        self.fault_reporter = fault_reporter or FaultReporter(None, None)
+        self.fault_outcomes: dict[str, tuple[str, object]] = {}  # fault id → (outcome, the answer), reported ones
+        self._unreported: dict[str, Fault] = {}  # opened, not yet accepted or refused
+        self._lost: list[Observation] = []  # lost this round: gone, for the fault detector
+        self._fault_task: asyncio.Task | None = None
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -196,6 +213,8 @@ class Agent:
         await self.apply_leases()
         await self.reconcile_pool()
         await self.publish_verdicts()
+        self.detect_faults()
+        self.report_faults()
         self.export_metrics()
 
     async def observe(self) -> None:
@@ -584,14 +603,68 @@ class Agent:
 
     async def _lose(self, instance: Instance, reason: str) -> None:
         was = instance.state
+        generation = instance.lease.generation if instance.lease else instance.generation
         await self._release(instance)
         if self.driver is not None:
             await self.driver.stop(instance.instance_id, graceful=False)
         if was is not None and was is not InstanceState.GONE:
             instance.state = transition(was, PoolEvent.LOST)
         self._forget(instance.instance_id)
+        self._lost.append(Observation(instance.instance_id, instance.zone, GONE, reason, generation))
         self.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was),
                   changes_routing=was is InstanceState.SERVING)
+
+    # -- zone and region faults ---------------------------------------------------------------------
+    def detect_faults(self) -> RoundResult:
+        """One round for the fault detector: every instance's verdict, and the ones lost this round as gone."""
+        observations = [Observation(i.instance_id, i.zone, i.verdict.value if i.verdict else None, i.reason,
+                                    i.lease.generation if i.lease else i.generation)
+                        for i in self.instances.values()] + self._lost
+        self._lost = []
+        result = self.faults.observe(observations, self.clock.utcnow())
+        for fault in result.opened:
+            self.metrics.faults.labels(fault.kind).inc()
+            self._unreported[fault.fault_id] = fault
+            log.warning("fault detected", fault_id=fault.fault_id, scope=fault.scope, rounds=fault.evidence["rounds"],
+                        instances=[i["instance_id"] for i in fault.evidence["instances"]])
+        for fault in result.cleared:
+            self._unreported.pop(fault.fault_id, None)
+            log.info("fault cleared", fault_id=fault.fault_id, scope=fault.scope)
+        self.metrics.open_faults.clear()
+        for entry in self.faults.open.values():
+            self.metrics.open_faults.labels(entry.fault.kind).inc()
+        return result
+
+    def report_faults(self) -> None:
+        """Post the faults not yet taken, in the background: the answer waits for the cutover it starts."""
+        if self._unreported and (self._fault_task is None or self._fault_task.done()):
+            self._fault_task = asyncio.create_task(self._send_faults(list(self._unreported.values())),
+                                                   name="fault-reports")
+
+    async def _send_faults(self, faults: list[Fault]) -> None:
+        for fault in faults:
+            if fault.fault_id not in self._unreported:
+                continue  # cleared meanwhile: no cutover for a fault that is gone
+            try:
+                outcome, answer = await self.fault_reporter.send(fault)
+            except Exception as exc:  # a report never takes the agent down; the next round tries again
+                log.exception("fault report failed", fault_id=fault.fault_id)
+                outcome, answer = "retry", repr(exc)[:300]
+            self.metrics.fault_reports.labels(outcome).inc()
+            if outcome == "retry":
+                log.info("fault not reported yet; the same id again resumes its ladder", fault_id=fault.fault_id,
+                         why=answer)
+                continue
+            self._unreported.pop(fault.fault_id, None)
+            self.fault_outcomes[fault.fault_id] = (outcome, answer)
+            if outcome == "accepted":
+                actions = [d.get("action") for d in (answer or {}).get("decisions", [])] if isinstance(answer, dict) \
+                    else []
+                log.warning("fault reported for automatic cutover", fault_id=fault.fault_id, scope=fault.scope,
+                            actions=actions)
+            else:
+                log.error("fault not reported", fault_id=fault.fault_id, scope=fault.scope, outcome=outcome,
+                          why=answer)
 
     def _forget(self, instance_id: str) -> None:
         instance = self.instances.pop(instance_id, None)
@@ -671,10 +744,15 @@ class Agent:
                                               "verdict": i.verdict.value if i.verdict else None, "reason": i.reason,
                                               "generation": i.lease.generation if i.lease else None,
                                               "canaries": i.canaries}
-                              for i in self.instances.values()}}
+                              for i in self.instances.values()},
+                "faults": {"open": {scope: entry.fault.fault_id for scope, entry in self.faults.open.items()},
+                           "reported": {fault_id: outcome for fault_id, (outcome, _) in self.fault_outcomes.items()},
+                           "unreported": sorted(self._unreported)}}
 
     async def close(self) -> None:
         """Release every lease the agent holds (clean shutdown) and stop the pool's processes."""
+        if self._fault_task is not None:
+            self._fault_task.cancel()
         for instance in self.instances.values():
             if instance.canary_task is not None:
                 instance.canary_task.cancel()
@@ -732,9 +810,11 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None,
     shipper = EventShipper(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     reporter = ReportSender(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     board = RedisVerdictBoard(registry.redis, region=settings.region, prefix=settings.registry_prefix)
+    faults = FaultReporter(cp_http, settings.controlplane_url, token=settings.controlplane_token,
+                           timeout_s=settings.fault_report_timeout.total_seconds())
     agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
                   snapshots=snapshots, reporter=reporter, agent_id=settings.agent_id or _default_agent_id(),
-                  verdict_board=board,
+                  verdict_board=board, fault_reporter=faults,
                   canary_records=load_canary_file(settings.canary_file) if settings.canary_file else {})
     if settings.port:
         from prometheus_client import start_http_server

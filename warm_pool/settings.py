@@ -151,6 +151,12 @@ class AgentSettings(BaseSettings):
     renew_leases_for: Annotated[list[ExternalEngine], BeforeValidator(_engines)] = Field(default_factory=list)
     canary_file: Path | None = Field(None, description="JSON: weight version → contract.canary.CanaryRecord")
     pool: PoolSettings | None = None
+    fault_rounds: int = Field(3, ge=2, le=10_000, description="consecutive probe rounds a whole zone (or the "
+                              "region) must fail before the agent reports a fault; one round is a blip")
+    fault_clear_rounds: int = Field(3, ge=1, le=10_000, description="rounds a faulted zone (region) must not be "
+                                    "down before the fault clears; it returns later as a new fault")
+    fault_report_timeout: Seconds = Field(timedelta(seconds=120), gt=timedelta(0), description="for the answer "
+                                          "of POST /api/v1/cutover-escalations, which runs the cutover first")
     port: int = Field(0, ge=0, le=65535, description="Prometheus metrics port; 0 serves none")
     log_level: str = "info"
 

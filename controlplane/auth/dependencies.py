@@ -64,3 +64,6 @@ GatewayReportReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.AGE
 AgentReporter = Annotated[Principal, Depends(require(Role.AGENT, Role.ADMIN))]
 # Automatic data-plane events: gateways and agents, each only under its own actor prefix.
 DataPlaneReporter = Annotated[Principal, Depends(require(Role.GATEWAY, Role.AGENT, Role.ADMIN))]
+# A zone or region fault for the escalation ladder (POST /api/v1/cutover-escalations): operators, and agents,
+# which detect them; of the cutover API an agent may call this and nothing else.
+EscalationReporter = Annotated[Principal, Depends(require(Role.OPERATOR, Role.AGENT))]

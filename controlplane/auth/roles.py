@@ -8,7 +8,10 @@ token that leaks cannot read the catalog, the audit trail or the event log,
 and cannot change routing.
 `agent` (a regional agent), likewise outside it: read the snapshot and the
 gateways' reports (real traffic counts as a probe), report its view of the
-region (`PUT /api/v1/agents/{region}`) and ship its `agent:` events.
+region (`PUT /api/v1/agents/{region}`), ship its `agent:` events, and
+report a zone or region fault it detected (`POST /api/v1/cutover-escalations`
+— the one cutover route it may call: the ladder decides what to cut over,
+and an agent cannot plan, execute, roll back or read cutovers).
 """
 
 from __future__ import annotations
