@@ -33,9 +33,16 @@ def serve(
     from controlplane.app import create_app
     from common.logs import configure_logging
 
+    from cutover.driver_config import CutoverDriverConfigError
+
     settings = load_settings(port=port, host=host)
     configure_logging(settings.log_level, component="controlplane")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
+    try:
+        app = create_app(settings)
+    except CutoverDriverConfigError as exc:  # its message names the file and the key; a traceback adds nothing
+        typer.echo(f"error: bad configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
 
 
 @controlplane_app.command()
