@@ -283,10 +283,11 @@ def engine_kill(ctx: Context) -> Row:
     victim = fleet.engines(region, state="serving", zone=region.zones[0])[0]
     first = last_event_id(fleet)
     reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
-    migrations = gateway_counter(region, "lifeline_gateway_migrations_total")
     run, fault_at, wall = _pinned_stream(ctx, victim, lambda: victim.kill())
     identical, rpo, gap = _judge_stream(ctx, run)
-    migrated = gateway_counter(region, "lifeline_gateway_migrations_total") - migrations
+    # This stream's own migrations: its request epoch advances once per migration (the gateway's counter
+    # also counts the steady streams that were on the victim).
+    migrated = max(run.epochs, default=0)
     wait_until(lambda: len(fleet.engines(region, state="serving")) >= sum(z["serving"] for z in region.plan.values())
                and victim.instance_id not in _leased(fleet, region), "a warm instance promoted", 60)
     promoted_at = time.monotonic()
@@ -354,6 +355,7 @@ def corrupted_weights(ctx: Context) -> Row:
     fleet, region = ctx.fleet, ctx.region
     victim = fleet.engines(region, state="serving", zone=region.zones[-1])[0]
     first = last_event_id(fleet)
+    reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
     fault_at, wall = time.monotonic(), datetime.now(UTC)
     victim.faults(corrupt_weights=True)
     ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
@@ -366,6 +368,7 @@ def corrupted_weights(ctx: Context) -> Row:
     row.fault_at, row.ended_at = fault_at, time.monotonic()
     row.detection_s = detection(events, wall, about=victim.instance_id)
     row.token_rpo = sum(sum(1 for a, b in zip(r.token_ids, ctx.traffic.reference) if a != b) for r in wrong)
+    row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
     row.rto_latency_s = ctx.traffic.rto_latency(fault_at, settle=ejected)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at)
     row.tiers = tiered(events)
@@ -388,6 +391,7 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     serving = next(e for e in victims if e in fleet.engines(region, state="serving"))
     first = last_event_id(fleet)
     announced_before = tiers.announcing() if tiers.bird else []
+    reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
     run, fault_at, wall = _pinned_stream(ctx, serving, lambda: [v.kill() for v in victims])
     identical, rpo, gap = _judge_stream(ctx, run)
     shift_started = time.monotonic()
@@ -406,6 +410,7 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     events = events_since(fleet, first)
     row = Row(f"zone loss ({zone})", f"every engine of {zone} SIGKILLed ({len(victims)})")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
+    row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
     row.detection_s = detection(events, wall)
     row.request_rto_s, row.token_rpo = gap, rpo
     row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
