@@ -424,3 +424,43 @@ class KVCheckpointStore:
         """Keys of every manifest (under one root, or all): what a replication sweep walks."""
         keys = self.store.list(f"kv/{root_hash}/manifests/" if root_hash else "kv/")
         return [k for k in keys if "/manifests/" in k and k.endswith(".json")]
+
+
+def copy_checkpoint(source: KVCheckpointStore, target: KVCheckpointStore, key: str) -> int:
+    """Copy one checkpoint (its blocks, then its manifest) and verify it on both sides; blocks copied.
+
+    Idempotent: a block the target already holds with the manifest's sha256 is not copied again, and
+    the manifest goes last, so a copy cut short leaves no manifest naming a missing block. A source
+    block that does not match its manifest raises KVCheckpointInvalid (never copied); a target that
+    reads back other bytes raises it too. For the control plane's replication (issue 12).
+    """
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != "kv" or parts[2] != "manifests" or not parts[3].endswith(".json"):
+        raise ValueError(f"{key!r} is not a manifest key (kv/<root>/manifests/<hash>.json)")
+    root_hash = parts[1]
+    manifest = source.read_manifest(root_hash, parts[3].removesuffix(".json"))
+    if manifest is None:
+        raise KVCheckpointInvalid(f"{key} is not in {source.store.location}")
+    verify_manifest(manifest)
+    copied = 0
+    for entry in manifest.blocks:
+        held = target.read_block(root_hash, entry.hash)
+        if held is not None and _checksum_or_none(held, manifest.validity) == entry.checksum:
+            continue
+        data = source.read_block(root_hash, entry.hash)
+        if data is None or block_object_checksum(data, manifest.validity) != entry.checksum:
+            raise KVCheckpointInvalid(f"block {entry.hash[:12]}… in {source.store.location} does not match the manifest")
+        target.write_block(root_hash, entry.hash, data)
+        written = target.read_block(root_hash, entry.hash)
+        if written is None or block_object_checksum(written, manifest.validity) != entry.checksum:
+            raise KVCheckpointInvalid(f"block {entry.hash[:12]}… read back from {target.store.location} differs")
+        copied += 1
+    target.write_manifest(manifest)
+    return copied
+
+
+def _checksum_or_none(data: bytes, validity: KVValidity) -> str | None:
+    try:
+        return block_object_checksum(data, validity)
+    except KVCheckpointInvalid:
+        return None

@@ -134,3 +134,49 @@ def test_a_store_that_does_not_answer_is_unavailable_not_empty(tmp_path):
         open_kv_store("ftp://host/x")
 
 
+
+
+def test_a_checkpoint_copies_between_stores_verified_and_idempotent(store_url, tmp_path):
+    """What replication will do: copy a checkpoint from one region's store to another's (here: a
+    directory to each backend), verified on both sides, a second copy a no-op, a corrupt source refused."""
+    from contract.kv_checkpoint import FilesystemKVStore, KVCheckpointInvalid, copy_checkpoint
+
+    torch.set_num_threads(1)
+    model_dir = built_model("tiny", 0)
+    model = LlamaModel.load(model_dir, torch.float64)
+    validity = engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=16, dtype="float64")
+    primary = KVCheckpointStore(FilesystemKVStore(tmp_path / "primary"))
+    cache = LocalPrefixCache(validity, max_blocks=64)
+    writer = KVCheckpointer(primary, validity, cache.root_hash, cache, EngineMetrics(), ManualClock(),
+                            instance_id="engine-a", every_tokens=16)
+    prompt = [(i * 31 + 5) % 4096 for i in range(40)]
+    kv = model.new_cache(80)
+    logits = model.prefill(prompt, kv)
+    tokens: list[int] = []
+    for _ in range(17):
+        tokens.append(int(logits.argmax()))
+        if writer.due(len(tokens)):
+            writer.offer("req", kv.length, prompt + tokens, kv, 0)
+        logits = model.decode([tokens[-1]], [kv])[0]
+    writer.flush()
+    [key] = primary.manifests()
+
+    standby = KVCheckpointStore(opened(store_url))
+    assert copy_checkpoint(primary, standby, key) == 3
+    assert copy_checkpoint(primary, standby, key) == 0  # idempotent
+    assert standby.manifests() == [key]
+
+    survivor_cache = LocalPrefixCache(validity, max_blocks=64)
+    survivor = KVCheckpointer(standby, validity, survivor_cache.root_hash, survivor_cache, EngineMetrics(),
+                              ManualClock(), instance_id="engine-b", every_tokens=16)
+    assert survivor.prefetch(prompt + tokens, "req").upto_blocks == 3
+
+    manifest = primary.read_manifest(writer.root_hash, key.rsplit("/", 1)[1].removesuffix(".json"))
+    block = manifest.blocks[1].hash
+    data = bytearray(primary.read_block(writer.root_hash, block))
+    data[-3] ^= 0x01
+    primary.write_block(writer.root_hash, block, bytes(data))
+    other = KVCheckpointStore(FilesystemKVStore(tmp_path / "third"))
+    with pytest.raises(KVCheckpointInvalid, match="does not match the manifest"):
+        copy_checkpoint(primary, other, key)
+    assert other.manifests() == []  # no manifest naming a block that was never copied
