@@ -1,4 +1,4 @@
-"""`lifeline cutover plan|execute|rollback|show|list|gate` and `lifeline zonal-shift start|cancel|list`.
+"""`lifeline cutover plan|execute|rollback|show|list|gate|mesh-route …` and `lifeline zonal-shift start|cancel|list`.
 
 Like `lifeline catalog`, these talk to the database through the service
 and flows, not to the API: a cutover or its rollback must still be
@@ -34,6 +34,10 @@ cutover_app = typer.Typer(no_args_is_help=True, add_completion=False,
                           help="Tiered cutovers: plan, execute, verify, roll back.")
 zonal_shift_app = typer.Typer(no_args_is_help=True, add_completion=False,
                               help="Zonal shifts: a zone out of routing until it expires (≤ 72 h).")
+
+mesh_route_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                              help="Mesh routes: a model's split across versions and zones, per cohort.")
+cutover_app.add_typer(mesh_route_app, name="mesh-route")
 
 T = TypeVar("T")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a summary.")]
@@ -321,3 +325,86 @@ def list_shifts(
         status = "active" if row["active"] else row["end_reason"]
         typer.echo(f"#{row['id']:<5} {row['region']}/{row['zone']:<20} {status:<10} expires {row['expires_at']}  "
                    f"{row['reason']}")
+
+
+# ---------------------------------------------------------------- mesh routes
+
+_DESTINATION = re.compile(r"^(?P<version>[^@=\s]+)(?:@(?P<zone>[^@=\s]+))?=(?P<weight>\d+)$")
+
+
+def _destinations(specs: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for spec in specs:
+        match = _DESTINATION.fullmatch(spec)
+        if match is None:
+            typer.echo(f"error: invalid_request: --dest {spec!r} is not VERSION[@ZONE]=WEIGHT", err=True)
+            raise typer.Exit(2)
+        out.append({"version": match["version"], "zone": match["zone"], "weight": int(match["weight"])})
+    return out
+
+
+def _route_line(route: dict[str, Any]) -> str:
+    split = " ".join(f"{d['version']}{'@' + d['zone'] if d.get('zone') else ''}={d['weight']}"
+                     for d in route["destinations"])
+    return (f"{route['model']:<16} {route['region'] or '*':<12} {route['cohort'] or '*':<12} "
+            f"r{route['revision']:<4} {split}  ({route['reason']})")
+
+
+@mesh_route_app.command("list")
+def mesh_route_list(as_json: JsonFlag = False) -> None:
+    """Every mesh route: model, region (* = all), cohort (* = default), revision and split."""
+    from cutover import mesh
+
+    rows = read_only(load_settings(), lambda session: [r.model_dump(mode="json") for r in mesh.list_routes(session)])
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        typer.echo(_route_line(row))
+
+
+@mesh_route_app.command("set")
+def mesh_route_set(
+    model: str,
+    dest: Annotated[list[str], typer.Option("--dest", help="VERSION[@ZONE]=WEIGHT; repeat per destination.")],
+    reason: Annotated[str, typer.Option(help="Why.")],
+    region: Annotated[str | None, typer.Option(help="Only this region; omitted: every region.")] = None,
+    cohort: Annotated[str | None, typer.Option(help="X-Lifeline-Cohort; omitted: the default route.")] = None,
+    expected_revision: Annotated[int | None, typer.Option(help="Compare-and-set; 0: must be new.")] = None,
+) -> None:
+    """Create or replace a mesh route (one snapshot version, one mesh.route event), as PUT /api/v1/mesh-routes."""
+    from pydantic import ValidationError
+
+    from controlplane.cli_support import run_mutation
+    from cutover import mesh
+
+    try:
+        spec = mesh.MeshRouteSpec(model=model, region=region, cohort=cohort, destinations=_destinations(dest),
+                                  reason=reason, expected_revision=expected_revision)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'route'}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        typer.echo(f"error: invalid_request: {problems}", err=True)
+        raise typer.Exit(2) from None
+    route = run_mutation(load_settings(), action="mesh_route.set", target=f"mesh-route:{model}",
+                         work=lambda session, clock: mesh.put_route(session, spec, actor=cli_actor(), clock=clock))
+    typer.echo(_route_line(route.model_dump(mode="json")))
+
+
+@mesh_route_app.command("delete")
+def mesh_route_delete(
+    model: str,
+    reason: Annotated[str, typer.Option(help="Why.")],
+    region: Annotated[str | None, typer.Option(help="The route of this region; omitted: the every-region one.")] = None,
+    cohort: Annotated[str | None, typer.Option(help="The route of this cohort; omitted: the default route.")] = None,
+    expected_revision: Annotated[int | None, typer.Option(help="Compare-and-set.")] = None,
+) -> None:
+    """Remove a mesh route (one snapshot version, one mesh.route event); refused while a cutover holds it."""
+    from controlplane.cli_support import run_mutation
+    from cutover import mesh
+
+    route = run_mutation(load_settings(), action="mesh_route.delete", target=f"mesh-route:{model}",
+                         work=lambda session, clock: mesh.delete_route(
+                             session, model=model, region=region, cohort=cohort, reason=reason, actor=cli_actor(),
+                             clock=clock, expected_revision=expected_revision))
+    typer.echo(f"deleted: {_route_line(route.model_dump(mode='json'))}")

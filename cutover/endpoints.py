@@ -13,6 +13,7 @@
     POST   /cutover-escalations         a fault: automatic cutovers up the tier ladder        operator, agent
     GET    /mesh-routes                 the mesh tier's version/cohort splits                 viewer
     PUT    /mesh-routes                 set one (bumps the snapshot; a mesh.route event)      operator
+    DELETE /mesh-routes?model=&region=&cohort=&reason=  remove one (same; not while a cutover holds it)  operator
 
 Execute and rollback run in the request's worker thread until the cutover
 is completed, rolled back or failed (each step bounded by its timeout);
@@ -242,6 +243,23 @@ def list_mesh_routes(session: DbSession, _: Viewer) -> list[MeshRouteRead]:
 def put_mesh_route(body: MeshRouteSpec, request: Request, session: DbSession, principal: Operator) -> MeshRouteRead:
     """Set a model's version/zone weights for one cohort (a 99/1 canary, a shadow cohort); gateways follow the snapshot."""
     return mesh.put_route(session, body, actor=principal.actor, clock=request.app.state.clock)
+
+
+@router.delete("/mesh-routes", response_model=MeshRouteRead)
+def delete_mesh_route(
+    request: Request,
+    session: DbSession,
+    principal: Operator,
+    model: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[^\x00]*$")],
+    reason: Annotated[str, Query(min_length=1, max_length=2000, pattern=r"^[^\x00]*$")],
+    region: Annotated[str | None, Query(min_length=1, max_length=128, pattern=r"^[^\x00]*$",
+                                        description="omitted: the route for every region")] = None,
+    cohort: Annotated[str | None, Query(pattern=mesh.COHORT_PATTERN, description="omitted: the default route")] = None,
+    expected_revision: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+) -> MeshRouteRead:
+    """Remove one mesh route (answers with it as it was); 404 if there is none, 409 while a cutover holds it."""
+    return mesh.delete_route(session, model=model, region=region, cohort=cohort, reason=reason,
+                             actor=principal.actor, clock=request.app.state.clock, expected_revision=expected_revision)
 
 
 @router.post("/cutover-escalations", response_model=EscalationRead)

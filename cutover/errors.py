@@ -74,6 +74,12 @@ class MeshRouteConflict(Conflict):
     error_type = "mesh_route_conflict"
 
 
+class MeshRouteInUse(Conflict):
+    """A cutover changed this mesh route and has not been rolled back: deleting it would leave nothing to restore."""
+
+    error_type = "mesh_route_in_use"
+
+
 class MeshUnknownVersion(InvalidInput):
     """A mesh route names a version no alias of the model points at: the snapshot could not describe it."""
 

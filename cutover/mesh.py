@@ -3,7 +3,8 @@
 A mesh route (`contract.mesh.MeshRoute`, stored as `MeshRouteRecord`)
 splits a model's requests across its versions — and, when destinations
 name zones, takes a zone's share to zero — for one header cohort in one
-region or in all. Operators set them (`PUT /api/v1/mesh-routes`: a 99/1
+region or in all. Operators set and delete them (`PUT` / `DELETE
+/api/v1/mesh-routes`, `lifeline cutover mesh-route set|delete`: a 99/1
 canary, a shadow cohort); every write bumps the routing version and writes
 one `mesh.route` event with `routing_tier=mesh`, so gateways get it in the
 next snapshot.
@@ -36,7 +37,7 @@ from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.models import RoutingTier
 from controlplane.types import Name, Reason
-from cutover.errors import MeshRouteConflict, MeshUnknownVersion
+from cutover.errors import MeshRouteConflict, MeshRouteInUse, MeshUnknownVersion
 from cutover.l7 import ACTOR, SnapshotL7Driver
 from cutover.models import ANY, CutoverTier, MeshRouteRecord, ScopeKind, TargetState
 from cutover.tiers import Scope, mesh_weights
@@ -143,6 +144,50 @@ def put_route(session: Session, spec: MeshRouteSpec, *, actor: str, clock: Clock
                          scope=_scope_of(spec.model, spec.region), clock=clock, routing_tier=RoutingTier.MESH,
                          before=before, after=after.model_dump(mode="json"))
     return after
+
+
+def _holders(session: Session, record: MeshRouteRecord) -> list[int]:
+    """Cutovers with a mesh step on this route that are running, completed or failed: their rollback restores it."""
+    from cutover.models import Cutover, CutoverStep
+    from cutover.states import ACTIVE_STATES, CutoverState
+
+    held = [s.value for s in ACTIVE_STATES | {CutoverState.COMPLETED, CutoverState.FAILED}]
+    steps = session.scalars(select(CutoverStep).join(Cutover, Cutover.id == CutoverStep.cutover_id).where(
+        CutoverStep.tier == CutoverTier.MESH.value, Cutover.state.in_(held))).all()
+    return sorted({step.cutover_id for step in steps
+                   if ((step.expected_before or {}).get("target") or {}).get("kind") == "mesh_route"
+                   and (step.expected_before["target"].get("model"), step.expected_before["target"].get("route_region"),
+                        step.expected_before["target"].get("cohort")) == (record.model, record.region, record.cohort)})
+
+
+def delete_route(session: Session, *, model: str, region: str | None, cohort: str | None, reason: str, actor: str,
+                 clock: Clock, expected_revision: int | None = None) -> MeshRouteRead:
+    """Remove one route; bumps the routing version and writes one `mesh.route` event (after: none). Never commits.
+
+    Refused while a cutover that changed it can still be rolled back (`mesh_route_in_use`): its rollback
+    restores the route's recorded weights and would find nothing to restore.
+    """
+    from controlplane.errors import NotFound
+    from controlplane.routing_version import service as routing_version
+
+    name = f"{model}/{region or ANY}/{cohort or ANY}"
+    record = _find(session, model=model, region=region, cohort=cohort)
+    if record is None:
+        raise NotFound(f"no mesh route {name}")
+    if expected_revision is not None and expected_revision != record.revision:
+        raise MeshRouteConflict(f"mesh route {name} is at revision {record.revision}, not {expected_revision}")
+    holders = _holders(session, record)
+    if holders:
+        raise MeshRouteInUse(f"mesh route {name} was changed by cutover(s) {', '.join(f'#{i}' for i in holders)}, "
+                             "which would restore it on rollback; roll them back first")
+    before = _read(record)
+    session.delete(record)
+    session.flush()
+    routing_version.bump(session, clock=clock)
+    event_service.record(session, kind="mesh.route", actor=actor, reason=reason, scope=_scope_of(model, region),
+                         clock=clock, routing_tier=RoutingTier.MESH, before=before.model_dump(mode="json"),
+                         after=None)
+    return before
 
 
 def _key(destination: dict[str, Any]) -> str:
