@@ -3,9 +3,12 @@
 Real `lifeline engine serve` processes (one per zone of eu), the agent's
 own loop on a real Redis registry, the control plane's app (`create_app`
 with a drivers file, as `lifeline controlplane serve` builds it) reached
-over httpx by the agent's `FaultReporter` with an `agent` token, and the
-anycast tier on real BIRD 2 + ExaBGP. The fault is reported once, the
-cutover is automatic, and its evidence names the killed instance.
+over httpx by the agent's `FaultReporter` with an `agent` token, the
+anycast tier on real BIRD 2 + ExaBGP and the dns tier on a real BIND9.
+A zone's engine SIGKILLed: the zone is withdrawn, once. Every engine
+SIGKILLed: the region's record moves, and no zone fault is reported
+beside it. Each cutover is automatic and its evidence names the
+instances.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dns.message
+import dns.query
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -29,7 +34,8 @@ from controlplane.auth.roles import Role
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import session_scope
 from controlplane.topology.lease import InMemoryLeaseReader
-from tests.integration.cutover.conftest import AnycastLab
+from lifeline.daemons import BindServer
+from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 from warm_pool.agent import Agent
 from warm_pool.fault import FaultReporter
@@ -41,7 +47,27 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 LAB_ZONE = {"eu-a": "zone-a", "eu-b": "zone-b"}
 
 
-def _drivers_file(tmp_path: Path, lab: AnycastLab) -> Path:
+def _dns(tmp_path: Path, bind: BindServer) -> str:
+    (tmp_path / "tsig.secret").write_text(bind.key_secret)
+    return f"""
+[dns]
+zone = "{bind.zone}"
+name = "api.{bind.zone}"
+[dns.rfc2136]
+server = "{bind.host}"
+port = {bind.port}
+key_name = "{bind.key_name}"
+key_secret_file = "{tmp_path}/tsig.secret"
+[dns.regions.eu]
+answer = ["{REGION_A}"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["{REGION_B}"]
+failover_to = "eu"
+"""
+
+
+def _drivers_file(tmp_path: Path, lab: AnycastLab, dns: str = "") -> Path:
     zones = "".join(f"""
 [[anycast.zones]]
 region = "eu"
@@ -55,14 +81,15 @@ ack_fifo = "{lab.speakers[name].ack_fifo}"
 [anycast]
 prefix = "{lab.targets["zone-a"].prefix}"
 birdc_socket = "{lab.router.socket_path}"
-{zones}""")
+{zones}{dns}""")
     return path
 
 
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
-           anycast_lab: AnycastLab, session_factory: Any) -> Iterator[TestClient]:
-    configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(tmp_path, anycast_lab)})
+           anycast_lab: AnycastLab, bind_server: BindServer, session_factory: Any) -> Iterator[TestClient]:
+    configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(
+        tmp_path, anycast_lab, _dns(tmp_path, bind_server))})
     with TestClient(create_app(configured, clock=clock, lease_reader=lease_reader),
                     raise_server_exceptions=False) as client:
         yield client
@@ -76,6 +103,11 @@ def agent_token(session_factory: Any, clock: ManualClock) -> str:
     return secret
 
 
+def _answer(bind: BindServer) -> list[str]:
+    response = dns.query.udp(dns.message.make_query(f"api.{bind.zone}", "A"), bind.host, port=bind.port, timeout=2)
+    return sorted(r.address for rrset in response.answer for r in rrset)
+
+
 async def until(condition: Any, what: str, timeout: float = 90.0) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -86,9 +118,7 @@ async def until(condition: Any, what: str, timeout: float = 90.0) -> Any:
     raise AssertionError(f"never: {what}")
 
 
-async def test_agent_escalates_a_zone_whose_engines_were_sigkilled_and_the_zone_is_withdrawn(
-        served: TestClient, as_role: Any, agent_token: str, anycast_lab: AnycastLab, engine_factory: Any) -> None:
-    engines = {zone: engine_factory(f"{zone}-1", extra_args=["--zone", zone]) for zone in LAB_ZONE}
+def _agent(served: TestClient, engines: dict[str, Any], token: str) -> tuple[Agent, Any]:
     settings = AgentSettings(
         region="eu", registry=REDIS_URL, registry_prefix=f"test-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
         probe_interval=0.25, probe_timeout=1.0, fault_rounds=3,
@@ -99,51 +129,98 @@ async def test_agent_escalates_a_zone_whose_engines_were_sigkilled_and_the_zone_
     http = httpx.AsyncClient(timeout=httpx.Timeout(1.0))
     cp = httpx.AsyncClient(transport=httpx.ASGITransport(app=served.app), base_url="http://cp")
     agent = Agent(settings, registry=registry, http=http, clock=SystemClock(),
-                  fault_reporter=FaultReporter(cp, "http://cp", token=agent_token))
+                  fault_reporter=FaultReporter(cp, "http://cp", token=token))
 
-    async def loop() -> None:
-        while True:
-            await agent.tick()
-            await asyncio.sleep(settings.probe_interval.total_seconds())
-
-    ticking = asyncio.create_task(loop())
-    viewer = as_role("viewer")
-    try:
-        await until(lambda: all(i.lease is not None for i in agent.instances.values()) and len(agent.instances) == 2,
-                    "both engines leased by the agent")
-        assert agent.faults.members.keys() == {"eu-a-1", "eu-b-1"}
-        engines["eu-a"].kill()  # SIGKILL: the process is gone, eu-b serves on
-
-        reported = await until(lambda: agent.status()["faults"]["reported"], "the zone fault reported")
-        [(fault_id, outcome)] = reported.items()
-        assert outcome == "accepted"
-        [cutover] = served.get("/api/v1/cutovers", headers=viewer).json()
-        assert (cutover["scope"], cutover["tier"], cutover["mode"], cutover["state"]) == (
-            "region:eu/zone:eu-a", "anycast", "automatic", "completed")
-        fault = cutover["evidence"]["fault"]
-        assert fault["id"] == fault_id and fault["detector"] == "warm_pool.fault" and fault["rounds"] >= 3
-        assert [(i["instance_id"], i["verdict"]) for i in fault["instances"]] == [("eu-a-1", "error")]
-        assert fault["healthy_zones"] == {"eu-b": ["eu-b-1"]}
-        assert cutover["planned_by"].startswith("token:agent-eu#")  # the agent's token, not a person's
-        assert not anycast_lab.driver.read_state(anycast_lab.targets["zone-a"]).announced
-        assert anycast_lab.driver.read_state(anycast_lab.targets["zone-b"]).announced
-
-        # the fault persists: more rounds, no second report and no second cutover
-        rounds = agent.metrics.probes.labels("error")._value.get()
-        await until(lambda: agent.metrics.probes.labels("error")._value.get() >= rounds + 8, "eight more rounds")
-        assert len(served.get("/api/v1/cutovers", headers=viewer).json()) == 1
-        assert agent.metrics.fault_reports.labels("accepted")._value.get() == 1
-        steps = served.get("/api/v1/events", params={"kind": "cutover.step", "routing_tier": "anycast"},
-                           headers=viewer).json()
-        assert [e["scope"] for e in steps] == ["region:eu/zone:eu-a"]
-    finally:
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
+    async def close() -> None:
         await agent.close()
         await registry.close()
         await http.aclose()
         await cp.aclose()
+
+    return agent, close
+
+
+@contextlib.asynccontextmanager
+async def ticking(agent: Agent) -> Any:
+    async def loop() -> None:
+        while True:
+            await agent.tick()
+            await asyncio.sleep(agent.settings.probe_interval.total_seconds())
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_agent_escalates_a_zone_whose_engines_were_sigkilled_and_the_zone_is_withdrawn(
+        served: TestClient, as_role: Any, agent_token: str, anycast_lab: AnycastLab, bind_server: BindServer,
+        engine_factory: Any) -> None:
+    engines = {zone: engine_factory(f"{zone}-1", extra_args=["--zone", zone]) for zone in LAB_ZONE}
+    agent, close = _agent(served, engines, agent_token)
+    viewer = as_role("viewer")
+    try:
+        async with ticking(agent):
+            await until(lambda: len(agent.instances) == 2 and all(i.lease for i in agent.instances.values()),
+                        "both engines leased by the agent")
+            assert agent.faults.members.keys() == {"eu-a-1", "eu-b-1"}
+            engines["eu-a"].kill()  # SIGKILL: the process is gone, eu-b serves on
+
+            reported = await until(lambda: agent.status()["faults"]["reported"], "the zone fault reported")
+            [(fault_id, outcome)] = reported.items()
+            assert outcome == "accepted"
+            [cutover] = served.get("/api/v1/cutovers", headers=viewer).json()
+            assert (cutover["scope"], cutover["tier"], cutover["mode"], cutover["state"]) == (
+                "region:eu/zone:eu-a", "anycast", "automatic", "completed")
+            fault = cutover["evidence"]["fault"]
+            assert fault["id"] == fault_id and fault["detector"] == "warm_pool.fault" and fault["rounds"] >= 3
+            assert [(i["instance_id"], i["verdict"]) for i in fault["instances"]] == [("eu-a-1", "error")]
+            assert fault["healthy_zones"] == {"eu-b": ["eu-b-1"]}
+            assert cutover["planned_by"].startswith("token:agent-eu#")  # the agent's token, not a person's
+            assert not anycast_lab.driver.read_state(anycast_lab.targets["zone-a"]).announced
+            assert anycast_lab.driver.read_state(anycast_lab.targets["zone-b"]).announced
+
+            # the fault persists: more rounds, no second report and no second cutover
+            rounds = agent.metrics.probes.labels("error")._value.get()
+            await until(lambda: agent.metrics.probes.labels("error")._value.get() >= rounds + 8, "eight more rounds")
+            assert len(served.get("/api/v1/cutovers", headers=viewer).json()) == 1
+            assert agent.metrics.fault_reports.labels("accepted")._value.get() == 1
+            steps = served.get("/api/v1/events", params={"kind": "cutover.step", "routing_tier": "anycast"},
+                               headers=viewer).json()
+            assert [e["scope"] for e in steps] == ["region:eu/zone:eu-a"]
+            assert _answer(bind_server) == [REGION_A]  # a zone fault never moves the region's record
+    finally:
+        await close()
+
+
+async def test_agent_escalates_its_whole_region_down_to_dns_and_the_record_moves(
+        served: TestClient, as_role: Any, agent_token: str, anycast_lab: AnycastLab, bind_server: BindServer,
+        engine_factory: Any) -> None:
+    engines = {zone: engine_factory(f"{zone}-1", extra_args=["--zone", zone]) for zone in LAB_ZONE}
+    agent, close = _agent(served, engines, agent_token)
+    viewer = as_role("viewer")
+    try:
+        async with ticking(agent):
+            await until(lambda: len(agent.instances) == 2 and all(i.lease for i in agent.instances.values()),
+                        "both engines leased by the agent")
+            for engine in engines.values():
+                engine.kill()
+
+            reported = await until(lambda: agent.status()["faults"]["reported"], "the region fault reported")
+            assert list(reported.values()) == ["accepted"]
+            [cutover] = served.get("/api/v1/cutovers", headers=viewer).json()  # no zone fault beside it
+            assert (cutover["scope"], cutover["tier"], cutover["mode"], cutover["state"]) == (
+                "region:eu", "dns", "automatic", "completed")
+            fault = cutover["evidence"]["fault"]
+            assert fault["kind"] == "region" and sorted(i["instance_id"] for i in fault["instances"]) == [
+                "eu-a-1", "eu-b-1"]
+            assert _answer(bind_server) == [REGION_B]
+            assert all(anycast_lab.driver.read_state(t).announced for t in anycast_lab.targets.values())
+    finally:
+        await close()
 
 
 def test_an_agent_token_may_report_a_fault_and_call_nothing_else_of_the_cutover_api(
