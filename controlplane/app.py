@@ -14,6 +14,8 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.health import router as health_router
+from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
+from controlplane.metrics import router as metrics_router
 from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLeaseRegistry, RedisLeaseReader
 
 
@@ -98,12 +100,16 @@ def create_app(
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
     app.state.cutover_drivers, app.state.cutover_policy = _cutover_wiring(settings)
+    app.state.metrics = ControlPlaneMetrics()
     install_error_handlers(app)
-    # The last added is outermost: an oversized body is refused before anything parses it, and audited.
+    # The last added is outermost: an oversized body is refused before anything parses it, and audited;
+    # every answer is counted, a refused one too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(AuditMiddleware)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
     app.include_router(build_api_router())
     app.include_router(build_console_router())  # the operator console under /console (docs/console.md)
 
     app.include_router(health_router)
+    app.include_router(metrics_router)
     return app
