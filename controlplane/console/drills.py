@@ -232,7 +232,10 @@ def slo(model: NamePath, request: Request) -> Response:
 
     def page() -> Response:
         with request.app.state.read_session_factory() as session:
-            document = slo_service.build(session, model=model, clock=request.app.state.clock)
+            settings = request.app.state.settings
+            document = slo_service.build(session, model=model, clock=request.app.state.clock,
+                                         gateway_stale_after=settings.gateway_report_stale_after,
+                                         agent_stale_after=settings.agent_report_stale_after)
         return render(request, "slo.jinja", user=user, section="drills", document=document)
 
     return run_action(request, user, page, back="/console/drills")

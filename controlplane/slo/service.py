@@ -84,9 +84,11 @@ NO_KV_POLICY = "no KV replication policy: nothing replicates KV state yet (issue
 
 def build(session: Session, *, model: str, clock: Clock,
           cadence: dict[DrillScope, timedelta] | None = None,
-          gateway_stale_after: timedelta = timedelta(seconds=30),
-          agent_stale_after: timedelta = timedelta(seconds=15)) -> SloDocument:
-    """`*_stale_after`: the control plane's report staleness settings (a stale report is no evidence)."""
+          gateway_stale_after: timedelta, agent_stale_after: timedelta) -> SloDocument:
+    """`*_stale_after`: the control plane's report staleness settings (a stale report is no evidence).
+
+    Required, not defaulted: a default here would be a second copy of the settings' that drifts.
+    """
     names, catalog = model_names(session, model=model)
     definitions = [d for d in drill_repository.list_definitions(session, latest_only=True) if d.model in names]
     runs = drill_repository.ended_runs_for_model(session, models=names)
