@@ -662,6 +662,9 @@ class Agent:
                     else []
                 log.warning("fault reported for automatic cutover", fault_id=fault.fault_id, scope=fault.scope,
                             actions=actions)
+            elif outcome == "disabled":
+                log.warning("fault not reported: no control plane is configured", fault_id=fault.fault_id,
+                            scope=fault.scope)
             else:
                 log.error("fault not reported", fault_id=fault.fault_id, scope=fault.scope, outcome=outcome,
                           why=answer)
