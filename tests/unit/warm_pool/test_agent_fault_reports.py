@@ -140,3 +140,26 @@ async def test_a_fault_that_clears_before_the_control_plane_takes_it_is_never_se
     cp.status = 200
     await rounds(agent, clock, 5)
     assert len(cp.posts) == sent and agent.status()["faults"]["unreported"] == []
+
+
+async def test_a_pool_zone_whose_processes_exit_is_a_zone_fault_though_backfills_start_there(tmp_path) -> None:
+    clock, fleet, cp = ManualClock(), Fleet(), ScriptedControlPlane()
+    agent, _, _ = make_agent(fleet, clock, fault_rounds=3, pool={
+        "model": "m", "versions": {"v1": str(tmp_path)}, "state_dir": str(tmp_path),
+        "zones": {"za": {"serving": 1, "warm": 0}, "zb": {"serving": 1, "warm": 0}}})
+    agent.fault_reporter = FaultReporter(httpx.AsyncClient(transport=cp.transport()), "http://cp",
+                                         token="agent-secret")
+    await rounds(agent, clock, 6)
+    [lost] = [i for i in agent.instances.values() if i.zone == "za"]
+    assert agent.faults.members.keys() == {i.instance_id for i in agent.instances.values()}
+    for _ in range(6):  # za's machines are gone: its process exits, and every backfill there never answers
+        for engine in fleet.engines.values():
+            if engine.zone == "za":
+                engine.live = False
+        await rounds(agent, clock, 1)
+    assert len([s for s in agent.driver.started if s.zone == "za"]) > 1  # backfills were started, and failed
+    [post] = cp.posts
+    assert post["scope"] == {"kind": "zone", "region": "r1", "name": "za"}
+    [instance] = post["evidence"]["instances"]
+    assert (instance["instance_id"], instance["verdict"]) == (lost.instance_id, "gone")
+    assert "the process exited" in instance["reason"]
