@@ -1,4 +1,4 @@
-"""`lifeline controlplane serve` with a bad cutover drivers file stops at once: exit 2, the file and key, no traceback."""
+"""`lifeline controlplane serve` with a bad cutover drivers file stops: exit 2, the file and key, no traceback."""
 
 from __future__ import annotations
 

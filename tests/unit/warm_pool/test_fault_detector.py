@@ -1,4 +1,4 @@
-"""Zone and region faults from probe rounds, on virtual time: blips, a zone down, the region down, recovery, flapping."""
+"""Zone and region faults from probe rounds, on virtual time: blips, a zone down, the region, recovery, flapping."""
 
 from __future__ import annotations
 
