@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
@@ -14,6 +13,7 @@ from controlplane.agent_report.models import AgentReportRow
 from controlplane.agent_report.schemas import AgentReportRead
 from controlplane.routing_version import service as routing_version
 from controlplane.errors import InvalidInput
+from controlplane.latest_report import keep_newest
 from controlplane.types import first_nul
 
 # How far ahead of ours an agent's clock may be before its reports are refused.
@@ -47,33 +47,13 @@ def _check(report: AgentReport, *, region: str, clock: Clock) -> None:
 def store(session: Session, *, region: str, report: AgentReport, actor: str, clock: Clock) -> AgentReportRow:
     """Keep `report` as the region's last one, unless a newer one (by `sent_at`) is already stored.
 
-    Reports are sent in the background and may arrive out of order after a
-    retry; an older one is acknowledged and dropped, so what is shown only
-    moves forward. A newer report from another agent id (a restarted agent,
+    Out of order after a retry: an older one is acknowledged and dropped
+    (`keep_newest`). A newer report from another agent id (a restarted agent,
     a new pod) replaces the last one: one agent watches a region.
     """
     _check(report, region=region, clock=clock)
-    now = clock.utcnow()
-    row = session.get(AgentReportRow, region, with_for_update=True, populate_existing=True)
-    if row is None:
-        row = AgentReportRow(region=region, received_at=now, reported_by=actor[:160], **_fields(report))
-        try:
-            with session.begin_nested():
-                session.add(row)
-                session.flush()
-            return row
-        except IntegrityError:  # the region's first two reports raced; the other one is stored: update it
-            row = session.get(AgentReportRow, region, with_for_update=True, populate_existing=True)
-            if row is None:
-                raise
-    if report.sent_at < row.sent_at:
-        return row
-    for name, value in _fields(report).items():
-        setattr(row, name, value)
-    row.received_at = now
-    row.reported_by = actor[:160]
-    session.flush()
-    return row
+    return keep_newest(session, AgentReportRow, region, fields=_fields(report), ordered_by="sent_at",
+                       received_at=clock.utcnow(), actor=actor)
 
 
 def read(row: AgentReportRow, *, clock: Clock, stale_after: timedelta, epoch: str | None) -> AgentReportRead:

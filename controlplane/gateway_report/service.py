@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
@@ -13,6 +12,7 @@ from contract.events import GatewayReport
 from controlplane.errors import InvalidInput
 from controlplane.gateway_report.models import GatewayReportRow
 from controlplane.gateway_report.schemas import GatewayReportRead
+from controlplane.latest_report import keep_newest
 from controlplane.routing_version import service as routing_version
 from controlplane.types import first_nul
 
@@ -33,9 +33,7 @@ def _fields(report: GatewayReport) -> dict[str, object]:
 def store(session: Session, *, replica_id: str, report: GatewayReport, actor: str, clock: Clock) -> GatewayReportRow:
     """Keep `report` as the replica's last one, unless a newer one (by `reported_at`) is already stored.
 
-    Reports are sent in the background and may arrive out of order after a
-    retry; an older one is acknowledged and dropped, so what is shown only
-    moves forward.
+    Out of order after a retry: an older one is acknowledged and dropped (`keep_newest`).
     """
     if report.replica_id != replica_id:
         raise InvalidInput(f"the report names replica {report.replica_id!r}, the path {replica_id!r}",
@@ -48,25 +46,8 @@ def store(session: Session, *, replica_id: str, report: GatewayReport, actor: st
         # Ordering is by reported_at; one from the far future would shadow every later report.
         raise InvalidInput(f"reported_at {report.reported_at.isoformat()} is more than {MAX_CLOCK_SKEW} ahead of "
                            "the control plane's clock; fix the gateway's clock", param="reported_at")
-    row = session.get(GatewayReportRow, replica_id, with_for_update=True, populate_existing=True)
-    if row is None:
-        row = GatewayReportRow(replica_id=replica_id, received_at=now, reported_by=actor[:160], **_fields(report))
-        try:
-            with session.begin_nested():
-                session.add(row)
-                session.flush()
-            return row
-        except IntegrityError:  # the replica's first two reports raced; the other one is stored: update it
-            row = session.get(GatewayReportRow, replica_id, with_for_update=True, populate_existing=True)
-            assert row is not None
-    if report.reported_at < row.reported_at:
-        return row
-    for name, value in _fields(report).items():
-        setattr(row, name, value)
-    row.received_at = now
-    row.reported_by = actor[:160]
-    session.flush()
-    return row
+    return keep_newest(session, GatewayReportRow, replica_id, fields=_fields(report), ordered_by="reported_at",
+                       received_at=now, actor=actor)
 
 
 def read(row: GatewayReportRow, *, clock: Clock, stale_after: timedelta, epoch: str | None) -> GatewayReportRead:

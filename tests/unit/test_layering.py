@@ -79,7 +79,7 @@ CONTROL_PLANE_LAYERS: list[dict[str, str]] = [
     # shared pieces (one unit: they may use each other): no domain, no Alembic
     {"controlplane.config": "shared", "controlplane.db": "shared", "controlplane.errors": "shared",
      "controlplane.body_limit": "shared", "controlplane.statement_deadline": "shared",
-     "controlplane.types": "shared", "controlplane.deps": "shared"},
+     "controlplane.types": "shared", "controlplane.deps": "shared", "controlplane.latest_report": "shared"},
     # who is asking
     {"controlplane.auth": "auth"},
     # what every writer uses: the event log, the routing-state version, audited CLI units of work, health
