@@ -57,15 +57,19 @@ def _run(settings: ControlPlaneSettings, *, action: str, target: str, work: Call
     from common.clock import SystemClock
     from controlplane.auth.service import record_audit
     from controlplane.db import build_session_factory, session_scope
-    from cutover.driver_config import build_drivers, load
+    from cutover.driver_config import CutoverDriverConfigError, build_drivers, load
     from cutover.l7 import SnapshotL7Driver
     from cutover.mesh import SnapshotMeshDriver
     from cutover.policy import CutoverPolicy
     from cutover.service import CutoverRuntime
 
     clock = SystemClock()
-    config = load(settings.cutover_drivers_file) if settings.cutover_drivers_file is not None else None
-    configured = build_drivers(config, clock=clock) if config is not None else []
+    try:
+        config = load(settings.cutover_drivers_file) if settings.cutover_drivers_file is not None else None
+        configured = build_drivers(config, clock=clock) if config is not None else []
+    except CutoverDriverConfigError as exc:  # names the file and the key, as `controlplane serve` says it
+        typer.echo(f"error: bad configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
     policy = config.policy.build() if config is not None and config.policy is not None else CutoverPolicy()
     with audited_command(settings, action=action, target=target), cli_database(settings) as factory:
         read_factory = build_session_factory(factory.kw["bind"], read_only=True)

@@ -38,3 +38,16 @@ def test_serve_with_a_bad_drivers_file_exits_naming_the_file_and_key(tmp_path: P
     assert key in done.stderr and done.stderr.startswith("error: bad configuration: ")
     assert "Traceback" not in done.stdout + done.stderr
     assert "Uvicorn running" not in done.stdout + done.stderr
+
+
+def test_cutover_cli_with_a_bad_drivers_file_exits_naming_the_file_and_key(tmp_path: Path) -> None:
+    drivers = tmp_path / "drivers.toml"
+    drivers.write_text('[anycast]\nprefix = "203.0.113.10/32"\nbirdc_sock = "/run/bird/bird.ctl"\n')
+    env = {**os.environ, "LIFELINE_CONTROLPLANE_DATA_DIR": str(tmp_path),
+           "LIFELINE_CONTROLPLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'cp.sqlite3'}",
+           "LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE": str(drivers)}
+    done = subprocess.run([sys.executable, "-m", "lifeline.cli", "cutover", "rollback", "1", "--reason", "x"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE={drivers}" in done.stderr
+    assert "anycast.birdc_sock" in done.stderr and "Traceback" not in done.stdout + done.stderr
