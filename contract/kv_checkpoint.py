@@ -358,6 +358,25 @@ def check_kv_store_url(url: str) -> str:
     return url
 
 
+def redact_kv_store_url(url: str) -> str:
+    """The URL with any password replaced by `***` (user names and query kept): safe to log or echo back.
+
+    Redis URLs carry a password (`redis://:secret@host`); S3 credentials come from the environment and a
+    path has none. Any URL's userinfo is masked all the same (an operator may paste one into the wrong
+    scheme), and so is a query option that names a password (`password=…`, `sentinel_password=…`).
+    """
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"***@{hosts}"
+    query = "&".join(f"{k}=***" if "password" in k.lower() else f"{k}={v}" for k, v in parse_qsl(parts.query))
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
 def open_kv_store(url: str, *, s3_endpoint_url: str | None = None) -> KVStore:
     """The store a URL names: `s3://bucket/prefix`, `redis://…`/`redis+sentinel://…` (`key_prefix` in the
     query, default `lifeline:kv:`), `file:///path` or a plain path. ValueError naming what is wrong."""
@@ -424,6 +443,71 @@ class KVCheckpointStore:
         """Keys of every manifest (under one root, or all): what a replication sweep walks."""
         keys = self.store.list(f"kv/{root_hash}/manifests/" if root_hash else "kv/")
         return [k for k in keys if "/manifests/" in k and k.endswith(".json")]
+
+    def manifest_at(self, key: str) -> KVCheckpointManifest | None:
+        """The manifest stored under a manifest key (`kv/<root>/manifests/<hash>.json`), or None."""
+        root_hash, last_hash = split_manifest_key(key)
+        return self.read_manifest(root_hash, last_hash)
+
+    def manifests_older_than(self, cutoff: float) -> list[str]:
+        """Keys of the manifests whose `created_at` (Unix seconds) is before `cutoff`: what retention deletes.
+
+        Age is the manifest's own `created_at`, not the object's write time, so a checkpoint replicated
+        late is as old at the destination as at the source, and Redis (no write time) answers the same as
+        a directory or S3. A manifest with no `created_at`, or one that does not parse, is never aged out:
+        retention deletes only what it can date.
+        """
+        old = []
+        for key in self.manifests():
+            try:
+                manifest = self.manifest_at(key)
+            except KVCheckpointInvalid:
+                continue
+            if manifest is not None and manifest.created_at is not None and manifest.created_at < cutoff:
+                old.append(key)
+        return old
+
+    def delete_checkpoint(self, key: str, *, keep_blocks: set[str] | frozenset[str] = frozenset()) -> int:
+        """Delete a manifest, then those of its blocks no kept manifest names; blocks deleted.
+
+        The manifest goes first (the reverse of a write), so a reader never finds a manifest naming a
+        deleted block. Blocks are shared between the checkpoints of one stream, so the caller passes
+        `keep_blocks`, the hashes named by every manifest that stays (`block_hashes`).
+        """
+        root_hash, _ = split_manifest_key(key)
+        try:
+            manifest = self.manifest_at(key)
+        except KVCheckpointInvalid:
+            manifest = None
+        self.store.delete(key)
+        if manifest is None:
+            return 0
+        deleted = 0
+        for entry in manifest.blocks:
+            if entry.hash not in keep_blocks:
+                self.store.delete(block_key(root_hash, entry.hash))
+                deleted += 1
+        return deleted
+
+    def block_hashes(self, keys: Sequence[str]) -> set[str]:
+        """Every block hash the manifests under `keys` name (unparsable ones name none)."""
+        hashes: set[str] = set()
+        for key in keys:
+            try:
+                manifest = self.manifest_at(key)
+            except KVCheckpointInvalid:
+                continue
+            if manifest is not None:
+                hashes.update(entry.hash for entry in manifest.blocks)
+        return hashes
+
+
+def split_manifest_key(key: str) -> tuple[str, str]:
+    """`kv/<root>/manifests/<last hash>.json` → (root hash, last hash); ValueError for any other key."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != "kv" or parts[2] != "manifests" or not parts[3].endswith(".json"):
+        raise ValueError(f"{key!r} is not a manifest key (kv/<root>/manifests/<hash>.json)")
+    return parts[1], parts[3].removesuffix(".json")
 
 
 def copy_checkpoint(source: KVCheckpointStore, target: KVCheckpointStore, key: str) -> int:
