@@ -23,6 +23,7 @@ def metadata() -> MetaData:
     from controlplane.drill import models as drill_models  # noqa: F401
     from controlplane.event import models as event_models  # noqa: F401
     from controlplane.gateway_report import models as gateway_report_models  # noqa: F401
+    from controlplane.replication import models as replication_models  # noqa: F401
     from controlplane.routing_version import models as routing_version_models  # noqa: F401
     from controlplane.topology import models as topology_models  # noqa: F401
     from cutover import models as cutover_models  # noqa: F401

@@ -11,6 +11,7 @@ import typer
 
 from controlplane.cli import controlplane_app
 from controlplane.drill.cli import drill_app
+from controlplane.replication.cli import replication_app
 from controlplane.slo.cli import slo_app
 from cutover.cli import cutover_app, zonal_shift_app
 from engine.cli import engine_app, model_app
@@ -32,6 +33,7 @@ app.add_typer(pool_app, name="pool", help="Warm pools sized for the loss of a zo
 app.add_typer(agent_app, name="agent", help="Regional agent: probes, canaries, leases for stock engines, pool.")
 app.add_typer(holder_app, name="holder", help="Memory holder: weights and KV blocks that outlive the engine.")
 app.add_typer(drill_app, name="drill", help="Drills: instance weekly, zone monthly, region quarterly.")
+app.add_typer(replication_app, name="replication", help="KV checkpoint replication: policies, worker, beat, status.")
 app.add_typer(slo_app, name="slo", help="SLO documents that state only what a drill measured.")
 app.command("demo")(demo)
 

@@ -1,0 +1,107 @@
+"""`lifeline replication policy set|list|show`, `lifeline replication worker|beat|status`.
+
+Policy commands use the database through the service layer, audited as
+`cli:<user>`, and write the same events as the API. `worker` and `beat` run
+Celery's own worker and beat on `controlplane.celery_app` (the broker is
+`LIFELINE_CONTROLPLANE_CELERY_BROKER_URL`). Mounted by lifeline/cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli_support import cli_actor, load_settings, read_only, run_mutation
+
+replication_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                              help="KV checkpoint replication: policies, Celery worker and beat, status.")
+policy_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                         help="Replication policies per model and session class.")
+replication_app.add_typer(policy_app, name="policy")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a summary.")]
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def _policy_json(policy: Any) -> dict[str, Any]:
+    from controlplane.replication.schemas import ReplicationPolicyRead
+
+    return ReplicationPolicyRead.model_validate(policy).model_dump(mode="json")
+
+
+def _line(row: dict[str, Any]) -> str:
+    every = ""
+    if row["mode"] == "interactive":
+        every = " every " + " or ".join(p for p in (f"{row['every_turns']} turns" if row["every_turns"] else "",
+                                                    f"{row['every_seconds']}s" if row["every_seconds"] else "") if p)
+    stores = f" {row['source_store']} -> {row['destination_store']}" if row["source_store"] else ""
+    return (f"{row['model']}/{row['session_class']} r{row['revision']}: {row['mode']}{every}, "
+            f"RPO_context {row['rpo_context_seconds']}s, retention {row['retention_seconds']}s{stores}")
+
+
+@policy_app.command("set")
+def policy_set(
+    model: str,
+    session_class: str,
+    mode: Annotated[str, typer.Option(help="rebuildable | interactive | critical")],
+    rpo_context_seconds: Annotated[int, typer.Option("--rpo-context-seconds", help="Declared RPO_context.")],
+    reason: Annotated[str, typer.Option(help="Why, for the event log.")],
+    source: Annotated[str | None, typer.Option(help="The primary region's KV store URL.")] = None,
+    destination: Annotated[str | None, typer.Option(help="The standby region's KV store URL.")] = None,
+    every_turns: Annotated[int | None, typer.Option(help="interactive: every N turns.")] = None,
+    every_seconds: Annotated[int | None, typer.Option(help="interactive: every T seconds.")] = None,
+    rpo_context_turns: Annotated[int | None, typer.Option(help="Declared RPO_context in turns.")] = None,
+    retention_seconds: Annotated[int, typer.Option(help="Delete destination checkpoints older than this.")] = 86400,
+    max_attempts: Annotated[int, typer.Option(help="Copies tried before a dead letter.")] = 5,
+    expected_revision: Annotated[int | None, typer.Option(help="Compare-and-set; 0: must be new.")] = None,
+) -> None:
+    """Create or replace a policy (one replication.policy event), as PUT /api/v1/replication/policies."""
+    from pydantic import ValidationError
+
+    from controlplane.replication import service
+    from controlplane.replication.schemas import ReplicationPolicySpec
+
+    try:
+        spec = ReplicationPolicySpec(
+            model=model, session_class=session_class, mode=mode, every_turns=every_turns,
+            every_seconds=every_seconds, rpo_context_seconds=rpo_context_seconds,
+            rpo_context_turns=rpo_context_turns, source_store=source, destination_store=destination,
+            retention_seconds=retention_seconds, max_attempts=max_attempts, reason=reason,
+            expected_revision=expected_revision)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        typer.echo(f"error: invalid_request: {problems}", err=True)
+        raise typer.Exit(2) from None
+    row = run_mutation(load_settings(), action="replication.policy.set", target=f"replication:{model}/{session_class}",
+                       work=lambda session, clock: _policy_json(
+                           service.put_policy(session, spec=spec, actor=cli_actor(), clock=clock)))
+    typer.echo(_line(row))
+
+
+@policy_app.command("list")
+def policy_list(model: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
+    """Every policy: model/session class, revision, mode, RPO_context, retention, stores (redacted)."""
+    from controlplane.replication import service
+
+    rows = read_only(load_settings(), lambda session: [_policy_json(p)
+                                                       for p in service.list_policies(session, model=model)])
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        typer.echo(_line(row))
+
+
+@policy_app.command("show")
+def policy_show(model: str, session_class: str) -> None:
+    """One policy (JSON)."""
+    from controlplane.replication import service
+
+    _print_json(read_only(load_settings(), lambda session: _policy_json(
+        service.get_policy_or_raise(session, model=model, session_class=session_class))))

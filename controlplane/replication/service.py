@@ -1,0 +1,186 @@
+"""Replication policy logic and the bookkeeping workers do. Never commits; the caller's unit of work does.
+
+A policy is set whole (`put_policy`), by compare-and-set on its revision
+(`expected_revision`, 0: must be new), and every change writes one
+`replication.policy` event with the policy before and after (store URLs
+redacted). Workers record a sweep, a verified copy, deletions and dead letters
+here; a dead letter is also an event (`replication.dead_letter`, outcome
+`failed`), so an operator finds it in the event log as well as in the status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from common.clock import Clock
+from controlplane.event import service as event_service
+from controlplane.replication import repository
+from controlplane.replication.errors import ReplicationPolicyConflict, ReplicationPolicyNotFound
+from controlplane.replication.models import ReplicationDeadLetter, ReplicationPolicy, ReplicationStatus
+from controlplane.replication.schemas import (
+    DeadLetterRead,
+    ReplicationClassStatus,
+    ReplicationMode,
+    ReplicationPolicyRead,
+    ReplicationPolicySpec,
+    ReplicationStatusRead,
+)
+
+
+def _scope(model: str, session_class: str) -> str:
+    return f"model:{model}/session_class:{session_class}"
+
+
+def _read(policy: ReplicationPolicy) -> dict[str, object]:
+    return ReplicationPolicyRead.model_validate(policy).model_dump(mode="json")
+
+
+def put_policy(session: Session, *, spec: ReplicationPolicySpec, actor: str, clock: Clock) -> ReplicationPolicy:
+    """Create or replace the policy of (model, session class); one `replication.policy` event."""
+    now = clock.utcnow()
+    current = repository.get_policy(session, model=spec.model, session_class=spec.session_class)
+    held = current.revision if current is not None else 0
+    if spec.expected_revision is not None and spec.expected_revision != held:
+        raise ReplicationPolicyConflict(f"replication policy {spec.model}/{spec.session_class} is at revision "
+                                        f"{held}, not {spec.expected_revision}")
+    values = spec.model_dump(exclude={"model", "session_class", "expected_revision"})
+    values["mode"] = spec.mode.value
+    before = _read(current) if current is not None else None
+    if current is None:
+        policy = ReplicationPolicy(model=spec.model, session_class=spec.session_class, revision=1, updated_by=actor,
+                                   created_at=now, updated_at=now, **values)
+        try:
+            with session.begin_nested():
+                session.add(policy)
+                session.flush()
+                session.add(ReplicationStatus(policy_id=policy.id, pending=0, replicated_total=0,
+                                              blocks_copied_total=0, deleted_total=0))
+                session.flush()
+        except IntegrityError as exc:
+            raise ReplicationPolicyConflict(f"replication policy {spec.model}/{spec.session_class} was created "
+                                            "concurrently; read it again") from exc
+    else:
+        if not repository.compare_and_set_policy(session, policy_id=current.id, expected_revision=current.revision,
+                                                 updated_by=actor, updated_at=now, **values):
+            raise ReplicationPolicyConflict(f"replication policy {spec.model}/{spec.session_class} changed "
+                                            "concurrently; read it again")
+        session.expire(current)
+        policy = current
+    after = _read(policy)
+    event_service.record(session, kind="replication.policy", actor=actor, reason=spec.reason,
+                         scope=_scope(spec.model, spec.session_class), clock=clock, before=before, after=after)
+    return policy
+
+
+def get_policy_or_raise(session: Session, *, model: str, session_class: str) -> ReplicationPolicy:
+    policy = repository.get_policy(session, model=model, session_class=session_class)
+    if policy is None:
+        raise ReplicationPolicyNotFound(f"no replication policy for model {model!r}, session class "
+                                        f"{session_class!r}")
+    return policy
+
+
+def list_policies(session: Session, *, model: str | None = None) -> Sequence[ReplicationPolicy]:
+    return repository.list_policies(session, model=model)
+
+
+# -- what the beat and the workers record ---------------------------------------------------------------
+
+
+def is_due(*, mode: str, every_seconds: int | None, last_sweep_at: datetime | None, now: datetime) -> bool:
+    """Pure: a rebuildable policy never; a critical one at every beat; an interactive one every T seconds."""
+    if mode == ReplicationMode.REBUILDABLE:
+        return False
+    if mode == ReplicationMode.CRITICAL or last_sweep_at is None or every_seconds is None:
+        return True
+    return now - last_sweep_at >= timedelta(seconds=every_seconds)
+
+
+def due_policies(session: Session, *, clock: Clock) -> list[ReplicationPolicy]:
+    now = clock.utcnow()
+    due = []
+    for policy in repository.list_policies(session):
+        status = repository.get_status(session, policy_id=policy.id)
+        if is_due(mode=policy.mode, every_seconds=policy.every_seconds,
+                  last_sweep_at=status.last_sweep_at if status else None, now=now):
+            due.append(policy)
+    return due
+
+
+def dead_lettered_keys(session: Session, *, policy_id: int) -> set[str]:
+    return {d.checkpoint_key for d in repository.dead_letters(session, policy_id=policy_id)}
+
+
+def record_sweep(session: Session, *, policy_id: int, pending: int, oldest_pending_created_at: float | None,
+                 clock: Clock) -> None:
+    repository.update_status(session, policy_id=policy_id, last_sweep_at=clock.utcnow(), pending=pending,
+                             oldest_pending_created_at=oldest_pending_created_at)
+
+
+def record_replicated(session: Session, *, policy_id: int, blocks: int, lag_seconds: float | None,
+                      clock: Clock) -> None:
+    repository.count_replicated(session, policy_id=policy_id, blocks=blocks, last_replicated_at=clock.utcnow(),
+                                last_lag_seconds=lag_seconds, last_error=None)
+
+
+def record_deleted(session: Session, *, policy_id: int, deleted: int) -> None:
+    if deleted:
+        repository.count_deleted(session, policy_id=policy_id, deleted=deleted)
+
+
+def record_error(session: Session, *, policy_id: int, error: str) -> None:
+    repository.update_status(session, policy_id=policy_id, last_error=error[:2000])
+
+
+def record_dead_letter(session: Session, *, policy_id: int, key: str, attempts: int, error: str,
+                       clock: Clock) -> ReplicationDeadLetter | None:
+    """Give up on one checkpoint: a dead letter row and a `replication.dead_letter` event (once per key)."""
+    policy = repository.get_policy_by_id(session, policy_id=policy_id)
+    if policy is None or repository.get_dead_letter(session, policy_id=policy_id, key=key) is not None:
+        return None
+    letter = ReplicationDeadLetter(policy_id=policy_id, checkpoint_key=key, attempts=attempts, error=error[:2000],
+                                   created_at=clock.utcnow())
+    session.add(letter)
+    repository.update_status(session, policy_id=policy_id, last_error=error[:2000])
+    event_service.record(session, kind="replication.dead_letter", actor="replication", reason=error[:2000],
+                         scope=_scope(policy.model, policy.session_class), clock=clock, outcome="failed",
+                         after={"checkpoint": key, "attempts": attempts, "policy_revision": policy.revision})
+    session.flush()
+    return letter
+
+
+def lag_seconds(*, pending: int, oldest_pending_created_at: float | None, last_lag_seconds: float | None,
+                now: float) -> float | None:
+    """Pure: with checkpoints pending, how long the oldest has waited; otherwise the last copy's lag."""
+    if pending and oldest_pending_created_at is not None:
+        return max(0.0, now - oldest_pending_created_at)
+    return last_lag_seconds
+
+
+def status(session: Session, *, clock: Clock, model: str | None = None) -> ReplicationStatusRead:
+    now = clock.wall()
+    rows = []
+    for policy in repository.list_policies(session, model=model):
+        state = repository.get_status(session, policy_id=policy.id)
+        pending = state.pending if state else 0
+        lag = lag_seconds(pending=pending, oldest_pending_created_at=state.oldest_pending_created_at if state else None,
+                          last_lag_seconds=state.last_lag_seconds if state else None, now=now)
+        rows.append(ReplicationClassStatus(
+            model=policy.model, session_class=policy.session_class, mode=ReplicationMode(policy.mode),
+            revision=policy.revision, rpo_context_seconds=policy.rpo_context_seconds,
+            last_sweep_at=state.last_sweep_at if state else None, pending=pending, lag_seconds=lag,
+            within_rpo=None if lag is None or policy.mode == ReplicationMode.REBUILDABLE
+            else lag <= policy.rpo_context_seconds,
+            replicated_total=state.replicated_total if state else 0,
+            blocks_copied_total=state.blocks_copied_total if state else 0,
+            deleted_total=state.deleted_total if state else 0,
+            last_replicated_at=state.last_replicated_at if state else None,
+            last_lag_seconds=state.last_lag_seconds if state else None,
+            last_error=state.last_error if state else None,
+            dead_letters=[DeadLetterRead.model_validate(d)
+                          for d in repository.dead_letters(session, policy_id=policy.id)]))
+    return ReplicationStatusRead(policies=rows)
