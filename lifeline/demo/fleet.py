@@ -36,6 +36,9 @@ MODEL = "tiny"
 # Each engine's decode-loop watchdog: a step older than this is a hang (/healthz/live 503). The engine's
 # default (10 s) is sized for a 2048-token prefill on a loaded CPU; the demo's prompts are ~10 tokens.
 STEP_STALL_BOUND_S = 3.0
+# Routine canaries: each instance about every 2 s (production's 0.1/s budgets real traffic).
+CANARY_PER_INSTANCE_PER_S = 0.5
+CANARY_JITTER = 0.2
 
 
 @dataclass
@@ -258,8 +261,7 @@ class DemoFleet:
             "snapshot_poll_interval": 0.5, "report_interval": 0.5,
             "registry": self.registry_url, "registry_prefix": self.registry_prefix, "lease_ttl": 2.0,
             "probe_interval": 0.25, "probe_timeout": 1.5,
-            # Routine canaries: each instance about every 2 s (the default 0.1/s budgets production traffic).
-            "canary_per_instance_per_s": 0.5,
+            "canary_per_instance_per_s": CANARY_PER_INSTANCE_PER_S, "canary_jitter": CANARY_JITTER,
             "pool": {"driver": "local", "model": MODEL, "alias": "prod",
                      "versions": {self.model_dir.name: str(self.model_dir)}, "zones": plan,
                      "state_dir": str(state / f"pool-{name}"),
@@ -338,7 +340,9 @@ class DemoFleet:
             region.agent.stop()
         for region in self.regions.values():
             region.gateway.kill(signal.SIGTERM)
-        for pid in self._stray_pids:
+        # Engines an agent started but did not stop: those of an agent that was SIGKILLed (the region-loss
+        # scenario, a crash) live on in their own sessions. Each names this run's work dir in its argv.
+        for pid in self._stray_pids | set(_engines_under(self.workdir)):
             try:
                 if _is_our_engine(pid, self.workdir):
                     os.kill(pid, signal.SIGKILL)
@@ -358,6 +362,41 @@ def _routable(gateway: GatewayProcess) -> int:
                    .get(MODEL, 0))
     except (httpx.HTTPError, ValueError):
         return 0
+
+
+def _engines_under(workdir: Path) -> list[int]:
+    """Pids of engine processes whose argv names `workdir` (their model and state dirs are in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _is_our_engine(int(entry.name), workdir):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_agent_and_pool(agent: AgentProcess) -> int:
+    """SIGKILL an agent and every engine it started, as a lost region loses them: freeze the agent first so it
+    starts no more, kill its children, then it. Returns how many engines were killed."""
+    if not agent.alive():
+        return 0
+    assert agent.process is not None
+    agent.process.send_signal(signal.SIGSTOP)
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == agent.process.pid:
+                children.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    agent.process.kill()
+    agent.process.wait(timeout=10)
+    return len(children)
 
 
 def _is_our_engine(pid: int, workdir: Path) -> bool:

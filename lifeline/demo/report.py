@@ -32,6 +32,9 @@ def markdown(rows: list[Row], *, header: list[str]) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(row)) + " |")
     lines += ["", "## What each scenario showed", ""]
     lines += [f"- **{row.scenario}**: {_plain(row.line)}" for row in rows]
+    notes = [f"- {row.note}" for row in rows if row.note]
+    if notes:
+        lines += ["", "## Seen exceeded in this run (another component's promise)", "", *notes]
     return "\n".join(lines) + "\n"
 
 

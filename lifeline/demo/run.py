@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from lifeline.demo import report as report_files
-from lifeline.demo.fleet import MODEL, DemoFleet, Region
+from lifeline.demo.fleet import MODEL, DemoFleet, Region, kill_agent_and_pool
 from lifeline.demo.scenarios import (
     Context,
     Row,
@@ -148,6 +148,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         written = report_files.write(workdir / "reports", rows=rows, header=header, events=all_events,
                                      traffic=flows, began=began, slo=slo)
         console.print(_summary(rows))
+        for row in rows:
+            if row.note:
+                console.print(f"[yellow]seen[/]: {row.note}")
         broken = [r.scenario for r in rows if not r.ok] + ([] if same else ["regions answer differently"])
         if broken:
             console.print(f"[red]a promise was broken: {', '.join(broken)}[/]; logs in {fleet.logs}")
@@ -369,13 +372,9 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     answer_before = tiers.dns_answer() if tiers.bind else []
     flow = next(f for f in flows if f.region == lost.name)
     by_answer = {REGION_ANSWERS[lost.name]: lost.gateway.url, REGION_ANSWERS[standby.name]: standby.gateway.url}
-    engines = fleet.engines(lost)
     fault_at, wall = time.monotonic(), datetime.now(UTC)
-    for engine in engines:
-        engine.kill()
+    killed = kill_agent_and_pool(lost.agent)  # the agent and every engine it runs, even one still loading
     lost.gateway.kill(signal.SIGKILL)
-    if lost.agent.process is not None:
-        lost.agent.process.kill()
     started = time.monotonic()
     plan = fleet.api("POST", "/cutovers", json={"scope": {"kind": "region", "region": lost.name}, "tier": "dns",
                                                 "reason": f"demo: {lost.name} lost"}).json()
@@ -390,7 +389,7 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     time.sleep(2.0)  # some steady traffic on the standby
     events = events_since(fleet, first)
     row = Row(f"region loss ({lost.name})", f"every process of {lost.name} SIGKILLed (gateway, agent, "
-              f"{len(engines)} engines)")
+              f"{killed} engines)")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
     row.detection_s = detection(events, wall)
     row.rto_latency_s = served_at - fault_at

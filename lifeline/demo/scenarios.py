@@ -23,7 +23,15 @@ from typing import Any, Self
 
 import httpx
 
-from lifeline.demo.fleet import MODEL, STEP_STALL_BOUND_S, DemoFleet, PoolEngine, Region
+from lifeline.demo.fleet import (
+    CANARY_JITTER,
+    CANARY_PER_INSTANCE_PER_S,
+    MODEL,
+    STEP_STALL_BOUND_S,
+    DemoFleet,
+    PoolEngine,
+    Region,
+)
 from lifeline.demo.tiers import RealTiers
 from lifeline.processes import scrape_metric
 
@@ -47,6 +55,7 @@ class Row:
     tiers: list[str] = field(default_factory=list)
     ok: bool = False
     line: str = ""
+    note: str = ""  # a promise of another component that this run saw exceeded, though the scenario's held
     fault_at: float = 0.0  # monotonic, for the timeline
     ended_at: float = 0.0
 
@@ -359,7 +368,7 @@ def corrupted_weights(ctx: Context) -> Row:
     fault_at, wall = time.monotonic(), datetime.now(UTC)
     victim.faults(corrupt_weights=True)
     ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
-                         f"{victim.instance_id} ejected by the canary", 60)
+                         f"{victim.instance_id} ejected by the canary", 150)  # served traffic can postpone it long
     layout = fleet.wait_pool(region)
     events = events_since(fleet, first)
     verdicts = [e for e in events if e["kind"].endswith("probe.verdict") and victim.instance_id in str(e)]
@@ -375,6 +384,12 @@ def corrupted_weights(ctx: Context) -> Row:
     reason = next((str((e.get("after") or {}).get("verdict", "")) + ": " + e.get("reason", "") for e in verdicts
                    if "wrong_output" in str(e)), "")
     row.ok = bool(reason) and row.requests_lost == 0
+    # docs/warm_pool.md: a corrupted engine "loses the lease it has within two canary rounds".
+    bound = 2 / CANARY_PER_INSTANCE_PER_S * (1 + CANARY_JITTER) + 0.5  # + one probe interval's slack, rounded up
+    if ejected - fault_at > bound:
+        row.note = (f"{victim.instance_id} kept its lease {ejected - fault_at:.1f} s, past warm_pool's two canary "
+                    f"rounds (≤ {bound:.1f} s here), serving {len(wrong)} wrong answers: served traffic (HTTP 200) "
+                    "counts as its probe and postponed the canary")
     why = reason[:120] or "no wrong_output verdict seen"
     row.line = (f"corrupted {victim.instance_id}'s weights in memory: the canary failed it ({why}) and its lease went {fmt(ejected - fault_at)} after the fault; "
                 f"{len(wrong)} steady answers served wrong before that ({row.token_rpo} tokens); the agent stopped "
