@@ -172,12 +172,30 @@ def attempts_for(runtime: CutoverRuntime, fault: Fault) -> list[Attempt]:
             key=lambda a: (a.rung, a.cutover_id or 0))
 
 
+def already_out(runtime: CutoverRuntime, scope: Scope, tiers: Sequence[CutoverTier]) -> Cutover | None:
+    """A cutover that holds `scope` out at one of `tiers` now (running or completed), whoever made it."""
+    held = ACTIVE_STATES | {CutoverState.COMPLETED}
+    with session_scope(runtime.reads) as session:
+        found = cutover_service.list_cutovers(session, scope=scope.key, limit=1000)
+        return next((c for c in found if c.scope == scope.key and CutoverState(c.state) in held
+                     and c.target_state == TargetState.OUT and CutoverTier(c.tier) in tiers), None)
+
+
 def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: int = len(RUNGS)) -> list[Decision]:
-    """Act on `fault` until a decision is not a cutover; returns every decision taken, in order."""
+    """Act on `fault` until a decision is not a cutover; returns every decision taken, in order.
+
+    A new fault whose first rung's scope is already held out at that rung's tiers (another detector's
+    fault, an agent replica's, an operator's cutover) holds: one outage, one cutover.
+    """
     decisions: list[Decision] = []
     for _ in range(max_steps):
         attempts = attempts_for(runtime, fault)
         decision = decide(fault, attempts)
+        if not attempts and decision.action == Action.CUT_OVER and decision.scope is not None:
+            holder = already_out(runtime, decision.scope, decision.tiers)
+            if holder is not None:
+                decision = Decision(Action.HOLD, f"cutover #{holder.id} ({holder.tier}, {holder.mode}) already holds "
+                                                 f"{decision.scope.key} out: {holder.reason}"[:2000])
         decisions.append(decision)
         if decision.action != Action.CUT_OVER:
             _record_stop(runtime, fault, decision, attempts, actor=actor)

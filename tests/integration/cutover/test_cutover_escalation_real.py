@@ -120,3 +120,26 @@ def test_zone_fault_escalates_to_real_dns_when_the_withdrawal_cannot_verify(
         (stop,) = event_service.list_events(session, EventFilter(kind="cutover.escalation"), limit=10)
         assert (stop.routing_tier, stop.outcome, stop.scope) == ("dns", "succeeded", "region:eu/zone:eu-a")
         assert [a["outcome"] for a in stop.after["attempts"]] == ["verification_failed", "verified"]
+
+
+def test_a_second_fault_for_a_zone_already_withdrawn_holds_until_the_first_is_rolled_back(
+        real_runtime: CutoverRuntime, anycast_lab: AnycastLab, clock: ManualClock) -> None:
+    from cutover import flows
+
+    assert [d.action for d in escalate(real_runtime, FAULT, actor="agent")] == [Action.CUT_OVER, Action.CONTAINED]
+    ((first_id, *_),) = _cutovers(real_runtime)
+    # another detector (an agent replica, a restarted agent) reports the same outage under its own id
+    other = Fault("probe:eu-a:replica-2", EU_A, {"source": "agent replica", "zone": "eu-a"})
+    [held] = escalate(real_runtime, other, actor="agent")
+    assert held.action == Action.HOLD and f"cutover #{first_id}" in held.reason
+    assert len(_cutovers(real_runtime)) == 1 and not _announced(anycast_lab, "zone-a")
+    with session_scope(real_runtime.factory) as session:
+        stops = event_service.list_events(session, EventFilter(kind="cutover.escalation"), limit=10)
+        assert sorted(e.outcome for e in stops) == ["blocked", "succeeded"]
+
+    flows.rollback(real_runtime, cutover_id=first_id, actor="operator", reason="eu-a is back")
+    assert _announced(anycast_lab, "zone-a")
+    clock.advance(real_runtime.policy.min_wait.total_seconds() + 1)  # past the anti-flapping wait
+    returned = Fault("probe:eu-a:3", EU_A, {"source": "agent probe", "zone": "eu-a"})
+    assert [d.action for d in escalate(real_runtime, returned, actor="agent")] == [Action.CUT_OVER, Action.CONTAINED]
+    assert len(_cutovers(real_runtime)) == 2 and not _announced(anycast_lab, "zone-a")
