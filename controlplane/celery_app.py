@@ -12,6 +12,9 @@ Beat schedule:
                     weekly, zone monthly, region quarterly: `drill.service.DEFAULT_CADENCE`)
                     and sends `lifeline.drill.run` for the instance runs; zone and region
                     runs wait for `POST /api/v1/drills/runs/{id}/approve`
+    replication-sweep  every `LIFELINE_REPLICATION_SWEEP_EVERY` (5 s): `lifeline.replication.sweep`,
+                    which replicates each due KV replication policy on the `LIFELINE_REPLICATION_QUEUE`
+                    queue (controlplane/replication/tasks.py)
 
 `celery -A controlplane.celery_app worker` and `… beat` find `app`, built
 on first access from the environment (PEP 562 module `__getattr__`).
@@ -30,11 +33,14 @@ from celery.schedules import schedule
 from common.clock import Clock, SystemClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.drill import tasks as drill_tasks
+from controlplane.replication import tasks as replication_tasks
+from controlplane.replication.config import ReplicationSettings
 
 DRILL_CADENCE_ENTRY = "drill-cadence"
 
 
-def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None) -> Celery:
+def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None,
+                  replication: ReplicationSettings | None = None) -> Celery:
     clock = clock or SystemClock()
     broker = settings.celery_broker_url
     app = Celery("lifeline", broker=broker or "memory://", set_as_current=False)
@@ -59,6 +65,8 @@ def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None)
             factory_holder["factory"] = build_session_factory(engine)
         return factory_holder["factory"]
 
+    replication_tasks.register(app, factory=factory, clock=clock, s3_endpoint_url=settings.s3_endpoint_url,
+                               settings=replication or ReplicationSettings())
     fleet_file = settings.drill_fleet_file
 
     @app.task(name=drill_tasks.SCHEDULE_DUE, shared=False)  # one app per process call: never shared across apps

@@ -105,3 +105,80 @@ def policy_show(model: str, session_class: str) -> None:
 
     _print_json(read_only(load_settings(), lambda session: _policy_json(
         service.get_policy_or_raise(session, model=model, session_class=session_class))))
+
+
+def _exec_celery(*args: str, **env: str) -> None:
+    """Replace this process with Celery's own command on `controlplane.celery_app` (the composed app).
+
+    Exec rather than import: a domain does not import the composition root, and the worker or beat is
+    then exactly `celery -A controlplane.celery_app …`, signals and all (SIGTERM: warm shutdown).
+    """
+    import os
+    import sys
+
+    from pydantic import ValidationError
+
+    from controlplane.replication.config import ReplicationSettings
+
+    settings = load_settings()
+    if settings.celery_broker_url is None:
+        typer.echo("error: bad configuration: LIFELINE_CONTROLPLANE_CELERY_BROKER_URL is not set; a worker and a "
+                   "beat need a broker (amqp://… or redis://…)", err=True)
+        raise typer.Exit(2)
+    os.environ.update(env)
+    try:
+        replication = ReplicationSettings()
+    except ValidationError as exc:
+        typer.echo(f"error: bad configuration:\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+    argv = [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", *args]
+    if args[0] == "worker":
+        argv += ["-Q", replication.queue]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
+
+
+@replication_app.command()
+def worker(
+    metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Copies at once (threads).")] = 1,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run a Celery worker on the replication queue (LIFELINE_REPLICATION_QUEUE)."""
+    # One process (solo, or threads): the metrics in this process's registry are all of the worker's.
+    pool = "solo" if concurrency == 1 else "threads"
+    env = {"LIFELINE_REPLICATION_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}
+    _exec_celery("worker", f"--pool={pool}", f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
+                 f"--loglevel={loglevel}", **env)
+
+
+@replication_app.command()
+def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+    """Run Celery beat: sweeps the policies every LIFELINE_REPLICATION_SWEEP_EVERY (and the drill cadence)."""
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _exec_celery("beat", f"--loglevel={loglevel}", f"--schedule={settings.data_dir / 'celerybeat-schedule'}")
+
+
+@replication_app.command()
+def status(model: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
+    """Per policy: pending checkpoints, lag, totals and dead letters, as GET /api/v1/replication/status."""
+    from common.clock import SystemClock
+    from controlplane.replication import service
+
+    report = read_only(load_settings(), lambda session: service.status(session, clock=SystemClock(), model=model)
+                       .model_dump(mode="json"))
+    if as_json:
+        _print_json(report)
+        return
+    for row in report["policies"]:
+        lag = "-" if row["lag_seconds"] is None else f"{row['lag_seconds']:.1f}s"
+        typer.echo(f"{row['model']}/{row['session_class']} {row['mode']}: pending {row['pending']}, lag {lag} "
+                   f"(RPO_context {row['rpo_context_seconds']}s), replicated {row['replicated_total']}, "
+                   f"dead letters {len(row['dead_letters'])}")
+        for letter in row["dead_letters"]:
+            typer.echo(f"  dead letter {letter['checkpoint_key']} after {letter['attempts']}: {letter['error']}")
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m controlplane.replication.cli worker`, as `lifeline replication`
+    replication_app()

@@ -1,0 +1,28 @@
+"""Settings of KV replication, read once by the Celery app (`LIFELINE_REPLICATION_…`).
+
+A class of its own rather than more keys on ControlPlaneSettings: only the
+processes that run replication tasks (worker, beat) read it. A bad value
+stops start-up with pydantic's message, which names the key.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ReplicationSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LIFELINE_REPLICATION_", extra="forbid")
+
+    # How often beat sweeps the policies: a critical policy is replicated at every sweep, an interactive
+    # one once its every_seconds has passed. The sweep interval bounds a critical class's lag from below.
+    sweep_every: timedelta = timedelta(seconds=5)
+    # The Celery queue replication tasks go to (workers consume it with `-Q`).
+    queue: str = Field("lifeline.replication", min_length=1, max_length=200)
+    # A failed copy is retried by Celery after base * 2**attempt seconds (full jitter), at most max.
+    retry_backoff: timedelta = timedelta(seconds=2)
+    retry_backoff_max: timedelta = timedelta(minutes=2)
+    # A worker serves its Prometheus metrics (controlplane/replication/metrics.py) on 127.0.0.1 at this port.
+    metrics_port: int | None = Field(None, ge=1, le=65535)

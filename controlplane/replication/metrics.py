@@ -1,0 +1,32 @@
+"""Prometheus metrics of the processes that replicate (the Celery worker), in the default registry.
+
+    lifeline_replication_copies_total{model,session_class,outcome}   replicated | already_present | retried |
+                                                                     dead_lettered
+    lifeline_replication_blocks_copied_total{model,session_class}    blocks written to a destination
+    lifeline_replication_lag_seconds{model,session_class}            histogram: a checkpoint's creation at the
+                                                                     source → its verified presence at the destination
+    lifeline_replication_last_lag_seconds{model,session_class}       the same, of the last one replicated
+    lifeline_replication_pending_checkpoints{model,session_class}    at the last sweep: at the source, not yet at
+                                                                     the destination (dead letters excluded)
+    lifeline_replication_deleted_checkpoints_total{model,session_class}  removed by retention at the destination
+
+`lifeline replication worker --metrics-port N` serves them; the control
+plane's `GET /api/v1/replication/status` shows the same lag and pending
+count from the database.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LABELS = ["model", "session_class"]
+
+COPIES = Counter("lifeline_replication_copies_total", "KV checkpoint copies by outcome", [*LABELS, "outcome"])
+BLOCKS = Counter("lifeline_replication_blocks_copied_total", "KV blocks written to a destination store", LABELS)
+LAG = Histogram("lifeline_replication_lag_seconds", "KV checkpoint creation at the source to verified presence "
+                "at the destination", LABELS, buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600))
+LAST_LAG = Gauge("lifeline_replication_last_lag_seconds", "Replication lag of the last checkpoint replicated",
+                 LABELS)
+PENDING = Gauge("lifeline_replication_pending_checkpoints", "KV checkpoints at the source not yet at the "
+                "destination, at the last sweep", LABELS)
+DELETED = Counter("lifeline_replication_deleted_checkpoints_total", "KV checkpoints deleted by retention", LABELS)
