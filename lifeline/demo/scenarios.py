@@ -398,30 +398,52 @@ def corrupted_weights(ctx: Context) -> Row:
 
 
 def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
-    """Every engine of a zone SIGKILLed; the zone shifted out (l7 drain + anycast withdraw); the other zone's warm
-    instance promoted. Then the shift is cancelled and the zone announced again."""
+    """Every engine of a zone SIGKILLed mid-stream. The agent reports the zone fault and the control plane cuts
+    the zone over on its own (anycast + mesh: BIRD shows the route withdrawn); with an agent that reports no
+    faults the demo shifts the zone itself (l7 + anycast). The other zone's warm instance is promoted; once the
+    zone is rebuilt the cutover is rolled back and the route comes back."""
     fleet, region = ctx.fleet, ctx.region
     zone = region.zones[0]
+    scope = f"region:{region.name}/zone:{zone}"
     victims = fleet.engines(region, zone=zone)
     serving = next(e for e in victims if e in fleet.engines(region, state="serving"))
     first = last_event_id(fleet)
+    known = {c["id"] for c in fleet.api("GET", "/cutovers", params={"scope": scope}).json()}
     announced_before = tiers.announcing() if tiers.bird else []
     reprefilled = gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total")
     run, fault_at, wall = _pinned_stream(ctx, serving, lambda: [v.kill() for v in victims])
     identical, rpo, gap = _judge_stream(ctx, run)
-    shift_started = time.monotonic()
-    shift = fleet.api("POST", "/zonal-shifts", json={"region": region.name, "zone": zone, "expires_in": 600,
-                                                     "reason": f"demo: {zone} lost"}).json()
-    shift_s = time.monotonic() - shift_started
-    cutover = fleet.api("GET", f"/cutovers/{shift['cutover_id']}").json()
+
+    def automatic() -> list[dict[str, Any]] | None:
+        found = [c for c in fleet.api("GET", "/cutovers", params={"scope": scope}).json() if c["id"] not in known]
+        done = [c for c in found if c["state"] in ("completed", "failed", "rolled_back")]
+        return done if done and len(done) == len(found) else None
+
+    try:
+        cutovers = wait_until(automatic, f"an automatic cutover of {zone}", 30)
+        how = "the agent reported the zone fault; automatic"
+        shift = None
+    except TimeoutError:
+        shift = fleet.api("POST", "/zonal-shifts", json={"region": region.name, "zone": zone, "expires_in": 600,
+                                                         "reason": f"demo: {zone} lost"}).json()
+        cutovers = [fleet.api("GET", f"/cutovers/{shift['cutover_id']}").json()]
+        how = "no fault reported; the demo's zonal shift:"
+    cutover_s = time.monotonic() - fault_at
     announced_during = tiers.announcing() if tiers.bird else []
     other = [z for z in region.zones if z != zone]
     promoted = wait_until(lambda: len([e for e in fleet.engines(region, state="serving") if e.zone in other]) >=
                           sum(region.plan[z]["serving"] for z in region.plan) and time.monotonic(),
                           f"{'/'.join(other)} serving the region's N alone", 90)
-    fleet.api("DELETE", f"/zonal-shifts/{shift['id']}", params={"reason": f"demo: {zone} back"})
     layout = fleet.wait_pool(region, timeout=240)
-    announced_after = tiers.announcing() if tiers.bird else []
+    if shift is not None:
+        fleet.api("DELETE", f"/zonal-shifts/{shift['id']}", params={"reason": f"demo: {zone} back"})
+    else:
+        for cutover in cutovers:
+            if cutover["state"] == "completed":
+                fleet.api("POST", f"/cutovers/{cutover['id']}/rollback", json={"reason": f"demo: {zone} rebuilt"})
+    announced_after = (wait_until(lambda: zone in (a := tiers.announcing()) and a, f"{zone} announced again", 30)
+                       if tiers.bird else [])
+    layout = fleet.wait_pool(region, timeout=240)
     events = events_since(fleet, first)
     row = Row(f"zone loss ({zone})", f"every engine of {zone} SIGKILLed ({len(victims)})")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
@@ -431,16 +453,18 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
     row.tiers = tiered(events)
-    steps = [s["tier"] for s in cutover["steps"]]
+    steps = [s["tier"] for c in cutovers for s in c["steps"]]
     withdrawn = not tiers.bird or (zone in announced_before and zone not in announced_during
                                    and zone in announced_after)
-    row.ok = identical and row.requests_lost == 0 and cutover["state"] == "completed" and withdrawn
+    row.ok = (identical and row.requests_lost == 0 and all(c["state"] == "completed" for c in cutovers)
+              and withdrawn)
     bgp = (f"BIRD's paths to the anycast prefix: {announced_before} → {announced_during} → {announced_after}"
            if tiers.bird else "anycast recorded only (no BIRD/ExaBGP)")
     row.line = (f"{zone} lost ({len(victims)} engines SIGKILLed) mid-stream: the stream went on, identical: "
-                f"{mark(identical)}, request RTO {fmt(gap)}; zonal shift (cutover {cutover['id']} {cutover['state']} "
-                f"in {shift_s:.1f} s, tiers {steps}); {bgp}; {'/'.join(other)} served the region's N alone "
-                f"{fmt(promoted - fault_at)} after the loss; shift cancelled, pool rebuilt: {_layout(layout)}")
+                f"{mark(identical)}, request RTO {fmt(gap)}; {how} cutover "
+                f"{', '.join(str(c['id']) + ' ' + c['state'] for c in cutovers)} {cutover_s:.1f} s after the loss "
+                f"(tiers {steps}); {bgp}; {'/'.join(other)} served the region's N alone "
+                f"{fmt(promoted - fault_at)} after the loss; zone rebuilt, cutover rolled back: {_layout(layout)}")
     return row
 
 
