@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,6 +16,18 @@ from controlplane.types import Name, Reason
 SESSION_CLASS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_SECONDS = 10 * 365 * 86400  # bounded so it fits an integer column on both databases
 DEFAULT_MAX_ATTEMPTS = 5
+
+
+def _check_store_parts(url: str) -> None:
+    """What `check_kv_store_url` leaves to connection time, refused now: a worker would fail on it at
+    every sweep. A port that is not one, a Redis database that is not a number, a file URL with no path."""
+    parts = urlsplit(url)
+    if parts.scheme:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ValueError(f"{url!r}: the Redis database must be a number (redis://host:port/0)")
+    if parts.scheme == "file" and not parts.path.strip("/"):
+        raise ValueError(f"{url!r}: name a directory (file:///path)")
 
 
 class ReplicationMode(StrEnum):
@@ -53,10 +66,13 @@ class ReplicationPolicySpec(BaseModel):
             return None
         if "\x00" in value:
             raise ValueError("must not contain NUL bytes")
+        value = value.strip()
         try:
-            return check_kv_store_url(value.strip())
+            check_kv_store_url(value)
+            _check_store_parts(value)
         except ValueError as exc:  # the message names the URL: say what is wrong without echoing a password
             raise ValueError(str(exc).replace(value, redact_kv_store_url(value))) from None
+        return value
 
     @model_validator(mode="after")
     def _mode_fits(self) -> ReplicationPolicySpec:

@@ -49,6 +49,9 @@ def test_a_policy_is_set_versioned_evented_and_never_echoes_a_password(client, a
     ({"expected_revision": 7}, "replication_policy_conflict"),
     ({"destination_store": "ftp://:hunter2@host/x"}, "invalid_request"),
     ({"source_store": "s3://"}, "invalid_request"),
+    ({"destination_store": "redis://:hunter2@127.0.0.1:99999/0"}, "invalid_request"),
+    ({"destination_store": "redis://:hunter2@127.0.0.1:6379/zero"}, "invalid_request"),
+    ({"source_store": "file://"}, "invalid_request"),
     ({"mode": "interactive"}, "invalid_request"),  # neither every_turns nor every_seconds
     ({"mode": "sometimes"}, "invalid_request"),
     ({"destination_store": "file:///var/kv/primary"}, "invalid_request"),  # the same store
