@@ -19,6 +19,9 @@ class ReplicationSettings(BaseSettings):
     # How often beat sweeps the policies: a critical policy is replicated at every sweep, an interactive
     # one once its every_seconds has passed. The sweep interval bounds a critical class's lag from below.
     sweep_every: timedelta = timedelta(seconds=5)
+    # A policy whose last sweep's copies are still pending is not planned again until this has passed
+    # (controlplane.replication.service.is_due): a long copy is not queued twice by the next sweep.
+    replan_after: timedelta = timedelta(minutes=2)
     # The Celery queue replication tasks go to (workers consume it with `-Q`).
     queue: str = Field("lifeline.replication", min_length=1, max_length=200)
     # A failed copy is retried by Celery after base * 2**attempt seconds (full jitter), at most max.

@@ -57,6 +57,14 @@ def count_replicated(session: Session, *, policy_id: int, blocks: int, **values:
         .execution_options(synchronize_session=False))
 
 
+def count_settled(session: Session, *, policy_id: int) -> None:
+    """A dead letter, or a copy that found its checkpoint already there: one checkpoint fewer pending."""
+    status = ReplicationStatus
+    session.execute(update(status).where(status.policy_id == policy_id)
+                    .values(pending=case((status.pending > 0, status.pending - 1), else_=0))
+                    .execution_options(synchronize_session=False))
+
+
 def count_deleted(session: Session, *, policy_id: int, deleted: int) -> None:
     status = ReplicationStatus
     session.execute(update(status).where(status.policy_id == policy_id)

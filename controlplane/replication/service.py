@@ -91,22 +91,34 @@ def list_policies(session: Session, *, model: str | None = None) -> Sequence[Rep
 # -- what the beat and the workers record ---------------------------------------------------------------
 
 
-def is_due(*, mode: str, every_seconds: int | None, last_sweep_at: datetime | None, now: datetime) -> bool:
-    """Pure: a rebuildable policy never; a critical one at every beat; an interactive one every T seconds."""
+def is_due(*, mode: str, every_seconds: int | None, last_sweep_at: datetime | None, now: datetime,
+           pending: int = 0, replan_after: timedelta | None = None) -> bool:
+    """Pure: a rebuildable policy never; a critical one at every beat; an interactive one every T seconds.
+
+    Not while the last sweep's copies are still pending (each verified copy or dead letter counts one
+    down), unless that sweep is older than `replan_after`: a sweep that came round during a long copy
+    would queue the same checkpoints again. The bound re-plans a backlog whose count went wrong (a
+    copy lost with its message), since the stores, not the count, are the truth.
+    """
     if mode == ReplicationMode.REBUILDABLE:
         return False
-    if mode == ReplicationMode.CRITICAL or last_sweep_at is None or every_seconds is None:
+    if last_sweep_at is None:
+        return True
+    if pending > 0 and replan_after is not None and now - last_sweep_at < replan_after:
+        return False
+    if mode == ReplicationMode.CRITICAL or every_seconds is None:
         return True
     return now - last_sweep_at >= timedelta(seconds=every_seconds)
 
 
-def due_policies(session: Session, *, clock: Clock) -> list[ReplicationPolicy]:
+def due_policies(session: Session, *, clock: Clock, replan_after: timedelta | None = None) -> list[ReplicationPolicy]:
     now = clock.utcnow()
     due = []
     for policy in repository.list_policies(session):
         status = repository.get_status(session, policy_id=policy.id)
         if is_due(mode=policy.mode, every_seconds=policy.every_seconds,
-                  last_sweep_at=status.last_sweep_at if status else None, now=now):
+                  last_sweep_at=status.last_sweep_at if status else None, now=now,
+                  pending=status.pending if status else 0, replan_after=replan_after):
             due.append(policy)
     return due
 
@@ -125,6 +137,10 @@ def record_replicated(session: Session, *, policy_id: int, blocks: int, lag_seco
                       clock: Clock) -> None:
     repository.count_replicated(session, policy_id=policy_id, blocks=blocks, last_replicated_at=clock.utcnow(),
                                 last_lag_seconds=lag_seconds, last_error=None)
+
+
+def record_already_present(session: Session, *, policy_id: int) -> None:
+    repository.count_settled(session, policy_id=policy_id)
 
 
 def record_deleted(session: Session, *, policy_id: int, deleted: int) -> None:
@@ -146,6 +162,7 @@ def record_dead_letter(session: Session, *, policy_id: int, key: str, attempts: 
                                    created_at=clock.utcnow())
     session.add(letter)
     repository.update_status(session, policy_id=policy_id, last_error=error[:2000])
+    repository.count_settled(session, policy_id=policy_id)
     event_service.record(session, kind="replication.dead_letter", actor="replication", reason=error[:2000],
                          scope=_scope(policy.model, policy.session_class), clock=clock, outcome="failed",
                          after={"checkpoint": key, "attempts": attempts, "policy_revision": policy.revision})

@@ -22,6 +22,7 @@ planned again at the next one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
@@ -49,10 +50,10 @@ def _labels(policy: Any) -> dict[str, str]:
     return {"model": policy.model, "session_class": policy.session_class}
 
 
-def sweep_due(factory: Any, *, clock: Clock) -> list[int]:
+def sweep_due(factory: Any, *, clock: Clock, replan_after: timedelta | None = None) -> list[int]:
     """Ids of the policies due for replication now."""
     with session_scope(factory) as session:
-        return [p.id for p in service.due_policies(session, clock=clock)]
+        return [p.id for p in service.due_policies(session, clock=clock, replan_after=replan_after)]
 
 
 def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | None) -> list[str]:
@@ -99,6 +100,8 @@ def copy(factory: Any, policy_id: int, key: str, *, clock: Clock, s3_endpoint_ur
     target = flows.open_checkpoints(target_url, s3_endpoint_url=s3_endpoint_url)
     outcome = flows.copy_verified(source, target, key)
     if outcome.already_present:
+        with session_scope(factory) as session:
+            service.record_already_present(session, policy_id=policy_id)
         metrics.COPIES.labels(**labels, outcome="already_present").inc()
         return "already_present"
     lag = max(0.0, clock.wall() - outcome.created_at) if outcome.created_at is not None else None
@@ -158,7 +161,7 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
 
     @app.task(name=SWEEP, shared=False)
     def sweep_task() -> list[int]:
-        due = sweep_due(factory(), clock=clock)
+        due = sweep_due(factory(), clock=clock, replan_after=settings.replan_after)
         for policy_id in due:
             replicate_task.apply_async((policy_id,), queue=queue)
         return due

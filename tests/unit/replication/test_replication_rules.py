@@ -30,6 +30,18 @@ def test_which_policies_a_sweep_replicates(mode, every_seconds, last_sweep_ago, 
     assert is_due(mode=mode, every_seconds=every_seconds, last_sweep_at=last, now=NOW) is due
 
 
+@pytest.mark.parametrize("mode, pending, last_sweep_ago, due", [
+    ("critical", 3, 10, False),  # the last sweep's copies are still queued: not again
+    ("critical", 3, 120, True),  # …unless that sweep is older than replan_after
+    ("critical", 0, 0, True),
+    ("interactive", 3, 10, False),
+    ("rebuildable", 0, 10**6, False),
+])
+def test_a_sweep_does_not_queue_pending_copies_twice(mode, pending, last_sweep_ago, due):
+    assert is_due(mode=mode, every_seconds=5, last_sweep_at=NOW - timedelta(seconds=last_sweep_ago), now=NOW,
+                  pending=pending, replan_after=timedelta(minutes=2)) is due
+
+
 @pytest.mark.parametrize("pending, oldest, last, now, lag", [
     (0, None, None, 100.0, None),
     (0, None, 2.5, 100.0, 2.5),
