@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli_support import cli_actor, load_settings, read_only, run_mutation
+from controlplane.cli_support import audited_command, cli_actor, load_settings, read_only, run_mutation
 
 replication_app = typer.Typer(no_args_is_help=True, add_completion=False,
                               help="KV checkpoint replication: policies, Celery worker and beat, status.")
@@ -66,21 +66,23 @@ def policy_set(
     from controlplane.replication import service
     from controlplane.replication.schemas import ReplicationPolicySpec
 
-    try:
-        spec = ReplicationPolicySpec(
-            model=model, session_class=session_class, mode=mode, every_turns=every_turns,
-            every_seconds=every_seconds, rpo_context_seconds=rpo_context_seconds,
-            rpo_context_turns=rpo_context_turns, source_store=source, destination_store=destination,
-            retention_seconds=retention_seconds, max_attempts=max_attempts, reason=reason,
-            expected_revision=expected_revision)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}"
-                             for e in exc.errors(include_url=False))
-        typer.echo(f"error: invalid_request: {problems}", err=True)
-        raise typer.Exit(2) from None
-    row = run_mutation(load_settings(), action="replication.policy.set", target=f"replication:{model}/{session_class}",
-                       work=lambda session, clock: _policy_json(
-                           service.put_policy(session, spec=spec, actor=cli_actor(), clock=clock)))
+    settings = load_settings()
+    action, target = "replication.policy.set", f"replication:{model}/{session_class}"
+    with audited_command(settings, action=action, target=target):  # a refused argument is audited too
+        try:
+            spec = ReplicationPolicySpec(
+                model=model, session_class=session_class, mode=mode, every_turns=every_turns,
+                every_seconds=every_seconds, rpo_context_seconds=rpo_context_seconds,
+                rpo_context_turns=rpo_context_turns, source_store=source, destination_store=destination,
+                retention_seconds=retention_seconds, max_attempts=max_attempts, reason=reason,
+                expected_revision=expected_revision)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False))
+            typer.echo(f"error: invalid_request: {problems}", err=True)
+            raise typer.Exit(2) from None
+    row = run_mutation(settings, action=action, target=target, work=lambda session, clock: _policy_json(
+        service.put_policy(session, spec=spec, actor=cli_actor(), clock=clock)))
     typer.echo(_line(row))
 
 
