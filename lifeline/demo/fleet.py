@@ -335,11 +335,13 @@ class DemoFleet:
         pools), gateways, then any engine pid we ever saw that is still there, then the registry."""
         if self.controlplane.process is not None and self.controlplane.process.poll() is None:
             self.controlplane.process.send_signal(signal.SIGCONT)  # an outage drill may have left it stopped
-        self.controlplane.stop()
+        _each(self.controlplane.stop)
         for region in self.regions.values():
-            region.agent.stop()
+            _each(region.agent.stop)
         for region in self.regions.values():
-            region.gateway.kill(signal.SIGTERM)
+            # SIGTERM drains; a gateway still draining streams after its grace is SIGKILLed (seen: 15 s and more
+            # with steady traffic in flight), so one slow stop never leaves the rest running.
+            _each(lambda g=region.gateway: g.kill(signal.SIGTERM), fallback=lambda g=region.gateway: g.kill())
         # Engines an agent started but did not stop: those of an agent that was SIGKILLed (the region-loss
         # scenario, a crash) live on in their own sessions. Each names this run's work dir in its argv.
         for pid in self._stray_pids | set(_engines_under(self.workdir)):
@@ -349,7 +351,19 @@ class DemoFleet:
             except (ProcessLookupError, PermissionError):
                 pass
         if self.redis is not None:
-            self.redis.stop()
+            _each(self.redis.stop, fallback=self.redis.kill)
+
+
+def _each(stop: Any, fallback: Any = None) -> None:
+    """Run one stop step; on any failure run `fallback` (a SIGKILL), and go on with the next step regardless."""
+    try:
+        stop()
+    except Exception:  # noqa: BLE001 - stopping must reach every process; the log keeps the rest
+        if fallback is not None:
+            try:
+                fallback()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def r_serving(region: Region) -> int:

@@ -170,10 +170,12 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave processes behind
         for flow in flows:
             flow._stop.set()
-        if fleet is not None:
-            fleet.close()
-        if tiers is not None:
-            tiers.stop()
+        try:
+            if fleet is not None:
+                fleet.close()
+        finally:
+            if tiers is not None:
+                tiers.stop()
         for flow in flows:
             flow.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DaemonMissing, DnsRecord, ExaBgpSpeaker
+from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DaemonMissing, DaemonProcess, DnsRecord, ExaBgpSpeaker
 
 SERVICE_PREFIX = "203.0.113.10/32"  # TEST-NET-3: the anycast address every zone announces
 DNS_ZONE = "lifeline.test."
@@ -144,16 +144,26 @@ class RealTiers:
 
     def _stop_anycast(self) -> None:
         for speaker in self.speakers.values():
-            speaker.stop()
+            _stop(speaker)
         self.speakers.clear()
         if self.bird is not None:
-            self.bird.stop()
+            _stop(self.bird)
             self.bird = None
 
     def stop(self) -> None:
-        self._stop_anycast()
-        if self.bind is not None:
-            self.bind.stop()
+        try:
+            self._stop_anycast()
+        finally:
+            if self.bind is not None:
+                _stop(self.bind)
+
+
+def _stop(daemon: DaemonProcess) -> None:
+    """SIGTERM (DaemonProcess.stop escalates to SIGKILL itself); whatever fails, the next daemon is still stopped."""
+    try:
+        daemon.stop()
+    except Exception:  # noqa: BLE001 - the next daemon must still be stopped
+        daemon.kill()
 
 
 def _first_line(exc: BaseException) -> str:
