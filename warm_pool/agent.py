@@ -142,7 +142,8 @@ class Agent:
         self.canary_records = canary_records or {}
         self.prober = Prober(http, clock=self.clock)
         self.budget = budget or ProbeBudget(self.clock, per_instance_per_s=settings.canary_per_instance_per_s,
-                                            jitter=settings.canary_jitter)
+                                            jitter=settings.canary_jitter,
+                                            served_credit_intervals=settings.canary_served_credit_intervals)
         self.metrics = AgentMetrics()
         self.instances: dict[str, Instance] = {}
         self.actor = f"agent:{settings.region}"

@@ -148,6 +148,9 @@ class AgentSettings(BaseSettings):
     probe_timeout: Seconds = Field(timedelta(seconds=2), gt=timedelta(0))
     canary_per_instance_per_s: float = Field(0.1, gt=0, description="inference probe budget per instance")
     canary_jitter: float = Field(0.2, ge=0, lt=1)
+    canary_served_credit_intervals: float = Field(
+        2.0, ge=1, description="served traffic postpones an instance's canary, never past this many intervals "
+        "after its last one: a corrupted engine answers 200 too")
     renew_leases_for: Annotated[list[ExternalEngine], BeforeValidator(_engines)] = Field(default_factory=list)
     canary_file: Path | None = Field(None, description="JSON: weight version → contract.canary.CanaryRecord")
     pool: PoolSettings | None = None

@@ -360,19 +360,36 @@ async def test_canary_record_on_the_snapshot_wins_over_the_file() -> None:
     assert [lease.instance_id for lease in await registry.live()] == ["e1"]  # the file's record would refuse it
 
 
-async def test_instances_serving_real_traffic_are_not_canaried() -> None:
+async def test_instances_serving_real_traffic_are_canaried_less_but_within_two_intervals() -> None:
     clock, fleet = ManualClock(), Fleet()
     fleet.engines["busy"] = ScriptedEngine("busy")
     fleet.engines["idle"] = ScriptedEngine("idle")
     agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://busy,http://idle",
                                           canary_per_instance_per_s=0.5)
     await settle(agent, clock, 2)  # admission canaries (and perhaps a first routine one)
-    before = fleet.engines["busy"].canaries
+    before = {name: engine.canaries for name, engine in fleet.engines.items()}
     for _ in range(60):  # 30 s at 0.5 s a tick; the gateways report busy's successes every tick
         agent.credit_served({"busy": clock.utcnow()})
         await settle(agent, clock)
-    assert fleet.engines["busy"].canaries == before
-    assert fleet.engines["idle"].canaries >= 1 + 30 * 0.5 * 0.8 - 1
+    busy, idle = (fleet.engines[n].canaries - before[n] for n in ("busy", "idle"))
+    assert idle >= 30 * 0.5 * 0.8 - 1
+    # credit saves canaries, never past 2 intervals (4 s) since the last, plus a tick and the canary itself
+    assert 30 / (2 * 2 + 1) - 1 <= busy < idle
+
+
+async def test_a_corrupted_engine_earning_served_credit_is_still_ejected_within_two_intervals() -> None:
+    """It answers 200 to real traffic with wrong tokens: credit must not keep its canary away."""
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1")
+    agent, registry, shipper = make_agent(fleet, clock, renew_leases_for="http://e1", canary_per_instance_per_s=0.5)
+    await settle(agent, clock, 2)
+    assert [lease.instance_id for lease in await registry.live()] == ["e1"]
+    fleet.engines["e1"].output = [5, 9, 7]  # weights corrupted in memory
+    for _ in range(int(2 * 2 / 0.5) + 2):  # two 2 s intervals at 0.5 s a tick, and a tick's slack
+        agent.credit_served({"e1": clock.utcnow()})
+        await settle(agent, clock)
+    assert agent.instances["e1"].verdict.value == "wrong_output"
+    assert await registry.live() == []
 
 
 async def test_engine_without_a_lease_of_its_own_is_leased_again_under_a_new_generation() -> None:

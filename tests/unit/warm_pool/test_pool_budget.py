@@ -51,14 +51,30 @@ def test_no_instance_waits_more_than_two_intervals() -> None:
         assert max(b - a for a, b in zip(times, times[1:])) <= 2 * budget.interval_s
 
 
-def test_instances_serving_real_traffic_count_as_probed() -> None:
+def test_instances_serving_real_traffic_count_as_probed_but_are_still_canaried_within_the_cap() -> None:
+    """Served traffic saves canaries, yet a busy instance is canaried at least every two intervals.
+
+    A corrupted engine serving steady traffic answers 200 every time: with
+    unbounded credit it was never canaried again, and served wrong answers
+    for as long as its traffic lasted.
+    """
     clock = ManualClock()
     budget = ProbeBudget(clock, rng=random.Random(5))
     busy = set(INSTANCES[:20])
     sent = run(budget, clock, 120, served=busy)
-    probed = {i for _, i in sent}
-    assert probed == set(INSTANCES[20:])
+    per_instance = Counter(i for _, i in sent)
     assert budget.skipped_as_served > 0
+    assert max(per_instance[i] for i in busy) < min(per_instance[i] for i in INSTANCES[20:])  # credit saves some
+    for instance_id in busy:
+        times = [clock.start] + [t for t, i in sent if i == instance_id]
+        gaps = [b - a for a, b in zip(times, times[1:])] + [clock.now() - times[-1]]
+        bound = budget.served_credit_intervals * budget.interval_s * (1 + budget.jitter) + 1.0  # + the bucket's wait
+        assert max(gaps) <= bound, instance_id
+
+
+def test_served_credit_below_one_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="served_credit_intervals"):
+        ProbeBudget(ManualClock(), served_credit_intervals=0.5)
 
 
 def test_a_tighter_budget_is_configurable() -> None:
