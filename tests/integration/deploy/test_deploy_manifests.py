@@ -433,3 +433,9 @@ def test_celery_runs_beside_the_control_plane_with_exactly_one_beat(rendered: di
         assert c["command"] == ["celery", "-A", "controlplane.celery_app", role]
         env = {e["name"]: e for e in c["env"]}
         assert env["LIFELINE_CONTROLPLANE_CELERY_BROKER_URL"]["valueFrom"]["secretKeyRef"]["key"] == "broker-url"
+    args = containers(worker)[0]["args"]
+    queues = set(args[args.index("-Q") + 1].split(","))
+    from controlplane.replication.config import ReplicationSettings
+
+    # the drill runs' queue and the replication copies' queue: a worker on one alone leaves the other unread
+    assert queues == {"celery", ReplicationSettings.model_fields["queue"].default}
