@@ -20,15 +20,16 @@ $(STAMP): pyproject.toml
 # boto3 and packaging in .venv. tests/integration/redis_ha and tests/e2e/redis_ha run
 # a Redis Sentinel lab (redis-server and redis-sentinel, lifeline.daemons).
 # tests/e2e/console drives Debian's chromium with Playwright (its own browser download cannot run here).
-SYSTEM_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 haproxy:haproxy kubectl:kubernetes-client \
-  redis-server:redis-server redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
+# The demo drives BIND9 (dns tier), BIRD 2 + ExaBGP (anycast tier) and its own redis-server
+# (lease registry); `make demo` installs those, `make test` everything below.
+DEMO_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 redis-server:redis-server
+SYSTEM_DEPS := $(DEMO_DEPS) haproxy:haproxy kubectl:kubernetes-client \
+  redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
 CHECKOV_VENV := .lifeline/tools/checkov
 
-.PHONY: install system-deps demo test bench
-install: $(STAMP)
-
-system-deps:
-	@missing=""; for dep in $(SYSTEM_DEPS); do \
+# $(call apt_install,bin:package ...): apt-get the packages whose command is missing, after one `apt-get update`.
+define apt_install
+	@missing=""; for dep in $(1); do \
 	  bin=$${dep%%:*}; pkg=$${dep#*:}; \
 	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; \
 	done; \
@@ -38,10 +39,20 @@ system-deps:
 	  $$sudo apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
+endef
+
+.PHONY: install system-deps demo-deps demo test bench
+install: $(STAMP)
+
+demo-deps:
+	$(call apt_install,$(DEMO_DEPS))
+
+system-deps:
+	$(call apt_install,$(SYSTEM_DEPS))
 	@[ -x $(CHECKOV_VENV)/bin/checkov ] || { echo "installing checkov into $(CHECKOV_VENV)"; \
 	  $(PY) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30; }
 
-demo: $(STAMP)
+demo: $(STAMP) demo-deps
 	$(BIN)/lifeline demo
 
 test: $(STAMP) system-deps
