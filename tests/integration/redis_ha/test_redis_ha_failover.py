@@ -15,7 +15,7 @@ import redis
 
 from common.redis_url import async_redis_client, describe, parse_redis_url, redis_client
 from contract.lease import NotReplicated, RedisLeaseReader, RedisLeaseRegistry, Registration
-from engine.lease_client import RedisLeaseTransport, transport_for
+from engine.lease_client import RedisLeaseTransport, RegistryUnreachable, transport_for
 from lifeline.daemons import RedisSentinelLab
 
 pytestmark = pytest.mark.integration
@@ -24,12 +24,13 @@ REG = Registration("engine-a", "http://127.0.0.1:9001", "tiny-seed0", "local-a",
 
 
 async def _until(call, *, within: float = 30.0, pause: float = 0.05):
-    """Call until it stops raising a connection error (a failover in progress); bounded, never a hang."""
+    """Call until it stops raising a connection error (a failover in progress) or a refusal for want of
+    a replica's acknowledgement (as an engine retries both); bounded, never a hang."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
             return await call()
-        except (redis.ConnectionError, redis.TimeoutError, NotReplicated):
+        except (redis.ConnectionError, redis.TimeoutError, NotReplicated, RegistryUnreachable):
             await asyncio.sleep(pause)
     return await call()
 
@@ -171,7 +172,7 @@ async def test_engine_transport_and_control_plane_reader_follow_the_failover(lab
     sync = redis_client(lab.url)
     reader = RedisLeaseReader(sync, prefix="ha")
     try:
-        generation, _ = await transport.register()
+        generation, _ = await _until(transport.register)  # WAIT 1 may miss 500 ms on a loaded machine
         old = lab.primary_port()
         lab.node(old).kill()
         started = time.monotonic()
