@@ -29,6 +29,31 @@ REGION_A = "192.0.2.10"
 REGION_B = "198.51.100.10"
 
 
+def dns_drivers_table(bind: BindServer, directory: Path) -> str:
+    """The drivers file's `[dns]` table for the lab's BIND9 (eu and us fail over to each other).
+
+    Writes the TSIG secret beside it, as an operator's secret file.
+    """
+    secret = directory / "tsig.secret"
+    secret.write_text(bind.key_secret)
+    return f"""
+[dns]
+zone = "{bind.zone}"
+name = "api.{bind.zone}"
+[dns.rfc2136]
+server = "{bind.host}"
+port = {bind.port}
+key_name = "{bind.key_name}"
+key_secret_file = "{secret}"
+[dns.regions.eu]
+answer = ["{REGION_A}"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["{REGION_B}"]
+failover_to = "eu"
+"""
+
+
 @pytest.fixture
 def bind_server(tmp_path: Path) -> Iterator[BindServer]:
     server = BindServer(workdir=tmp_path / "bind", records=[

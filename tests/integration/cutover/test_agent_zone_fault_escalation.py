@@ -36,7 +36,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.db import session_scope
 from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.daemons import BindServer
-from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab
+from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 from warm_pool.agent import Agent
 from warm_pool.fault import FaultReporter
@@ -46,26 +46,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_reg
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LAB_ZONE = {"eu-a": "zone-a", "eu-b": "zone-b"}
-
-
-def _dns(tmp_path: Path, bind: BindServer) -> str:
-    (tmp_path / "tsig.secret").write_text(bind.key_secret)
-    return f"""
-[dns]
-zone = "{bind.zone}"
-name = "api.{bind.zone}"
-[dns.rfc2136]
-server = "{bind.host}"
-port = {bind.port}
-key_name = "{bind.key_name}"
-key_secret_file = "{tmp_path}/tsig.secret"
-[dns.regions.eu]
-answer = ["{REGION_A}"]
-failover_to = "us"
-[dns.regions.us]
-answer = ["{REGION_B}"]
-failover_to = "eu"
-"""
 
 
 def _drivers_file(tmp_path: Path, lab: AnycastLab, dns: str = "") -> Path:
@@ -90,7 +70,7 @@ birdc_socket = "{lab.router.socket_path}"
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
            anycast_lab: AnycastLab, bind_server: BindServer, session_factory: Any) -> Iterator[TestClient]:
     configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(
-        tmp_path, anycast_lab, _dns(tmp_path, bind_server))})
+        tmp_path, anycast_lab, dns_drivers_table(bind_server, tmp_path))})
     with TestClient(create_app(configured, clock=clock, lease_reader=lease_reader),
                     raise_server_exceptions=False) as client:
         yield client

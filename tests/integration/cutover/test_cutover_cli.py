@@ -87,31 +87,15 @@ def test_cli_drives_the_configured_tiers_so_it_can_roll_them_back_without_the_ap
     import dns.message
     import dns.query
 
-    from tests.integration.cutover.conftest import REGION_A, REGION_B
+    from tests.integration.cutover.conftest import REGION_A, REGION_B, dns_drivers_table
 
     def answer() -> list[str]:
         response = dns.query.udp(dns.message.make_query(f"api.{bind_server.zone}", "A"), bind_server.host,
                                  port=bind_server.port, timeout=2)
         return sorted(r.address for rrset in response.answer for r in rrset)
 
-    (tmp_path / "tsig.secret").write_text(bind_server.key_secret)
     drivers = tmp_path / "drivers.toml"
-    drivers.write_text(f"""
-[dns]
-zone = "{bind_server.zone}"
-name = "api.{bind_server.zone}"
-[dns.rfc2136]
-server = "{bind_server.host}"
-port = {bind_server.port}
-key_name = "{bind_server.key_name}"
-key_secret_file = "{tmp_path}/tsig.secret"
-[dns.regions.eu]
-answer = ["{REGION_A}"]
-failover_to = "us"
-[dns.regions.us]
-answer = ["{REGION_B}"]
-failover_to = "eu"
-""")
+    drivers.write_text(dns_drivers_table(bind_server, tmp_path))
     monkeypatch.setenv("LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE", str(drivers))
     planned = cli(cutover_app, "plan", "--region", "eu", "--tier", "dns", "--reason", "eu lost", "--json")
     assert planned.exit_code == 0, planned.output

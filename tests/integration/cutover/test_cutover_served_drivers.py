@@ -21,14 +21,13 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from cutover.driver_config import CutoverDriverConfigError
 from lifeline.daemons import BindServer
-from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab
+from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
 
 
 def _drivers_file(tmp_path: Path, bind: BindServer, lab: HaproxyLab) -> Path:
-    (tmp_path / "tsig.secret").write_text(bind.key_secret)
     path = tmp_path / "drivers.toml"
     path.write_text(f"""
 [policy.step_timeouts]
@@ -38,22 +37,7 @@ dns = 120
 runtime_api = "127.0.0.1:{lab.haproxy.admin_port}"
 [haproxy.servers]
 "region:eu/instance:engine-7" = ["{lab.haproxy.backend}/s1"]
-
-[dns]
-zone = "{bind.zone}"
-name = "api.{bind.zone}"
-[dns.rfc2136]
-server = "{bind.host}"
-port = {bind.port}
-key_name = "{bind.key_name}"
-key_secret_file = "{tmp_path}/tsig.secret"
-[dns.regions.eu]
-answer = ["{REGION_A}"]
-failover_to = "us"
-[dns.regions.us]
-answer = ["{REGION_B}"]
-failover_to = "eu"
-""")
+""" + dns_drivers_table(bind, tmp_path))
     return path
 
 
