@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from common.ports import free_port  # re-exported: every starter takes its ports here
 
 def wait_for_http_ok(url: str, process: subprocess.Popen | None, *, name: str, log_path: Path,
                      timeout: float, interval: float = 0.1) -> None:
@@ -44,13 +45,6 @@ def _tail(log_path: Path, chars: int = 3000) -> str:
         return log_path.read_text(errors="replace")[-chars:]
     except OSError:
         return f"(no log at {log_path})"
-
-
-def free_port() -> int:
-    """A free loopback port (racy by nature; callers start their process at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # Models are deterministic, so one build per preset and seed serves the whole run.

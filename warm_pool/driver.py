@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from common.logs import get_logger
+from common.ports import free_port
 from warm_pool.settings import PoolSettings
 
 log = get_logger(__name__)
@@ -55,12 +55,6 @@ class PoolDriver(Protocol):
     async def stop(self, instance_id: str, *, graceful: bool) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
