@@ -38,6 +38,7 @@ from lifeline.processes import scrape_metric
 PROMPT = "The primary region lost power, so the gateway"
 STEADY_TOKENS = 12
 PACE_MS = 30.0  # the victim's per-token delay while a stream pinned to it is faulted
+EVENT_FLUSH_S = 15.0  # how long an agent event may take to reach the log: batched, on a loaded two-core machine
 
 
 @dataclass
@@ -195,6 +196,16 @@ def events_since(fleet: DemoFleet, after_id: int) -> list[dict[str, Any]]:
         after_id = max(e["id"] for e in page)
 
 
+def _events_of_kind(fleet: DemoFleet, after_id: int, kind: str, *, timeout: float) -> list[dict[str, Any]]:
+    """Events of `kind` written after `after_id`, waiting up to `timeout` for the first; [] if none came."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in events_since(fleet, after_id) if e["kind"].endswith(kind)]
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
+
+
 def tiered(events: list[dict[str, Any]]) -> list[str]:
     return [f"{e['kind']}({e['routing_tier']})" for e in events if e.get("routing_tier")]
 
@@ -301,8 +312,10 @@ def engine_kill(ctx: Context) -> Row:
                and victim.instance_id not in _leased(fleet, region), "a warm instance promoted", 60)
     promoted_at = time.monotonic()
     layout = fleet.wait_pool(region)
+    # The agent posts its events in batches after it acts: the gateways can see the promotion in the snapshot
+    # before the event log does, so wait for the event rather than read the log at one instant.
+    promoted = _events_of_kind(fleet, first, "pool.promoted", timeout=EVENT_FLUSH_S)
     events = events_since(fleet, first)
-    promoted = [e for e in events if e["kind"].endswith("pool.promoted")]
     row = Row("engine SIGKILL mid-stream", f"SIGKILL {victim.instance_id} after {ctx.kill_after} tokens")
     row.fault_at, row.ended_at = fault_at, time.monotonic()
     row.detection_s = detection(events, wall, about=victim.instance_id)
