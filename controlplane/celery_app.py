@@ -28,9 +28,11 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 from celery.schedules import schedule
 
 from common.clock import Clock, SystemClock
+from common.logs import configure_logging
 from controlplane.config import ControlPlaneSettings
 from controlplane.drill import tasks as drill_tasks
 from controlplane.replication import tasks as replication_tasks
@@ -93,9 +95,16 @@ def create_celery(settings: ControlPlaneSettings, *, clock: Clock | None = None,
     return app
 
 
+def _own_logging(**_: Any) -> None:
+    """Celery's `setup_logging` hook: with a receiver, Celery leaves the root logger alone, so a worker and
+    beat log the control plane's JSON lines at its `log_level` (Celery's own `--loglevel` would set WARNING)."""
+    configure_logging(ControlPlaneSettings().log_level, component="controlplane-celery")
+
+
 def __getattr__(name: str) -> Any:
     if name == "app":
         global app
+        setup_logging.connect(_own_logging, weak=False)
         app = create_celery(ControlPlaneSettings())
         return app
     raise AttributeError(name)

@@ -38,11 +38,11 @@ def test_a_celery_worker_on_rabbitmq_schedules_due_drills(database_url, session_
             service.define(session, spec=DrillSpec.model_validate(body), actor="t", clock=clock)
     queue = f"lifeline-drill-test-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "LIFELINE_CONTROLPLANE_DATABASE_URL": database_url,
-           "LIFELINE_CONTROLPLANE_CELERY_BROKER_URL": BROKER}
+           "LIFELINE_CONTROLPLANE_CELERY_BROKER_URL": BROKER, "LIFELINE_CONTROLPLANE_LOG_LEVEL": "info"}
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool=solo",
-         "--concurrency=1", "-Q", queue, "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+         "--concurrency=1", "-Q", queue, "--without-gossip", "--without-mingle"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         app = create_celery(ControlPlaneSettings(database_url=database_url, celery_broker_url=BROKER))
@@ -56,6 +56,8 @@ def test_a_celery_worker_on_rabbitmq_schedules_due_drills(database_url, session_
             with session_scope(session_factory) as session:
                 runs = {r.definition.name: (r.state, r.trigger) for r in service.list_runs(session)}
         assert runs == {"kill-one": ("scheduled", "schedule"), "lose-a": ("awaiting_approval", "schedule")}
+        # Celery's own --loglevel (WARNING by default) would hide this INFO line: the control plane's
+        # log_level governs the worker's logs.
         assert "lifeline.drill.schedule_due" in (tmp_path / "worker.log").read_text()
     finally:
         worker.terminate()
