@@ -20,6 +20,12 @@ a snapshot from another epoch replaces the held one whatever its version
 
 `schema_version` changes only when a consumer built for an older schema
 would misroute on the new one; fields a consumer does not know are ignored.
+
+`replication_policies` carries each KV replication policy (per model and
+session class, `controlplane/replication`) without its store URLs: a gateway
+needs only when to checkpoint a session (`contract.session.checkpoint_due`)
+and the declared RPO_context; the stores' credentials stay with the control
+plane, and the KV goes to the store the region's engines were started with.
 """
 
 from __future__ import annotations
@@ -84,6 +90,19 @@ class ClusterEntry(_Record):
     state: Literal["active", "draining", "ejected"]
 
 
+class ReplicationPolicyEntry(_Record):
+    """When a session of (model, session class) is checkpointed, and the RPO_context it declares."""
+
+    model: str
+    session_class: str
+    mode: Literal["rebuildable", "interactive", "critical"]
+    every_turns: int | None = Field(None, ge=1, description="interactive: a checkpoint every N turns")
+    every_seconds: int | None = Field(None, ge=1, description="interactive: or once T seconds have passed")
+    rpo_context_seconds: int = Field(ge=0, description="declared: context older than this is never lost")
+    rpo_context_turns: int | None = Field(None, ge=0, description="declared: at most this many turns lost")
+    revision: int = Field(ge=1)
+
+
 class EjectionEntry(_Record):
     region: str
     instance_id: str
@@ -112,10 +131,16 @@ class RoutingSnapshot(_Record):
     ejections: list[EjectionEntry] = Field(default_factory=list)
     # The mesh tier: version splits and header cohorts per model (contract.mesh); empty: no split.
     mesh_routes: list[MeshRoute] = Field(default_factory=list)
+    # KV replication policies, one per (model, session class); none: no session is checkpointed.
+    replication_policies: list[ReplicationPolicyEntry] = Field(default_factory=list)
 
     @property
     def etag(self) -> str:
         return etag_for(self.version, self.controlplane_epoch)
+
+    def replication_policy(self, model: str, session_class: str) -> ReplicationPolicyEntry | None:
+        return next((p for p in self.replication_policies
+                     if p.model == model and p.session_class == session_class), None)
 
     def is_ejected(self, region: str, instance_id: str, generation: int | None) -> bool:
         """An ejection with no generation covers every generation of the instance."""

@@ -15,6 +15,10 @@ recorded shard digests (`contract.identity.weights_digest`, what engines
 report), the sha256 of each tokenizer/template/config file the catalog
 recorded, and its open known issues.
 
+It also carries the KV replication policies (mode, cadence, declared
+RPO_context; no store URLs), so a gateway checkpoints sessions without
+calling the control plane on a request's path.
+
 Every snapshot names the database's `controlplane_epoch`, and its ETag
 carries it: versions only grow within one database, so a consumer compares
 them only within an epoch, and an `If-None-Match` from another database's
@@ -36,10 +40,12 @@ from contract.snapshot import (
     EjectionEntry,
     KnownIssueRef,
     ModelEntry,
+    ReplicationPolicyEntry,
     RoutingSnapshot,
     VersionEntry,
     etag_for,
 )
+from controlplane.replication import service as replication
 from controlplane.routing_version import service as routing_version
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
 from weight_catalog import repository as catalog
@@ -115,6 +121,7 @@ def build_snapshot(session: Session) -> RoutingSnapshot:
         ejections=[EjectionEntry(region=e.region, instance_id=e.instance_id, generation=e.generation,
                                  reason=e.reason) for e in ejections],
         mesh_routes=_mesh_routes(session),
+        replication_policies=_replication_policies(session),
     )
 
 
@@ -123,6 +130,18 @@ def _mesh_routes(session: Session) -> list[MeshRoute]:
     from cutover.mesh import snapshot_routes
 
     return snapshot_routes(session)
+
+
+def _replication_policies(session: Session) -> list[ReplicationPolicyEntry]:
+    """Each KV replication policy as gateways need it: when to checkpoint, and the declared RPO_context.
+
+    The store URLs stay here (they may carry credentials); a gateway's engines write to their region's store.
+    """
+    return [ReplicationPolicyEntry(model=p.model, session_class=p.session_class, mode=p.mode,
+                                   every_turns=p.every_turns, every_seconds=p.every_seconds,
+                                   rpo_context_seconds=p.rpo_context_seconds, rpo_context_turns=p.rpo_context_turns,
+                                   revision=p.revision)
+            for p in replication.list_policies(session)]
 
 
 def build(session: Session) -> dict[str, Any]:
