@@ -12,9 +12,32 @@ undisturbed run gives the expected ids. From those alone:
                      after migration on the same weights, so any difference
                      counts)
     requests lost    streams that ended in an error or short
-    RTO_latency      fault → the first request started after it whose time to
-                     first token is within the target again
+    RTO_latency      "until TTFT p99 is back within target" (seed §2): fault →
+                     the first time from which a sliding window's p99 of
+                     client-side TTFT stays within the target to the end of
+                     the traffic (`rto_latency_p99`, below)
     TTFT p99         nearest-rank p99 over finished requests (stop conditions)
+
+RTO_latency's window. Every request is one TTFT sample, placed at the moment
+the client *knew* whether it was within target: a request whose first token
+came within the target at that token's arrival; one whose first token came
+late, or never (an error, a stream still waiting), at `started + target`, the
+moment it went over, with value +inf when no token ever came. (Placing a late
+sample at its arrival would hide an outage: while nothing arrives, nothing
+would be evaluated.) The window at time u is the samples in (u − window_s, u];
+it is *within target* when it holds at least `min_samples` samples and their
+nearest-rank p99 is ≤ the target (below 100 samples nearest-rank p99 is the
+window's maximum, so one late request keeps the window out for `window_s`).
+Too few samples is not within target: no figure without evidence. The window
+is evaluated at the fault, at every sample time and every time a sample
+leaves the window (t + window_s), up to the end of the traffic; RTO_latency is
+the first of those times after which every evaluation is within target,
+minus the fault: 0 if the fault never moved p99 out, None if it was still out
+when the traffic ended. Samples before the fault count in the windows that
+reach back over it, so a fault that never hurt TTFT measures 0, not "time to
+collect `min_samples`". Defaults (`Targets.ttft_window_s`,
+`ttft_window_min_samples`): 5 s and 5 samples, about 10 samples a window at a
+drill's usual two streams of ~1 s each.
 """
 
 from __future__ import annotations
@@ -36,6 +59,9 @@ class RequestTrace:
     epochs: list[int] = field(default_factory=list)
     ended_at: float | None = None
     error: str | None = None
+    attempts: int = 1  # > 1: the client sent it again after an attempt failed (traffic.retry_for_s)
+    discarded_tokens: int = 0  # tokens abandoned attempts had delivered (the retry delivers them again)
+    gateways: list[str] = field(default_factory=list)  # where each attempt went (re-resolved per attempt)
 
     @property
     def finished(self) -> bool:
@@ -96,11 +122,60 @@ def request_rto(traces: Sequence[RequestTrace], fault_at: float) -> float | None
     return max(gaps) if gaps else None
 
 
-def rto_latency(traces: Sequence[RequestTrace], fault_at: float, ttft_target: float) -> float | None:
-    """Fault → first token of the first request started after the fault whose TTFT is within target."""
-    recovered = [t.token_times[0] for t in traces
-                 if t.started_at >= fault_at and t.ttft is not None and t.ttft <= ttft_target and not t.error]
-    return min(recovered) - fault_at if recovered else None
+@dataclass(frozen=True)
+class TtftSample:
+    """One request's time to first token, placed when the client knew whether it was within target."""
+
+    at: float
+    ttft: float  # math.inf: no token ever came
+
+
+def ttft_samples(traces: Sequence[RequestTrace], ttft_target: float) -> list[TtftSample]:
+    """Each request as a `TtftSample` (see the module docstring for where a late one is placed)."""
+    out = []
+    for t in traces:
+        ttft = t.ttft
+        if ttft is not None and ttft <= ttft_target:
+            out.append(TtftSample(t.token_times[0], ttft))
+        elif ttft is not None or t.error or not t.finished:
+            # Late, failed before a token, or still waiting: over target from started + target on.
+            at = t.started_at + ttft_target
+            if ttft is None and t.ended_at is not None and t.ended_at < at:
+                at = t.ended_at  # failed fast: known bad when it failed
+            out.append(TtftSample(at, ttft if ttft is not None else math.inf))
+    return sorted(out, key=lambda s: s.at)
+
+
+def window_within(samples: Sequence[TtftSample], at: float, *, target: float, window_s: float,
+                  min_samples: int) -> bool:
+    """The window (at − window_s, at]: at least `min_samples` samples and nearest-rank p99 ≤ target."""
+    values = [s.ttft for s in samples if at - window_s < s.at <= at]
+    if len(values) < min_samples:
+        return False
+    value = p99(values)
+    return value is not None and value <= target
+
+
+def rto_latency_p99(samples: Sequence[TtftSample], *, fault_at: float, end_at: float, target: float,
+                    window_s: float = 5.0, min_samples: int = 5) -> float | None:
+    """Fault → the first time from which the sliding window's TTFT p99 stays within target until `end_at`.
+
+    0.0 if it never left the target; None if it was out at the last evaluation (not recovered, or too
+    few samples to say). Evaluated at the fault, each sample time and each time a sample leaves the
+    window, within [fault_at, end_at].
+    """
+    if window_s <= 0 or min_samples < 1:
+        raise ValueError("window_s must be > 0 and min_samples ≥ 1")
+    times = {fault_at} | {s.at for s in samples} | {s.at + window_s for s in samples}
+    evaluations = sorted(t for t in times if fault_at <= t <= end_at)
+    recovered_at: float | None = None
+    for at in evaluations:
+        if window_within(samples, at, target=target, window_s=window_s, min_samples=min_samples):
+            if recovered_at is None:
+                recovered_at = at
+        else:
+            recovered_at = None
+    return None if recovered_at is None else recovered_at - fault_at
 
 
 def migrated(traces: Sequence[RequestTrace]) -> int:

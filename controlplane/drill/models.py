@@ -43,7 +43,7 @@ class DrillDefinition(Base):
     stop_conditions: Mapped[dict[str, Any]] = mapped_column(JSON)
     # The routing tier expected to act ("l7", "mesh", "zone"/"anycast", "dns").
     expected_tier: Mapped[str] = mapped_column(String(16))
-    # {"rto_latency_s", "rto_quality_s", "request_rto_s", "token_rpo_tokens", "rpo_context_s", "rpo_weight_versions"}
+    # {"rto_latency_s", "rto_quality_s", "request_rto_s", "token_rpo_tokens", "rpo_context_tokens", "rpo_weight_versions", …}
     targets: Mapped[dict[str, Any]] = mapped_column(JSON)
     # Traffic shape: {"requests": n, "concurrency": c, "max_tokens": m, "prompt": "..."}
     traffic: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -58,6 +58,12 @@ log = get_logger(__name__)
 
 RUNNER_ACTOR = "drill-runner"
 RECOMPUTED = "lifeline_gateway_recomputed_decode_tokens_total"
+# RPO_context: the gateways' count of session context tokens prefilled again after a resume (the KV state the
+# session lost); a histogram, so its _sum. Read only when the drill's traffic used sessions.
+CONTEXT_RECOMPUTED = "lifeline_gateway_session_context_recomputed_tokens_sum"
+# The session header of contract/session.py (SESSION_HEADER); spelled here so a drill still runs against a
+# gateway built before sessions (which ignores it, and then RPO_context stays unmeasured).
+SESSION_HEADER = "x-session-id"
 
 
 class Fleet(Protocol):
@@ -220,6 +226,7 @@ class DrillRunner:
         gateways = faults._gateway_urls(self.fleet)
         # The gateways' own count of decode tokens generated again after a failure (token RPO's recomputed part).
         recomputed_before = faults.gateway_metric(gateways, RECOMPUTED)
+        context_before = faults.gateway_metric_by_url(gateways, CONTEXT_RECOMPUTED) if traffic.sessions else {}
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
@@ -234,7 +241,8 @@ class DrillRunner:
             with live.lock:
                 live.traces.append(trace)
             prefer = plan.prefer[index % len(plan.prefer)] if plan.prefer else None
-            self._stream(model_name, traffic, mode, trace, live, prefer=prefer)
+            session = f"drill-{run_id}-{index}" if traffic.sessions else None
+            self._stream(model_name, traffic, mode, trace, live, prefer=prefer, session=session)
 
         def inject() -> None:
             nonlocal fault_at, fault_wall
@@ -295,8 +303,12 @@ class DrillRunner:
             engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
         recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
+        rpo_context = (faults.counter_increase(context_before, faults.gateway_metric_by_url(gateways,
+                                                                                            CONTEXT_RECOMPUTED))
+                       if traffic.sessions else None)
         report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
-                              baseline_ttft, tripped, model_name, traffic, recomputed=recomputed)
+                              baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
+                              rpo_context=rpo_context)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
@@ -314,10 +326,10 @@ class DrillRunner:
             return DrillOutcome(run_id, DrillRunState(run.state), report)
 
     # -- traffic ------------------------------------------------------------
-    def _client(self) -> Any:
+    def _client(self, gateway_url: str) -> Any:
         import openai  # the official client: the drill speaks to the gateway as any customer does
 
-        return openai.OpenAI(base_url=self.fleet.gateway_url.rstrip("/") + "/v1", api_key="drill",
+        return openai.OpenAI(base_url=gateway_url.rstrip("/") + "/v1", api_key="drill",
                              max_retries=0, timeout=120.0)
 
     @staticmethod
@@ -336,12 +348,50 @@ class DrillRunner:
             raise RuntimeError(f"the undisturbed {mode} run failed: {trace.error}")
         return trace
 
+    def _gateway(self) -> str:
+        """Where the next attempt goes: the fleet's resolver when it has one (a DNS name), else its gateway."""
+        resolve = getattr(self.fleet, "resolve_gateway", None)
+        return resolve() if resolve is not None else self.fleet.gateway_url
+
     def _stream(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
-                prefer: str | None) -> None:
-        headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
+                prefer: str | None, session: str | None = None) -> None:
+        """One request, start to end; with `traffic.retry_for_s`, failed attempts are sent again from scratch.
+
+        A retry is what a client does after its connection broke: it re-resolves (`_gateway`) and asks
+        again. Every token any attempt delivered keeps its arrival time (the gap at the client spans the
+        attempts); the ids are the last attempt's, and the tokens an abandoned attempt had delivered are
+        counted as delivered twice (`discarded_tokens`).
+        """
+        deadline = trace.started_at + traffic.retry_for_s
         try:
-            stream = self._client().completions.create(model=model_name, prompt=traffic.prompt, stream=True,
-                                                       extra_headers=headers, **self._body(traffic, mode))
+            while True:
+                error = self._attempt(model_name, traffic, mode, trace, live, prefer, session)
+                if error is None or live.stop.is_set() or self.clock.now() + traffic.retry_backoff_s > deadline:
+                    trace.error = error
+                    return
+                trace.discarded_tokens += len(trace.token_ids)
+                trace.token_ids, trace.seqs = [], []
+                trace.epochs += [trace.epochs[-1] if trace.epochs else 0] * (len(trace.token_times)
+                                                                              - len(trace.epochs))
+                trace.attempts += 1
+                self.sleep(traffic.retry_backoff_s)
+        finally:
+            trace.ended_at = self.clock.now()
+
+    def _attempt(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
+                 prefer: str | None, session: str | None) -> str | None:
+        """One attempt of a request; None if it delivered every token, else why not."""
+        headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
+        if session is not None:
+            headers[SESSION_HEADER] = session
+        retried = trace.attempts - 1
+        got = 0
+        try:
+            gateway = self._gateway()
+            trace.gateways.append(gateway)
+            stream = self._client(gateway).completions.create(model=model_name, prompt=traffic.prompt,
+                                                              stream=True, extra_headers=headers,
+                                                              **self._body(traffic, mode))
             for chunk in stream:
                 now = self.clock.now()
                 lifeline = (chunk.model_extra or {}).get("lifeline") or {}
@@ -350,21 +400,22 @@ class DrillRunner:
                     for token_id in ids:
                         trace.token_times.append(now)
                         trace.token_ids.append(int(token_id))
+                    got += len(ids)
                     if ids:
                         with live.lock:
                             live.tokens_seen += len(ids)
                         if "seq" in lifeline:
                             trace.seqs.append(int(lifeline["seq"]))
-                        if "epoch" in lifeline:
-                            trace.epochs.append(int(lifeline["epoch"]))
-            if len(trace.token_ids) < traffic.max_tokens:
-                trace.error = f"stream ended after {len(trace.token_ids)} of {traffic.max_tokens} tokens"
+                        if "epoch" in lifeline or retried:
+                            # A retried attempt is another stream: its tokens count as moved (epoch ≥ 1).
+                            trace.epochs.append(int(lifeline.get("epoch", 0)) + retried)
+            if got < traffic.max_tokens:
+                return f"stream ended after {got} of {traffic.max_tokens} tokens"
+            return None
         except Exception as error:  # noqa: BLE001 - openai.APIError, transport errors alike: the request is lost
             # The stable error type the gateway sent (openai.APIError.type), so a documented refusal is told apart.
             kind = getattr(error, "type", None)
-            trace.error = f"{type(error).__name__}: {f'[{kind}] ' if kind else ''}{error}"[:500]
-        finally:
-            trace.ended_at = self.clock.now()
+            return f"{type(error).__name__}: {f'[{kind}] ' if kind else ''}{error}"[:500]
 
     def _probe(self, model_name: str, traffic: Traffic) -> str | None:
         """One new stream through the gateway: None if it was served in full, else its error."""
@@ -408,7 +459,8 @@ class DrillRunner:
     def _report(self, meta: dict[str, Any], plan: faults.FaultPlan, traces: list[RequestTrace],
                 expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
                 first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
-                traffic: Traffic, recomputed: float | None = None) -> dict[str, Any]:
+                traffic: Traffic, recomputed: float | None = None,
+                rpo_context: float | None = None) -> dict[str, Any]:
         comparisons = [measure.compare_tokens(expected[t.sampling], t.token_ids, t.seqs) for t in traces
                        if not t.error]
         refused = [t for t in traces if t.error and plan.documented_refusal(t)]
@@ -428,18 +480,27 @@ class DrillRunner:
             detection = (min(moved) - fault_at) if moved else None
         ttft_target = (targets.ttft_target_ms / 1000.0 if targets.ttft_target_ms
                        else 3 * max(baseline_ttft, default=1.0))
+        traffic_end = max([fault_at, *(t.ended_at for t in traces if t.ended_at is not None)])
         measured: dict[str, float | None] = {
             "detection_s": detection,
             "request_rto_s": measure.request_rto(traces, fault_at),
-            "rto_latency_s": measure.rto_latency(traces, fault_at, ttft_target),
+            "rto_latency_s": measure.rto_latency_p99(
+                measure.ttft_samples(traces, ttft_target), fault_at=fault_at, end_at=traffic_end,
+                target=ttft_target, window_s=targets.ttft_window_s, min_samples=targets.ttft_window_min_samples),
             "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
-            "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons)),
+            # A from-scratch retry delivers again what the abandoned attempt had delivered: duplicates.
+            "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons) + sum(t.discarded_tokens
+                                                                                   for t in traces)),
             "requests_lost": float(len(lost)),
             "recomputed_decode_tokens": recomputed,
+            # Only from traffic that used sessions, and only from gateways that count it (else None: unverified).
+            "rpo_context_tokens": rpo_context,
             **plan.measurements(fault_at, cleared_at),
         }
         target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,
                          "rto_quality_s": targets.rto_quality_s,
+                         "rpo_context_tokens": None if targets.rpo_context_tokens is None
+                         else float(targets.rpo_context_tokens),
                          "token_rpo_tokens": None if targets.token_rpo_tokens is None else float(targets.token_rpo_tokens),
                          "requests_lost": 0.0, **plan.targets()}
         verdicts = measure.verdicts(measured, target_values)
@@ -469,7 +530,13 @@ class DrillRunner:
             "follow_ups": follow_ups,
             "requests": len(traces),
             "migrated_streams": measure.migrated(traces),
+            "retried_requests": sum(1 for t in traces if t.attempts > 1),
+            "tokens_redelivered_by_retry": sum(t.discarded_tokens for t in traces),
             "ttft_p99_s": measure.ttft_p99(traces),
+            "rto_latency_window": {"target_s": ttft_target, "window_s": targets.ttft_window_s,
+                                   "min_samples": targets.ttft_window_min_samples,
+                                   "samples": len(measure.ttft_samples(traces, ttft_target))},
+            "sessions": traffic.sessions,
             "error_rate": measure.error_rate(traces),
             "events": [{k: e.get(k) for k in ("id", "kind", "routing_tier", "actor", "reason", "scope",
                                                 "started_at", "outcome")} for e in events],
@@ -479,7 +546,8 @@ class DrillRunner:
             "timeline": [{"index": t.index, "sampling": t.sampling, "start": t.started_at - fault_at,
                           "end": (t.ended_at - fault_at) if t.ended_at is not None else None,
                           "tokens": [round(x - fault_at, 4) for x in t.token_times],
-                          "epochs": _epoch_per_token(t), "error": t.error} for t in traces],
+                          "epochs": _epoch_per_token(t), "error": t.error, "attempts": t.attempts,
+                          "gateways": list(dict.fromkeys(t.gateways))} for t in traces],
         }
         if self.report_dir is not None:
             from controlplane.drill.report import export_report
@@ -503,10 +571,12 @@ def stop_condition_tripped(stops: StopConditions, traces: list[RequestTrace]) ->
 
 
 def _epoch_per_token(trace: RequestTrace) -> list[int]:
-    # Epochs are recorded per chunk carrying tokens; chunks carry one token each on the gateway.
-    if len(trace.epochs) == len(trace.token_ids):
-        return trace.epochs
-    return [trace.epochs[-1] if trace.epochs else 0] * len(trace.token_ids)
+    """One epoch per token that reached the client (every attempt's): recorded per chunk carrying tokens, and
+    chunks carry one token each on the gateway; padded with the last one where a chunk said none."""
+    n = len(trace.token_times)
+    if len(trace.epochs) >= n:
+        return trace.epochs[:n]
+    return trace.epochs + [trace.epochs[-1] if trace.epochs else 0] * (n - len(trace.epochs))
 
 
 def _fmt(value: float | None) -> str:

@@ -54,12 +54,17 @@ class Targets(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rto_latency_s: float | None = Field(None, gt=0, description="fault → TTFT back within ttft_target_ms")
-    ttft_target_ms: float | None = Field(None, gt=0, description="the TTFT that counts as recovered")
+    rto_latency_s: float | None = Field(None, gt=0, description="fault → TTFT p99 back within ttft_target_ms")
+    ttft_target_ms: float | None = Field(None, gt=0, description="the TTFT p99 that counts as recovered")
+    # RTO_latency's sliding window (controlplane/drill/measure.py): its length, and the fewest samples in it
+    # that may say "within target" (fewer is no evidence, so not recovered).
+    ttft_window_s: float = Field(5.0, gt=0, le=600)
+    ttft_window_min_samples: int = Field(5, ge=1, le=10_000)
     rto_quality_s: float | None = Field(None, gt=0, description="fault → every serving instance answers as the baseline")
     request_rto_s: float | None = Field(None, gt=0, description="largest gap between two tokens at the client")
     token_rpo_tokens: int | None = Field(None, ge=0, description="tokens lost, duplicated or changed")
-    rpo_context_s: float | None = Field(None, gt=0, description="KV / session state that may be lost")
+    rpo_context_tokens: int | None = Field(None, ge=0, description="RPO_context: context tokens the drill's "
+                                           "sessions lost (recomputed from their committed prefix) on resume")
     rpo_weight_versions: int | None = Field(None, ge=0, description="how far the standby's weights may lag")
 
 
@@ -76,6 +81,13 @@ class Traffic(BaseModel):
     token_delay_ms: float = Field(0.0, ge=0, description="fault admin slows the victim so the fault lands mid-stream")
     # Outage faults (controlplane_down, redis_down): how long the process stays silent while traffic flows.
     fault_duration_s: float = Field(3.0, gt=0, le=600, description="outage faults: seconds until the drill restores it")
+    # Each request a one-turn session (`x-session-id`), so a gateway with sessions counts the context it
+    # recomputes after a resume: the drill's RPO_context (`rpo_context_tokens`).
+    sessions: bool = False
+    # Client retries: a request that fails is sent again (re-resolving the gateway where the fleet resolves
+    # it, e.g. through DNS) until this many seconds after it first started. 0: never (one attempt).
+    retry_for_s: float = Field(0.0, ge=0, le=600)
+    retry_backoff_s: float = Field(0.2, gt=0, le=10)
 
 
 class DrillSpec(BaseModel):

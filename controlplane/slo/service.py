@@ -15,9 +15,13 @@ verify it. Two figures rest on other evidence:
     RPO_weight    measured when the document is built, from the catalog's
                   `prod` history and the regions' fresh gateway and agent
                   reports (`rpo_weight.py`); its evidence is named, not a run
-    RPO_context   unverified, "no KV replication policy": until issue 12's
-                  policies exist nothing replicates KV state, so no drill
-                  result can stand for it, whatever a report says
+    RPO_context   `rpo_context_tokens`: the context tokens a drill's sessions
+                  lost and recomputed on resume (the gateways' count, read by
+                  the drill when its traffic used sessions). Decided like the
+                  others from the latest ended run of a drill that declares
+                  the target, except that a run whose report carries no
+                  measured value (traffic without sessions, a gateway that
+                  does not count it) says so: "no drill measured it"
 
 Never commits.
 """
@@ -42,7 +46,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "rto_latency_s": ("RTO_latency: fault → TTFT back within target", "s"),
     "rto_quality_s": ("RTO_quality: fault → canary passes on every serving instance", "s"),
     "rpo_weight_versions": ("RPO_weight: how far the standby's weights may lag", "versions"),
-    "rpo_context_s": ("RPO_context: KV / session state that may be lost", "s"),
+    "rpo_context_tokens": ("RPO_context: session context lost, recomputed on resume", "tokens"),
     "request_rto_s": ("request RTO: largest gap at the client", "s"),
     "token_rpo_tokens": ("token RPO: tokens lost, duplicated or changed", "tokens"),
 }
@@ -57,7 +61,7 @@ TRIPLE: list[tuple[str, str, str, str, str, list[str]]] = [
      "the KV cache of in-flight requests on the lost instance",
      "committed tokens (the gateway's token log): the continuation recomputes the prefill from prompt ‖ committed",
      "in-flight streams continue on another instance; the client sees the gap, not a loss",
-     ["rpo_context_s", "request_rto_s", "token_rpo_tokens"]),
+     ["rpo_context_tokens", "request_rto_s", "token_rpo_tokens"]),
     ("C", "generation configuration",
      "nothing: sampling parameters travel with every request, not with the instance",
      "temperature, top_p, seed, stop: greedy and seeded (position-keyed) continuations are token-identical",
@@ -78,8 +82,9 @@ def model_names(session: Session, *, model: str) -> tuple[list[str], CatalogView
     return names, CatalogView(versions=versions, aliases=alias_view)
 
 
-# Until issue 12 lands KV replication policies, nothing replicates KV state: RPO_context has no evidence.
-NO_KV_POLICY = "no KV replication policy: nothing replicates KV state yet (issue 12), so nothing can measure it"
+# RPO_context needs a drill whose traffic used sessions on gateways that count recomputed context.
+NO_CONTEXT_MEASURED = ("no drill measured it: a drill measures RPO_context only when its traffic uses "
+                       "sessions (traffic.sessions) on gateways that count recomputed context")
 
 
 def build(session: Session, *, model: str, clock: Clock,
@@ -94,9 +99,10 @@ def build(session: Session, *, model: str, clock: Clock,
     runs = drill_repository.ended_runs_for_model(session, models=names)
     figures = {metric: _figure(metric, definitions, runs, clock=clock, cadence=cadence or DEFAULT_CADENCE)
                for metric in FIGURES}
-    figures["rpo_context_s"] = figures["rpo_context_s"].model_copy(update={
-        "status": "unverified", "why": NO_KV_POLICY, "measured": None, "run_id": None, "drill": None,
-        "run_ended_at": None})
+    context = figures["rpo_context_tokens"]
+    if context.status == "unverified" and context.measured is None and context.run_id is not None:
+        figures["rpo_context_tokens"] = context.model_copy(update={
+            "why": f"{context.why}; {NO_CONTEXT_MEASURED}"})
     history, regions = rpo_weight.read_evidence(session, model=model, clock=clock,
                                                 gateway_stale_after=gateway_stale_after,
                                                 agent_stale_after=agent_stale_after)

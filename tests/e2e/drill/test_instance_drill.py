@@ -85,7 +85,7 @@ def test_slo_export_goes_from_unverified_to_measured_after_a_drill_run_through_t
     for metric in ("request_rto_s", "token_rpo_tokens", "rto_quality_s"):
         assert (after[metric]["status"], after[metric]["run_id"]) == ("measured", run["id"]), after[metric]
         assert after[metric]["measured"] == run["report"]["measured"][metric]
-    assert after["rpo_context_s"]["status"] == "unverified"  # an instance drill does not measure it
+    assert after["rpo_context_tokens"]["status"] == "unverified"  # an instance drill does not measure it
     markdown = httpx.get(f"{controlplane.url}/api/v1/slo/tiny", params={"format": "md"},
                          headers=controlplane.headers("viewer"), timeout=10).text
     assert f"(run {run['id']}, weekly-kill v1)" in markdown

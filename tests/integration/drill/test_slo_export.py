@@ -67,7 +67,7 @@ def test_a_target_is_measured_only_by_a_fresh_passed_run(client, as_role, sessio
     assert (now["rto_quality_s"]["status"], now["rto_quality_s"]["measured"], now["rto_quality_s"]["run_id"]) == (
         "measured", 6.5, passed)
     assert now["token_rpo_tokens"]["status"] == "measured"
-    assert now["rpo_context_s"]["status"] == "unverified"  # no drill declares it
+    assert now["rpo_context_tokens"]["status"] == "unverified"  # no drill declares it
     assert now["rto_latency_s"]["why"] == "no drill declares a target for it"
 
     clock.advance(timedelta(days=7, seconds=1))  # older than the weekly cadence

@@ -2,8 +2,8 @@
 
 RPO_weight is measured when the document is generated, from the catalog's
 `prod` history and the regions' fresh gateway and agent reports (written
-through their own endpoints); RPO_context stays unverified until KV
-replication policies exist, whatever a drill run reports.
+through their own endpoints); RPO_context is the value the latest drill run
+reported (`measured.rpo_context_tokens`), unverified while no run carries one.
 """
 
 from __future__ import annotations
@@ -128,17 +128,36 @@ def test_rpo_weight_is_measured_from_the_catalog_and_fresh_reports(client, as_ro
     assert (stale["status"], stale["measured"]) == ("unverified", None) and "no fresh" in stale["why"]
 
 
-def test_rpo_context_is_unverified_without_a_kv_replication_policy(client, as_role, session_factory, clock):
-    declare_target(session_factory, clock, rpo_context_s=5.0)
-    with session_scope(session_factory) as session:  # a passed run whose report claims the figure
+def _passed_run(session_factory, clock, measured: dict[str, float | None]) -> int:
+    with session_scope(session_factory) as session:
         definition = drill_service.get_definition_or_raise(session, name="weights-lag")
         run = drill_service.create_run(session, definition=definition, trigger="manual", actor="t", clock=clock)
         run = drill_service.approve(session, run_id=run.id, actor="t", clock=clock)
         run = drill_service.start(session, run_id=run.id, fault_target="controlplane:us", actor="t", clock=clock)
         run = drill_service.advance(session, run=run, event=DrillRunEvent.FAULT_CLEARED, clock=clock)
-        drill_service.advance(session, run=run, event=DrillRunEvent.PASS, clock=clock,
-                              report={"measured": {"rpo_context_s": 1.0}})
-    context = figures(client, as_role)["rpo_context_s"]
-    assert (context["status"], context["measured"], context["run_id"], context["target"]) == (
-        "unverified", None, None, 5.0)
-    assert context["why"].startswith("no KV replication policy")
+        run = drill_service.advance(session, run=run, event=DrillRunEvent.PASS, clock=clock,
+                                    report={"measured": measured})
+        return run.id
+
+
+def test_rpo_context_comes_from_the_drill_report_and_stays_unverified_without_it(client, as_role,
+                                                                                 session_factory, clock):
+    declare_target(session_factory, clock, rpo_context_tokens=64)
+    never = figures(client, as_role)["rpo_context_tokens"]
+    assert (never["status"], never["target"], never["why"]) == ("unverified", 64.0, "never drilled")
+
+    # A passed run whose traffic used no sessions: its report carries no value, so no figure.
+    unmeasured = _passed_run(session_factory, clock, {"rpo_context_tokens": None, "request_rto_s": 0.1})
+    context = figures(client, as_role)["rpo_context_tokens"]
+    assert (context["status"], context["measured"], context["run_id"]) == ("unverified", None, unmeasured)
+    assert "did not measure it" in context["why"] and "traffic.sessions" in context["why"]
+
+    measured = _passed_run(session_factory, clock, {"rpo_context_tokens": 40.0})
+    context = figures(client, as_role)["rpo_context_tokens"]
+    assert (context["status"], context["measured"], context["run_id"], context["unit"]) == (
+        "measured", 40.0, measured, "tokens")
+    assert f"(run {measured}, weights-lag v1)" in figures(client, as_role, "md")
+
+    over = _passed_run(session_factory, clock, {"rpo_context_tokens": 100.0})  # lost more than the target allows
+    context = figures(client, as_role)["rpo_context_tokens"]
+    assert (context["status"], context["measured"], context["run_id"]) == ("unverified", 100.0, over)

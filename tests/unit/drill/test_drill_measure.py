@@ -40,13 +40,6 @@ def test_request_rto_is_the_largest_gap_across_the_fault():
     assert measure.request_rto([before], fault_at=0.35) is None
 
 
-def test_rto_latency_waits_for_a_request_within_the_ttft_target():
-    slow = trace(0, 1.0, [3.0])  # started after the fault, TTFT 2.0: not recovered
-    fast = trace(1, 2.0, [2.1])  # TTFT 0.1: recovered at 2.1
-    assert measure.rto_latency([slow, fast], fault_at=0.5, ttft_target=0.5) == pytest.approx(1.6)
-    assert measure.rto_latency([slow], fault_at=0.5, ttft_target=0.5) is None
-
-
 def test_p99_is_nearest_rank():
     assert measure.p99([float(i) for i in range(1, 101)]) == 99.0
     assert measure.p99([]) is None
