@@ -21,6 +21,9 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
                 short zone; each zone is backfilled to serving + warm from cold
     faults      a whole zone (or the region) failing for `fault_rounds` rounds is one fault, posted once to
                 `POST /api/v1/cutover-escalations` in the background with its evidence (warm_pool/fault.py)
+    rollback    a version a non-prod alias names that failed its canary on every instance that answered one
+                is posted once per alias revision to the catalog, which rolls the alias back
+                (warm_pool/canary_rollback.py)
 
 An instance's admission canary (a loading pool instance, an external engine
 before its first lease, any instance about to be leased again after a release,
@@ -52,6 +55,7 @@ from contract.snapshot import RoutingSnapshot
 from contract.snapshot_client import SnapshotClient
 from contract.verdict import InstanceVerdict, RedisVerdictBoard, VerdictBoard
 from warm_pool.budget import ProbeBudget
+from warm_pool.canary_rollback import CanaryFailure, CanaryOutcome, CanaryRollbackReporter, failed_versions
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
 from warm_pool.fault import GONE, Fault, FaultDetector, FaultReporter, Observation, RoundResult
@@ -121,6 +125,8 @@ class AgentMetrics:
                               registry=self.registry)
         self.fault_reports = Counter("lifeline_agent_fault_reports", "faults posted to cutover-escalations by "
                                      "outcome", ["outcome"], registry=self.registry)
+        self.canary_rollbacks = Counter("lifeline_agent_canary_rollback_reports", "failed canary versions posted "
+                                        "to the catalog by outcome", ["outcome"], registry=self.registry)
         self.open_faults = Gauge("lifeline_agent_open_faults", "zone and region faults open now", ["kind"],
                                  registry=self.registry)
 
@@ -131,7 +137,8 @@ class Agent:
                  snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
                  budget: ProbeBudget | None = None, reporter: ReportSender | None = None,
                  agent_id: str | None = None, verdict_board: RedisVerdictBoard | None = None,
-                 fault_reporter: FaultReporter | None = None) -> None:
+                 fault_reporter: FaultReporter | None = None,
+                 rollback_reporter: CanaryRollbackReporter | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.http = http
@@ -161,6 +168,9 @@ class Agent:
         self._unreported: dict[str, Fault] = {}  # opened, not yet accepted or refused
         self._lost: list[Observation] = []  # lost this round: gone, for the fault detector
         self._fault_task: asyncio.Task | None = None
+        self.rollback_reporter = rollback_reporter or CanaryRollbackReporter(None, None)
+        self.rollback_outcomes: dict[tuple[str, str, int], tuple[str, object]] = {}  # alias revision → outcome
+        self._rollback_task: asyncio.Task | None = None
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -216,6 +226,7 @@ class Agent:
         await self.publish_verdicts()
         self.detect_faults()
         self.report_faults()
+        self.report_canary_failures()
         self.export_metrics()
 
     async def observe(self) -> None:
@@ -670,6 +681,38 @@ class Agent:
                 log.error("fault not reported", fault_id=fault.fault_id, scope=fault.scope, outcome=outcome,
                           why=answer)
 
+    # -- a bad version on a non-prod alias ----------------------------------------------------------
+    def canary_failures(self) -> list[CanaryFailure]:
+        """Non-prod aliases whose version failed its canary on every instance of it that answered one."""
+        outcomes = [CanaryOutcome(i.instance_id, i.version, i.canary.verdict.value, i.canary.reason)
+                    for i in self.instances.values() if i.canary is not None]
+        return [f for f in failed_versions(self.snapshot, outcomes) if f.key not in self.rollback_outcomes]
+
+    def report_canary_failures(self) -> None:
+        """Post them in the background (one at a time): the catalog answers once the alias has moved."""
+        if not self.settings.canary_rollback or (self._rollback_task is not None and not self._rollback_task.done()):
+            return
+        failures = self.canary_failures()
+        if failures:
+            self._rollback_task = asyncio.create_task(self._send_canary_failures(failures), name="canary-rollbacks")
+
+    async def _send_canary_failures(self, failures: list[CanaryFailure]) -> None:
+        for failure in failures:
+            try:
+                outcome, answer = await self.rollback_reporter.send(failure)
+            except Exception as exc:  # a report never takes the agent down; the next round tries again
+                log.exception("canary failure report failed", alias=failure.alias, version=failure.version)
+                outcome, answer = "retry", repr(exc)[:300]
+            self.metrics.canary_rollbacks.labels(outcome).inc()
+            if outcome == "retry":
+                log.info("canary failure not reported yet", alias=failure.alias, version=failure.version, why=answer)
+                continue
+            self.rollback_outcomes[failure.key] = (outcome, answer)
+            level = log.warning if outcome == "accepted" else log.error if outcome == "refused" else log.info
+            level("canary failure reported: alias rolled back" if outcome == "accepted" else
+                  "canary failure not acted on", model=failure.model, alias=failure.alias, version=failure.version,
+                  revision=failure.revision, instances=list(failure.instances), outcome=outcome, answer=str(answer)[:300])
+
     def _forget(self, instance_id: str) -> None:
         instance = self.instances.pop(instance_id, None)
         if instance is not None and instance.canary_task is not None:
@@ -751,12 +794,15 @@ class Agent:
                               for i in self.instances.values()},
                 "faults": {"open": {scope: entry.fault.fault_id for scope, entry in self.faults.open.items()},
                            "reported": {fault_id: outcome for fault_id, (outcome, _) in self.fault_outcomes.items()},
-                           "unreported": sorted(self._unreported)}}
+                           "unreported": sorted(self._unreported)},
+                "canary_rollbacks": {f"{m}:{a}@{r}": outcome for (m, a, r), (outcome, _) in
+                                     self.rollback_outcomes.items()}}
 
     async def close(self) -> None:
         """Release every lease the agent holds (clean shutdown) and stop the pool's processes."""
-        if self._fault_task is not None:
-            self._fault_task.cancel()
+        for task in (self._fault_task, self._rollback_task):
+            if task is not None:
+                task.cancel()
         for instance in self.instances.values():
             if instance.canary_task is not None:
                 instance.canary_task.cancel()
@@ -816,9 +862,10 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None,
     board = RedisVerdictBoard(registry.redis, region=settings.region, prefix=settings.registry_prefix)
     faults = FaultReporter(cp_http, settings.controlplane_url, token=settings.controlplane_token,
                            timeout_s=settings.fault_report_timeout.total_seconds())
+    rollbacks = CanaryRollbackReporter(cp_http, settings.controlplane_url, token=settings.controlplane_token)
     agent = Agent(settings, registry=registry, http=http, clock=clock, driver=driver, shipper=shipper,
                   snapshots=snapshots, reporter=reporter, agent_id=settings.agent_id or _default_agent_id(),
-                  verdict_board=board, fault_reporter=faults,
+                  verdict_board=board, fault_reporter=faults, rollback_reporter=rollbacks,
                   canary_records=load_canary_file(settings.canary_file) if settings.canary_file else {})
     if settings.port:
         from prometheus_client import start_http_server

@@ -160,6 +160,8 @@ class AgentSettings(BaseSettings):
                                     "down before the fault clears; it returns later as a new fault")
     fault_report_timeout: Seconds = Field(timedelta(seconds=120), gt=timedelta(0), description="for the answer "
                                           "of POST /api/v1/cutover-escalations, which runs the cutover first")
+    canary_rollback: bool = Field(True, description="post a version a non-prod alias names that failed its canary "
+                                  "on every instance that answered one to the catalog, which rolls the alias back")
     port: int = Field(0, ge=0, le=65535, description="Prometheus metrics port; 0 serves none")
     log_level: str = "info"
 

@@ -1,7 +1,9 @@
 """A version's canary: the greedy output of a verified instance for a fixed prompt, kept in the catalog.
 
 Recorded with `lifeline catalog canary record MODEL VERSION --url ENGINE`
-(`contract.canary.record_from_engine` asks the engine), carried to every
+(`contract.canary.record_from_engine` asks the engine), or inherited from
+another version that must answer alike (`lifeline catalog canary inherit
+MODEL VERSION --from OTHER`: the same weights re-exported), carried to every
 agent on the snapshot's `VersionEntry.canary`, and checked by each agent's
 canary probe (token count, output, time to first token).
 
@@ -25,7 +27,13 @@ from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
 from controlplane.routing_version import service as routing_version
 from weight_catalog import repository
-from weight_catalog.errors import CanaryEngineUnverified, CanaryExists, LastVerifyFailed
+from weight_catalog.errors import (
+    CanaryEngineUnverified,
+    CanaryExists,
+    FingerprintMismatch,
+    LastVerifyFailed,
+    NoCanaryToInherit,
+)
 from weight_catalog.models import WeightVersion
 from weight_catalog.service import get_version_or_raise
 
@@ -69,6 +77,42 @@ def record(session: Session, *, model: str, version: str, canary: CanaryRecord, 
         raise InvalidInput("a canary is recorded from at least one verified instance", param="engines")
     for engine in engines:
         check_engine(session, weight_version=weight_version, engine=engine)
+    return _keep(session, weight_version, canary, actor=actor, clock=clock, replace=replace,
+                 reason=f"greedy output of {', '.join(e.instance_id for e in engines)} "
+                        f"({len(canary.output_token_ids)} tokens)",
+                 source={"recorded_from": [e.instance_id for e in engines], "weights_digest": engines[0].weights_digest})
+
+
+def inherit(session: Session, *, model: str, version: str, from_version: str, actor: str, clock: Clock,
+            replace: bool = False) -> WeightVersion:
+    """Keep `from_version`'s record as `version`'s: `version` must answer the canary as `from_version` does.
+
+    For a version released as the same weights in a new artifact (a re-export, a re-shard, a format
+    conversion): its greedy output on the canary prompt must not change, so what it is checked against is the
+    known-good version's answer, not whatever the new artifact happens to answer. The source must have a
+    record and both the same semantic fingerprint (the prompt's token ids mean the same only under the same
+    tokenizer and template); anything else is refused and changes nothing.
+    """
+    weight_version = get_version_or_raise(session, model=model, version=version)
+    source = get_version_or_raise(session, model=model, version=from_version)
+    if source.id == weight_version.id:
+        raise InvalidInput("a version cannot inherit its own canary", param="from_version")
+    canary = canary_of(source)
+    if canary is None:
+        raise NoCanaryToInherit(f"{model} {from_version} has no canary recorded to inherit")
+    if source.fingerprint != weight_version.fingerprint:
+        raise FingerprintMismatch(f"{model} {version} and {from_version} differ in semantic fingerprint: the "
+                                  "canary prompt's token ids would not mean the same to both")
+    if weight_version.last_verify_healthy is False:
+        raise LastVerifyFailed(f"{model} {version}'s last verify failed; verify it again before giving it a canary")
+    return _keep(session, weight_version, canary, actor=actor, clock=clock, replace=replace,
+                 reason=f"inherited from {from_version}: {version} must answer the canary as {from_version} does",
+                 source={"inherited_from": from_version})
+
+
+def _keep(session: Session, weight_version: WeightVersion, canary: CanaryRecord, *, actor: str, clock: Clock,
+          replace: bool, reason: str, source: dict) -> WeightVersion:
+    model, version = weight_version.model, weight_version.version
     before = weight_version.canary
     if before is not None and not replace:
         raise CanaryExists(f"{model} {version} has a canary recorded at {weight_version.canary_recorded_at} by "
@@ -85,13 +129,11 @@ def record(session: Session, *, model: str, version: str, canary: CanaryRecord, 
         raise CanaryExists(f"{model} {version}'s canary was recorded by {weight_version.canary_recorded_by} "
                            "meanwhile; read it and record again with --replace if it is wrong")
     event_service.record(
-        session, kind="catalog.canary.record", actor=actor, clock=clock,
-        reason=f"greedy output of {', '.join(e.instance_id for e in engines)} ({len(canary.output_token_ids)} tokens)",
+        session, kind="catalog.canary.record", actor=actor, clock=clock, reason=reason,
         scope=f"model:{model}/version:{version}",
         before={"output_token_ids": before["output_token_ids"]} if before else {},
         after={"output_token_ids": canary.output_token_ids, "prompt_token_ids": canary.prompt_token_ids,
-               "compare_tokens": canary.compare_tokens, "recorded_from": [e.instance_id for e in engines],
-               "weights_digest": engines[0].weights_digest})
+               "compare_tokens": canary.compare_tokens, **source})
     routing_version.bump(session, clock=clock)  # the snapshot carries the record
     return weight_version
 

@@ -1,8 +1,8 @@
-"""`lifeline catalog canary record`: a version's canary, from verified instances into the catalog.
+"""`lifeline catalog canary record|inherit`: a version's canary, from verified instances (or another version).
 
-Apart from `weight_catalog/cli.py` because it is the one catalog command
-that talks to engines (over HTTP, before its unit of work) rather than
-only to the database.
+Apart from `weight_catalog/cli.py` because `record` is the one catalog
+command that talks to engines (over HTTP, before its unit of work) rather
+than only to the database; `inherit` sits beside it as its other source.
 """
 
 from __future__ import annotations
@@ -73,3 +73,29 @@ def canary_record(
                                                   replace=replace))
     typer.echo(f"recorded the canary of {model} {version} from {', '.join(i.instance_id for i, _ in answers)}: "
                f"{record.output_token_ids} (at {stored.canary_recorded_at.isoformat() if stored.canary_recorded_at else '?'})")
+
+
+@canary_app.command("inherit")
+def canary_inherit(
+    model: str,
+    version: str,
+    from_version: Annotated[str, typer.Option("--from", help="The known-good version whose canary VERSION must "
+                                                             "answer alike (same semantic fingerprint).")],
+    replace: Annotated[bool, typer.Option(help="Replace the version's recorded canary.")] = False,
+) -> None:
+    """Give VERSION the canary of --from: it must answer as that version does (the same weights re-exported).
+
+    What the agents then check VERSION's instances against is the known-good
+    answer, not the new artifact's own; a re-export that changed the output
+    fails its canary on the first instance that serves it.
+    """
+    from weight_catalog import canary
+
+    settings = load_settings()
+    stored = run_mutation(
+        settings, action="catalog.canary.inherit", target=f"model:{model}/version:{version}",
+        work=lambda session, clock: canary.inherit(session, model=model, version=version, from_version=from_version,
+                                                   actor=cli_actor(), clock=clock, replace=replace))
+    record = canary.canary_of(stored)
+    typer.echo(f"{model} {version} inherits the canary of {from_version}: "
+               f"{record.output_token_ids if record else '?'}")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from controlplane.auth.dependencies import Operator, Viewer
+from controlplane.auth.dependencies import Operator, Principal, Viewer, require
+from controlplane.auth.roles import Role
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep, IdPath, NamePath, SettingsDep
 from controlplane.types import NAME_PATTERN
@@ -16,6 +17,7 @@ from weight_catalog.models import Alias, AliasMove
 from weight_catalog.schemas import (
     AliasMoveRead,
     AliasRead,
+    CanaryFailure,
     IssueCreate,
     IssueRead,
     IssueResolve,
@@ -30,6 +32,10 @@ from weight_catalog.schemas import (
 from weight_catalog.store import check_readable_by_api, open_store
 
 router = APIRouter(prefix="/catalog", tags=["catalog"])
+
+# A version's failed canary (POST …/aliases/{alias}/canary-failures): operators, and the regional agents that run
+# the canaries; of the catalog's writes an agent may call this and nothing else.
+CanaryFailureReporter = Annotated[Principal, Depends(require(Role.OPERATOR, Role.AGENT))]
 
 
 def release_connection(session: Session) -> None:
@@ -172,5 +178,19 @@ def rollback(
     aliases.rollback(
         session, model=model, alias=alias, actor=principal.actor, reason=body.reason, force=body.force,
         expected_revision=body.expected_revision, clock=clock,
+    )
+    return alias_read(session, aliases.get_alias_or_raise(session, model=model, name=alias))
+
+
+@router.post("/models/{model}/aliases/{alias}/canary-failures", response_model=AliasRead)
+def canary_failure(
+    model: NamePath, alias: NamePath, body: CanaryFailure, session: DbSession, principal: CanaryFailureReporter,
+    clock: ClockDep,
+) -> AliasRead:
+    """The version `alias` points at failed its canary: the alias is rolled back one step (never `prod`)."""
+    aliases.rollback_failed_canary(
+        session, model=model, alias=alias, version=body.version, expected_revision=body.expected_revision,
+        evidence=f"{body.reason} (instances {', '.join(body.instances)}; reported by {principal.actor})",
+        actor=principal.actor, clock=clock,
     )
     return alias_read(session, aliases.get_alias_or_raise(session, model=model, name=alias))

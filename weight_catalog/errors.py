@@ -5,7 +5,8 @@
     ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
     │             critical_known_issue, last_verify_failed, nothing_to_roll_back,
     │             issue_already_resolved, force_needs_reason, canary_exists,
-    │             canary_engine_unverified
+    │             canary_engine_unverified, automatic_rollback_refused,
+    │             no_canary_to_inherit
     ├── InvalidInput: invalid_artifact, invalid_location
     └── ArtifactStoreUnavailable (503): artifact_store_unavailable
 """
@@ -84,3 +85,15 @@ class ArtifactStoreUnavailable(LifelineError):
 
     status_code = 503
     error_type = "artifact_store_unavailable"
+
+
+class AutomaticRollbackRefused(Conflict):
+    """An automatic rollback was asked of an alias it never moves (`prod`: the pools' version, a cutover's call)."""
+
+    error_type = "automatic_rollback_refused"
+
+
+class NoCanaryToInherit(Conflict):
+    """`canary inherit --from` names a version with no canary recorded."""
+
+    error_type = "no_canary_to_inherit"

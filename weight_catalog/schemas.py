@@ -83,6 +83,17 @@ class RollbackRequest(BaseModel):
     expected_revision: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
+class CanaryFailure(BaseModel):
+    """An agent's report: the version an alias points at failed its canary (`POST …/aliases/{alias}/canary-failures`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Name
+    expected_revision: int = Field(ge=0, le=2**31 - 1, description="the alias revision the agent's snapshot showed")
+    instances: list[Name] = Field(min_length=1, max_length=64, description="the instances whose canary failed")
+    reason: Reason = Field(description="the canary's verdict, e.g. `canary: token 0 is 7, recorded 3`")
+
+
 class VerifyRequest(BaseModel):
     location: str | None = Field(default=None, min_length=1, max_length=1000, pattern=r"^[^\x00]+$")
 
