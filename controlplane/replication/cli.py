@@ -1,4 +1,4 @@
-"""`lifeline replication policy set|list|show`, `lifeline replication worker|beat|status`.
+"""`lifeline replication policy set|list|show`, `dead-letters list|retry|clear`, `worker|beat|status`.
 
 Policy commands use the database through the service layer, audited as
 `cli:<user>`, and write the same events as the API. `worker` and `beat` run
@@ -20,6 +20,9 @@ replication_app = typer.Typer(no_args_is_help=True, add_completion=False,
 policy_app = typer.Typer(no_args_is_help=True, add_completion=False,
                          help="Replication policies per model and session class.")
 replication_app.add_typer(policy_app, name="policy")
+dead_letters_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                               help="Checkpoints a worker gave up on: list, retry, clear.")
+replication_app.add_typer(dead_letters_app, name="dead-letters")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a summary.")]
 
@@ -109,6 +112,79 @@ def policy_show(model: str, session_class: str) -> None:
         service.get_policy_or_raise(session, model=model, session_class=session_class))))
 
 
+@dead_letters_app.command("list")
+def dead_letters_list(
+    model: Annotated[str | None, typer.Option()] = None,
+    session_class: Annotated[str | None, typer.Option("--session-class")] = None,
+    include_cleared: Annotated[bool, typer.Option("--include-cleared", help="Cleared ones too.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Dead and retrying letters per policy, as GET /api/v1/replication/dead-letters."""
+    from controlplane.replication import service
+
+    rows = read_only(load_settings(), lambda session: [r.model_dump(mode="json") for r in service.list_dead_letters(
+        session, model=model, session_class=session_class, include_cleared=include_cleared)])
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        for letter in row["dead_letters"]:
+            typer.echo(f"{row['model']}/{row['session_class']} {letter['state']} {letter['checkpoint_key']} "
+                       f"after {letter['attempts']}: {letter['error']}")
+
+
+def _change_dead_letters(action: str, model: str, session_class: str, keys: list[str] | None, every: bool,
+                         reason: str) -> None:
+    from pydantic import ValidationError
+
+    from controlplane.replication import service
+    from controlplane.replication.schemas import DeadLetterSelection
+    from controlplane.replication.states import DeadLetterAction
+
+    settings = load_settings()
+    audit_action, target = f"replication.dead_letters.{action}", f"replication:{model}/{session_class}"
+    with audited_command(settings, action=audit_action, target=target):  # a refused argument is audited too
+        if bool(keys) == every:
+            typer.echo("error: invalid_request: name checkpoint keys or --all (every dead letter), not both",
+                       err=True)
+            raise typer.Exit(2)
+        try:
+            selection = DeadLetterSelection(model=model, session_class=session_class,
+                                            checkpoint_keys=keys or None, reason=reason)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'selection'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False))
+            typer.echo(f"error: invalid_request: {problems}", err=True)
+            raise typer.Exit(2) from None
+    result = run_mutation(settings, action=audit_action, target=target, work=lambda session, clock:
+                          service.change_dead_letters(session, selection=selection,
+                                                      action=DeadLetterAction(action), actor=cli_actor(),
+                                                      clock=clock).model_dump(mode="json"))
+    typer.echo(f"{model}/{session_class}: {len(result['changed'])} now {result['state']}, "
+               f"{len(result['unchanged'])} already {result['state']}")
+    for key in result["changed"]:
+        typer.echo(f"  {key}")
+
+
+KeysArg = Annotated[list[str] | None, typer.Argument(help="Checkpoint keys (kv/<root>/manifests/<hash>.json).")]
+AllFlag = Annotated[bool, typer.Option("--all", help="Every letter in the dead state.")]
+ReasonOpt = Annotated[str, typer.Option(help="Why, for the event log.")]
+
+
+@dead_letters_app.command("retry")
+def dead_letters_retry(model: str, session_class: str, reason: ReasonOpt, keys: KeysArg = None,
+                       every: AllFlag = False) -> None:
+    """Copy these checkpoints again (the next sweep plans them), as POST …/dead-letters/retry."""
+    _change_dead_letters("retry", model, session_class, keys, every, reason)
+
+
+@dead_letters_app.command("clear")
+def dead_letters_clear(model: str, session_class: str, reason: ReasonOpt, keys: KeysArg = None,
+                       every: AllFlag = False) -> None:
+    """Stop reporting these dead letters (sweeps still skip them), as POST …/dead-letters/clear."""
+    _change_dead_letters("clear", model, session_class, keys, every, reason)
+
+
 def _exec_celery(*args: str, **env: str) -> None:
     """Replace this process with Celery's own command on `controlplane.celery_app` (the composed app).
 
@@ -179,7 +255,8 @@ def status(model: Annotated[str | None, typer.Option()] = None, as_json: JsonFla
                    f"(RPO_context {row['rpo_context_seconds']}s), replicated {row['replicated_total']}, "
                    f"dead letters {len(row['dead_letters'])}")
         for letter in row["dead_letters"]:
-            typer.echo(f"  dead letter {letter['checkpoint_key']} after {letter['attempts']}: {letter['error']}")
+            typer.echo(f"  dead letter ({letter['state']}) {letter['checkpoint_key']} after {letter['attempts']}: "
+                       f"{letter['error']}")
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m controlplane.replication.cli worker`, as `lifeline replication`

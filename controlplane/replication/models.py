@@ -4,7 +4,8 @@ A policy row changes only by compare-and-set on `revision`; every change is an
 event (`replication.policy`). `replication_status` is one row per policy that
 the workers update with atomic increments (never read-modify-write), and
 `replication_dead_letters` holds the checkpoints a worker gave up on after
-the policy's attempts, for an operator to see (status API, event log).
+the policy's attempts, for an operator to see (status API, event log) and to
+retry or clear (`states.py`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ class ReplicationStatus(Base):
 
 class ReplicationDeadLetter(Base):
     __tablename__ = "replication_dead_letters"
-    __table_args__ = (UniqueConstraint("policy_id", "checkpoint_key"),)
+    __table_args__ = (
+        UniqueConstraint("policy_id", "checkpoint_key"),
+        CheckConstraint("state IN ('dead', 'retrying', 'cleared')", name="state"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     policy_id: Mapped[int] = mapped_column(ForeignKey("replication_policies.id", ondelete="CASCADE"), index=True)
@@ -77,3 +81,7 @@ class ReplicationDeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     error: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # controlplane.replication.states: dead | retrying | cleared (migration 0016); changed by compare-and-set.
+    state: Mapped[str] = mapped_column(String(16), default="dead", server_default="dead")
+    state_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    state_changed_by: Mapped[str | None] = mapped_column(String(160), nullable=True)

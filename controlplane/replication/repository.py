@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from controlplane.replication.models import ReplicationDeadLetter, ReplicationPolicy, ReplicationStatus
@@ -71,9 +71,36 @@ def count_deleted(session: Session, *, policy_id: int, deleted: int) -> None:
                     .values(deleted_total=status.deleted_total + deleted).execution_options(synchronize_session=False))
 
 
-def dead_letters(session: Session, *, policy_id: int) -> Sequence[ReplicationDeadLetter]:
-    return session.scalars(select(ReplicationDeadLetter).where(ReplicationDeadLetter.policy_id == policy_id)
-                           .order_by(ReplicationDeadLetter.id)).all()
+def dead_letters(session: Session, *, policy_id: int,
+                 states: Collection[str] | None = None) -> Sequence[ReplicationDeadLetter]:
+    query = select(ReplicationDeadLetter).where(ReplicationDeadLetter.policy_id == policy_id)
+    if states is not None:
+        query = query.where(ReplicationDeadLetter.state.in_(sorted(states)))
+    return session.scalars(query.order_by(ReplicationDeadLetter.id)).all()
+
+
+def dead_letter_counts(session: Session) -> dict[tuple[int, str], int]:
+    """(policy id, state) → dead letters: one grouped query, for the metrics page."""
+    letter = ReplicationDeadLetter
+    rows = session.execute(select(letter.policy_id, letter.state, func.count()).group_by(letter.policy_id,
+                                                                                        letter.state))
+    return {(policy_id, state): count for policy_id, state, count in rows}
+
+
+def compare_and_set_dead_letter(session: Session, *, letter_id: int, expected_state: str, **values: Any) -> bool:
+    """`UPDATE … WHERE state = :expected`. True if it won."""
+    letter = ReplicationDeadLetter
+    result = session.execute(update(letter).where(letter.id == letter_id, letter.state == expected_state)
+                             .values(**values).execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
+def delete_dead_letter(session: Session, *, policy_id: int, key: str, expected_state: str) -> bool:
+    letter = ReplicationDeadLetter
+    result = session.execute(delete(letter).where(letter.policy_id == policy_id, letter.checkpoint_key == key,
+                                                  letter.state == expected_state)
+                             .execution_options(synchronize_session=False))
+    return result.rowcount == 1
 
 
 def get_dead_letter(session: Session, *, policy_id: int, key: str) -> ReplicationDeadLetter | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from contract.kv_checkpoint import check_kv_store_url, redact_kv_store_url
+from controlplane.replication.states import DeadLetterState
 from controlplane.types import Name, Reason
 
 SESSION_CLASS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -122,6 +123,46 @@ class DeadLetterRead(BaseModel):
     attempts: int
     error: str
     created_at: datetime
+    state: DeadLetterState
+    state_changed_at: datetime | None = None
+    state_changed_by: str | None = None
+
+
+class PolicyDeadLetters(BaseModel):
+    """`GET /api/v1/replication/dead-letters`: one policy's dead letters."""
+
+    model: str
+    session_class: str
+    dead_letters: list[DeadLetterRead]
+
+
+CheckpointKey = Annotated[str, StringConstraints(min_length=1, max_length=300, pattern=r"^[^\x00]*$")]
+
+
+class DeadLetterSelection(BaseModel):
+    """`POST /api/v1/replication/dead-letters/retry|clear`: which of one policy's dead letters.
+
+    `checkpoint_keys` omitted: every letter in the `dead` state. Named keys are all or nothing: one that
+    is not a dead letter of the policy refuses the whole request (404) and changes nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Name
+    session_class: str = Field(pattern=SESSION_CLASS_PATTERN)
+    checkpoint_keys: list[CheckpointKey] | None = Field(None, min_length=1, max_length=1000)
+    reason: Reason
+
+
+class DeadLetterActionRead(BaseModel):
+    """What a retry or clear did: `changed` moved to `state`, `unchanged` were in it already (a no-op)."""
+
+    model: str
+    session_class: str
+    action: str
+    state: DeadLetterState
+    changed: list[str]
+    unchanged: list[str]
 
 
 class ReplicationClassStatus(BaseModel):

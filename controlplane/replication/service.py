@@ -6,6 +6,12 @@ A policy is set whole (`put_policy`), by compare-and-set on its revision
 redacted). Workers record a sweep, a verified copy, deletions and dead letters
 here; a dead letter is also an event (`replication.dead_letter`, outcome
 `failed`), so an operator finds it in the event log as well as in the status.
+
+An operator retries or clears dead letters (`change_dead_letters`, the table
+in `states.py`): one `replication.dead_letter.retry|clear` event per request
+that changed something; a retry also makes the policy due at the next sweep.
+A retried letter that a worker then copies is deleted, with one
+`replication.dead_letter.replicated` event.
 """
 
 from __future__ import annotations
@@ -19,16 +25,25 @@ from sqlalchemy.orm import Session
 from common.clock import Clock
 from controlplane.event import service as event_service
 from controlplane.replication import repository
-from controlplane.replication.errors import ReplicationPolicyConflict, ReplicationPolicyNotFound
+from controlplane.replication.errors import (
+    ReplicationDeadLetterConflict,
+    ReplicationDeadLetterNotFound,
+    ReplicationPolicyConflict,
+    ReplicationPolicyNotFound,
+)
 from controlplane.replication.models import ReplicationDeadLetter, ReplicationPolicy, ReplicationStatus
 from controlplane.replication.schemas import (
+    DeadLetterActionRead,
     DeadLetterRead,
+    DeadLetterSelection,
+    PolicyDeadLetters,
     ReplicationClassStatus,
     ReplicationMode,
     ReplicationPolicyRead,
     ReplicationPolicySpec,
     ReplicationStatusRead,
 )
+from controlplane.replication.states import REPORTED, SKIPPED, DeadLetterAction, DeadLetterState, transition
 
 
 def _scope(model: str, session_class: str) -> str:
@@ -124,7 +139,92 @@ def due_policies(session: Session, *, clock: Clock, replan_after: timedelta | No
 
 
 def dead_lettered_keys(session: Session, *, policy_id: int) -> set[str]:
-    return {d.checkpoint_key for d in repository.dead_letters(session, policy_id=policy_id)}
+    """The checkpoints a sweep must not plan: dead or cleared letters (a retrying one is planned)."""
+    return {d.checkpoint_key for d in repository.dead_letters(session, policy_id=policy_id, states=SKIPPED)}
+
+
+def is_dead_lettered(session: Session, *, policy_id: int, key: str) -> bool:
+    """A copy task refuses a dead or cleared letter's checkpoint (one sent before the letter was written)."""
+    letter = repository.get_dead_letter(session, policy_id=policy_id, key=key)
+    return letter is not None and letter.state in SKIPPED
+
+
+def record_letter_copied(session: Session, *, policy_id: int, key: str, clock: Clock) -> bool:
+    """A retried letter's checkpoint is at the destination now: delete the letter; True if there was one."""
+    if not repository.delete_dead_letter(session, policy_id=policy_id, key=key,
+                                         expected_state=DeadLetterState.RETRYING):
+        return False
+    policy = repository.get_policy_by_id(session, policy_id=policy_id)
+    if policy is not None:
+        event_service.record(session, kind="replication.dead_letter.replicated", actor="replication",
+                             reason="a retried dead letter was copied and verified",
+                             scope=_scope(policy.model, policy.session_class), clock=clock,
+                             before={"checkpoint": key, "state": DeadLetterState.RETRYING.value}, after=None)
+    return True
+
+
+def list_dead_letters(session: Session, *, model: str | None = None, session_class: str | None = None,
+                      include_cleared: bool = False) -> list[PolicyDeadLetters]:
+    """Per policy (those with any), its dead letters: dead and retrying, and cleared ones if asked."""
+    states = None if include_cleared else REPORTED
+    rows = []
+    for policy in repository.list_policies(session, model=model):
+        if session_class is not None and policy.session_class != session_class:
+            continue
+        letters = repository.dead_letters(session, policy_id=policy.id, states=states)
+        if letters:
+            rows.append(PolicyDeadLetters(model=policy.model, session_class=policy.session_class,
+                                          dead_letters=[DeadLetterRead.model_validate(d) for d in letters]))
+    return rows
+
+
+def change_dead_letters(session: Session, *, selection: DeadLetterSelection, action: DeadLetterAction,
+                        actor: str, clock: Clock) -> DeadLetterActionRead:
+    """Retry or clear dead letters of one policy, all or nothing; one event if anything changed.
+
+    Named keys that are not dead letters of the policy refuse the request (404) before anything is
+    written; letters already in the target state are reported `unchanged` (the call is idempotent).
+    Each change is a compare-and-set on the letter's state, so a worker that moved a letter meanwhile
+    makes the request 409 and the unit of work rolls back.
+    """
+    policy = get_policy_or_raise(session, model=selection.model, session_class=selection.session_class)
+    if selection.checkpoint_keys is None:
+        letters = list(repository.dead_letters(session, policy_id=policy.id, states={DeadLetterState.DEAD}))
+    else:
+        held = {d.checkpoint_key: d for d in repository.dead_letters(session, policy_id=policy.id)}
+        wanted = list(dict.fromkeys(selection.checkpoint_keys))
+        missing = [key for key in wanted if key not in held]
+        if missing:
+            raise ReplicationDeadLetterNotFound(
+                f"{len(missing)} of the named checkpoints are not dead letters of {policy.model}/"
+                f"{policy.session_class}, e.g. {missing[0]!r}; nothing was changed")
+        letters = [held[key] for key in wanted]
+    now = clock.utcnow()
+    target = transition(DeadLetterState.DEAD, action)
+    changed, unchanged, before = [], [], []
+    for letter in letters:
+        state = transition(letter.state, action)
+        if state == letter.state:
+            unchanged.append(letter.checkpoint_key)
+            continue
+        if not repository.compare_and_set_dead_letter(session, letter_id=letter.id, expected_state=letter.state,
+                                                      state=state.value, state_changed_at=now,
+                                                      state_changed_by=actor):
+            raise ReplicationDeadLetterConflict(f"dead letter {letter.checkpoint_key!r} changed state "
+                                                "concurrently; read it again")
+        before.append({"checkpoint": letter.checkpoint_key, "state": letter.state, "attempts": letter.attempts})
+        changed.append(letter.checkpoint_key)
+    if changed:
+        if action == DeadLetterAction.RETRY:  # due at the next sweep, whatever its cadence or pending count
+            repository.update_status(session, policy_id=policy.id, last_sweep_at=None)
+        event_service.record(session, kind=f"replication.dead_letter.{action.value}", actor=actor,
+                             reason=selection.reason, scope=_scope(policy.model, policy.session_class),
+                             clock=clock, before={"dead_letters": before},
+                             after={"state": target.value, "checkpoints": changed,
+                                    "policy_revision": policy.revision})
+    session.flush()
+    return DeadLetterActionRead(model=policy.model, session_class=policy.session_class, action=action.value,
+                                state=target, changed=changed, unchanged=unchanged)
 
 
 def record_sweep(session: Session, *, policy_id: int, pending: int, oldest_pending_created_at: float | None,
@@ -154,13 +254,30 @@ def record_error(session: Session, *, policy_id: int, error: str) -> None:
 
 def record_dead_letter(session: Session, *, policy_id: int, key: str, attempts: int, error: str,
                        clock: Clock) -> ReplicationDeadLetter | None:
-    """Give up on one checkpoint: a dead letter row and a `replication.dead_letter` event (once per key)."""
+    """Give up on one checkpoint: a dead letter row and a `replication.dead_letter` event (once per key).
+
+    A retried letter whose copy failed again is dead again (with this failure's attempts and error);
+    a dead or cleared one is left as it is.
+    """
     policy = repository.get_policy_by_id(session, policy_id=policy_id)
-    if policy is None or repository.get_dead_letter(session, policy_id=policy_id, key=key) is not None:
+    if policy is None:
         return None
-    letter = ReplicationDeadLetter(policy_id=policy_id, checkpoint_key=key, attempts=attempts, error=error[:2000],
-                                   created_at=clock.utcnow())
-    session.add(letter)
+    letter = repository.get_dead_letter(session, policy_id=policy_id, key=key)
+    if letter is not None:
+        if letter.state != DeadLetterState.RETRYING:
+            return None
+        now = clock.utcnow()
+        if not repository.compare_and_set_dead_letter(
+                session, letter_id=letter.id, expected_state=DeadLetterState.RETRYING,
+                state=transition(letter.state, DeadLetterAction.FAILED).value, attempts=attempts,
+                error=error[:2000], created_at=now, state_changed_at=now, state_changed_by="replication"):
+            return None  # an operator cleared it meanwhile
+        session.expire(letter)
+    else:
+        letter = ReplicationDeadLetter(policy_id=policy_id, checkpoint_key=key, attempts=attempts,
+                                       error=error[:2000], created_at=clock.utcnow(),
+                                       state=DeadLetterState.DEAD.value)
+        session.add(letter)
     repository.update_status(session, policy_id=policy_id, last_error=error[:2000])
     repository.count_settled(session, policy_id=policy_id)
     event_service.record(session, kind="replication.dead_letter", actor="replication", reason=error[:2000],
@@ -199,5 +316,5 @@ def status(session: Session, *, clock: Clock, model: str | None = None) -> Repli
             last_lag_seconds=state.last_lag_seconds if state else None,
             last_error=state.last_error if state else None,
             dead_letters=[DeadLetterRead.model_validate(d)
-                          for d in repository.dead_letters(session, policy_id=policy.id)]))
+                          for d in repository.dead_letters(session, policy_id=policy.id, states=REPORTED)]))
     return ReplicationStatusRead(policies=rows)

@@ -14,7 +14,9 @@ the manifest last. A copy that fails (a store that does not answer, a block
 that does not match its manifest) is retried by Celery's own `retry` with
 exponential backoff and full jitter; after the policy's `max_attempts` it is
 dead-lettered: a row the status API shows and a `replication.dead_letter`
-event, and later sweeps skip it. The stores are the truth: every sweep
+event, and later sweeps skip it until an operator retries it (it is then
+planned again with the policy's attempts afresh, and deleted once copied) or
+clears it (states.py). The stores are the truth: every sweep
 plans again from what they hold, so a task lost to a database outage is
 planned again at the next one.
 """
@@ -93,7 +95,7 @@ def copy(factory: Any, policy_id: int, key: str, *, clock: Clock, s3_endpoint_ur
         policy = repository.get_policy_by_id(session, policy_id=policy_id)
         if policy is None or not policy.source_store or not policy.destination_store:
             return "no_policy"
-        if repository.get_dead_letter(session, policy_id=policy_id, key=key) is not None:
+        if service.is_dead_lettered(session, policy_id=policy_id, key=key):
             return "dead_lettered"
         source_url, target_url, labels = policy.source_store, policy.destination_store, _labels(policy)
     source = flows.open_checkpoints(source_url, s3_endpoint_url=s3_endpoint_url)
@@ -102,11 +104,13 @@ def copy(factory: Any, policy_id: int, key: str, *, clock: Clock, s3_endpoint_ur
     if outcome.already_present:
         with session_scope(factory) as session:
             service.record_already_present(session, policy_id=policy_id)
+            service.record_letter_copied(session, policy_id=policy_id, key=key, clock=clock)
         metrics.COPIES.labels(**labels, outcome="already_present").inc()
         return "already_present"
     lag = max(0.0, clock.wall() - outcome.created_at) if outcome.created_at is not None else None
     with session_scope(factory) as session:
         service.record_replicated(session, policy_id=policy_id, blocks=outcome.blocks, lag_seconds=lag, clock=clock)
+        service.record_letter_copied(session, policy_id=policy_id, key=key, clock=clock)
     metrics.COPIES.labels(**labels, outcome="replicated").inc()
     metrics.BLOCKS.labels(**labels).inc(outcome.blocks)
     if lag is not None:
