@@ -339,6 +339,29 @@ class S3KVStore:
         self._call("delete_object", Key=self.prefix + _check_key(key))
 
 
+class MemoryKVStore:
+    """A dict in this process: the embedded default where one process is the only reader and writer."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.location = "memory"
+
+    def put(self, key: str, data: bytes) -> None:
+        self.objects[_check_key(key)] = bytes(data)
+
+    def get(self, key: str) -> bytes | None:
+        return self.objects.get(_check_key(key))
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        return [_check_key(key) in self.objects for key in keys]
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        self.objects.pop(_check_key(key), None)
+
+
 STORE_SCHEMES = ("s3", "redis", "rediss", "redis+sentinel", "file")
 
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM: usage on every chunk too, so a client learns `prompt_tokens_details.cached_tokens` at the first one
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -44,6 +46,10 @@ class SamplingFields(BaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage
+                    and self.stream_options.continuous_usage_stats)
 
 
 class ResponseFormat(BaseModel):
@@ -103,9 +109,14 @@ class ChatMessage(BaseModel):
         return "".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`, where known, as `prompt_tokens_details` (vLLM's name): prompt
+    positions the engine restored (prefix cache, imported checkpoint) instead of prefilling."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def model_card(model_id: str, *, root: str, max_model_len: int, owned_by: str) -> dict[str, Any]:
@@ -119,7 +130,7 @@ def model_list(cards: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def completion_body(*, kind: Literal["chat", "completion"], request_id: str, created: int, model: str, text: str,
-                    finish_reason: str | None, token_ids: list[int] | None, usage_: dict[str, int] | None) -> dict[str, Any]:
+                    finish_reason: str | None, token_ids: list[int] | None, usage_: dict[str, Any] | None) -> dict[str, Any]:
     """A non-streamed response: `chat.completion` or `text_completion` with one choice."""
     choice: dict[str, Any]
     if kind == "chat":

@@ -16,6 +16,8 @@ gateway through `contract.identity.DRAINING_ERROR_TYPE`.
     ├── KVBlocksAbsent (404 kv_blocks_absent): nothing cached to export, or no prefix cache at all
     ├── KVValidityRefused (409 kv_validity_mismatch): blocks made under another validity tuple
     ├── KVImportTooLarge (413 kv_import_too_large): over --kv-import-max-bytes
+    ├── KVCheckpointStoreAbsent (409 kv_checkpoint_store_absent): a checkpoint without --kv-checkpoint-store
+    ├── KVStoreDown (503 kv_store_unavailable): the checkpoint store did not take a checkpoint
     └── InjectedFailure (500 InternalServerError): a fault drill
 """
 
@@ -89,3 +91,17 @@ class KVValidityRefused(EngineError):
 class KVImportTooLarge(EngineError):
     status_code = 413
     error_type = "kv_import_too_large"
+
+
+class KVCheckpointStoreAbsent(EngineError):
+    """A checkpoint asked of an engine started without `--kv-checkpoint-store`."""
+
+    status_code = 409
+    error_type = "kv_checkpoint_store_absent"
+
+
+class KVStoreDown(EngineError):
+    """The checkpoint store did not answer; nothing is known to be stored, retry later."""
+
+    status_code = 503
+    error_type = "kv_store_unavailable"

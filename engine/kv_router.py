@@ -3,14 +3,19 @@
     GET  /admin/kv          the validity tuple, its root hash, the prefix cache and the checkpoint store
     POST /admin/kv/export   {"token_ids": [...]} → the cached blocks of that prefix, one safetensors bundle
     POST /admin/kv/import   a bundle (application/octet-stream) → verified, then installed in the prefix cache
+    POST /admin/kv/checkpoint  contract.session.KVCheckpointRequest → the prefix's full blocks written to the
+                            checkpoint store (those the prefix cache lacks computed first), then the manifest;
+                            answers contract.session.KVCheckpointWritten once both are stored
 
 Refusals are typed and install nothing: 400 kv_checkpoint_invalid, 404 kv_blocks_absent, 409
-kv_validity_mismatch (names the fields that differ), 413 kv_import_too_large.
+kv_validity_mismatch (names the fields that differ), 413 kv_import_too_large; a checkpoint without a
+`--kv-checkpoint-store` is 409 kv_checkpoint_store_absent, one the store did not take 503 kv_store_unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -18,9 +23,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.request_body import parse_json_body
-from engine.errors import BadRequest, KVImportTooLarge
+from contract.kv_checkpoint import KVStoreUnavailable, manifest_key
+from contract.session import KVCheckpointRequest, KVCheckpointWritten
+from engine.errors import BadRequest, KVBlocksAbsent, KVCheckpointStoreAbsent, KVImportTooLarge, KVStoreDown
 from engine.kv_transfer import export_bundle, import_bundle
 from engine.runtime import EngineRuntime
+from engine.serving import OpenAIServing
 
 
 def _runtime(request: Request) -> EngineRuntime:
@@ -28,6 +36,13 @@ def _runtime(request: Request) -> EngineRuntime:
 
 
 Runtime = Annotated[EngineRuntime, Depends(_runtime)]
+
+
+def _serving(request: Request) -> OpenAIServing:
+    return request.app.state.serving
+
+
+Serving = Annotated[OpenAIServing, Depends(_serving)]
 
 kv_router = APIRouter()
 
@@ -75,3 +90,29 @@ async def _bounded_body(request: Request, limit: int) -> bytes:
 async def kv_import(request: Request, runtime: Runtime) -> dict:
     data = await _bounded_body(request, runtime.settings.kv_import_max_bytes)
     return await asyncio.to_thread(import_bundle, runtime.prefix_cache, data, runtime.metrics)
+
+
+@kv_router.post("/admin/kv/checkpoint")
+async def kv_checkpoint(request: Request, runtime: Runtime, serving: Serving) -> dict:
+    """Checkpoint a session's context now: the KV of its full blocks, from this engine, into its store."""
+    body = parse_json_body(await request.body(), KVCheckpointRequest, BadRequest)
+    checkpointer, cache = runtime.checkpointer, runtime.prefix_cache
+    if checkpointer is None or cache is None:
+        raise KVCheckpointStoreAbsent("this engine has no checkpoint store (--kv-checkpoint-store)")
+    size = checkpointer.block_tokens
+    full = body.token_ids[:len(body.token_ids) // size * size]
+    if not full:
+        raise KVBlocksAbsent(f"a prefix of {len(body.token_ids)} tokens holds no full block of {size}")
+    computed = 0
+    if cache.cached_blocks(full) < len(full) // size:
+        computed = len(full) - await serving.prefill(full, f"kvckpt-{uuid.uuid4().hex}")
+    blocks = cache.blocks(full)
+    if not blocks:
+        raise KVBlocksAbsent("the prefix cache evicted the blocks before they were written")
+    try:
+        manifest = await asyncio.to_thread(checkpointer.write_chain, blocks, body.request_id)
+    except KVStoreUnavailable as exc:
+        raise KVStoreDown(f"the checkpoint store did not take the checkpoint: {exc}") from None
+    return KVCheckpointWritten(root_hash=manifest.root_hash, last_hash=manifest.last_hash,
+                               key=manifest_key(manifest.root_hash, manifest.last_hash), blocks=len(blocks),
+                               tokens=len(blocks) * size, computed_tokens=computed).model_dump()

@@ -338,6 +338,26 @@ class KVCheckpointer:
         self.remember_stored(block.hash, checksum)
         return checksum
 
+    def write_chain(self, blocks: list[KVBlock], request_id: str | None) -> KVCheckpointManifest:
+        """Write one chain of blocks from the root (each block the store lacks, then the manifest), now.
+
+        For a caller that must know the checkpoint is stored before it answers (a session's key point,
+        `engine.kv_router`); runs in the caller's thread. Raises KVStoreUnavailable.
+        """
+        with self._stored_lock:
+            unknown = [b.hash for b in blocks if b.hash not in self._stored]
+        missing = set(self.store.missing_blocks(self.root_hash, unknown)) if unknown else set()
+        entries = [KVBlockEntry(hash=b.hash, token_ids=list(b.token_ids), checksum=self._stored_checksum(b, missing))
+                   for b in blocks]
+        manifest = KVCheckpointManifest(validity=self.validity, root_hash=self.root_hash, blocks=entries,
+                                        instance_id=self.instance_id, generation=self.generation_of(),
+                                        request_id=request_id, created_at=self.clock.wall())
+        self.store.write_manifest(manifest)
+        self.metrics.kv_checkpoints.labels(outcome="written").inc()
+        log.info("kv checkpoint written", request_id=request_id, blocks=len(entries),
+                 tokens=len(entries) * self.block_tokens, store=self.store.store.location)
+        return manifest
+
     def remember_stored(self, block_hash: str, checksum: str) -> None:
         with self._stored_lock:
             self._stored[block_hash] = checksum

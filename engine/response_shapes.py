@@ -75,15 +75,16 @@ class CompletionShape:
     def opening_chunk(self) -> dict[str, Any] | None:
         return None
 
-    def usage_chunk(self, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
-        return {**self.chunk(None), "usage": usage(len(prompt_ids), len(output_ids))}
+    def usage_chunk(self, prompt_ids: list[int], output_ids: list[int], *, cached_tokens: int) -> dict[str, Any]:
+        return {**self.chunk(None), "usage": usage(len(prompt_ids), len(output_ids), cached_tokens=cached_tokens)}
 
-    def full_body(self, text: str, events: list[TokenEvent], finish: str | None, prompt_ids: list[int]) -> dict[str, Any]:
+    def full_body(self, text: str, events: list[TokenEvent], finish: str | None, prompt_ids: list[int], *,
+                  cached_tokens: int) -> dict[str, Any]:
         token_ids = [e.token_id for e in events]
         body = completion_body(kind=self.kind, request_id=self.request_id, created=self.created, model=self.model_name,
                                text=text, finish_reason=finish,
                                token_ids=token_ids if self.body.return_token_ids else None,
-                               usage_=usage(len(prompt_ids), len(token_ids)))
+                               usage_=usage(len(prompt_ids), len(token_ids), cached_tokens=cached_tokens))
         choice = body["choices"][0]
         if self.kind == "completion":
             choice["logprobs"] = self._logprobs(events)

@@ -68,6 +68,7 @@ class Sequence:
     kv_cached_before: int = 0  # the prefix cache held these before the lookup
     kv_imported_upto: int = 0  # and these after it: the difference came from the checkpoint store
     kv_checkpointed_blocks: int = 0  # blocks handed to the checkpoint writer so far
+    kv_restored: int = 0  # prompt positions restored at prefill (prefix cache + import): usage's cached_tokens
     cancelled: bool = False
     finished: bool = False
     not_before: float = 0.0
@@ -210,6 +211,7 @@ class Scheduler:
     def _count_prefill(self, seq: Sequence, restored: int) -> None:
         """Restored positions split into cached and imported (from the checkpoint store), and the rest prefilled."""
         imported = max(0, min(restored, seq.kv_imported_upto) - seq.kv_cached_before)
+        seq.kv_restored = restored
         prefilled = len(seq.prompt_ids) - restored
         self.metrics.prompt_tokens.inc(prefilled)
         self.metrics.kv_reused_tokens.inc(restored - imported)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.logs import get_logger
+from contract.openai import usage
 from engine.errors import BadRequest, EngineDraining, EngineError, NotReady
 from engine.lifecycle import EngineStatus
 from engine.protocol import ChatCompletionRequest, CompletionRequest, EngineSampling
@@ -164,11 +165,37 @@ class OpenAIServing:
             return StreamingResponse(self._stream(seq, body, prompt_ids, shape), media_type="text/event-stream")
         return await self._collect(seq, body, prompt_ids, shape)
 
+    async def prefill(self, prompt_ids: list[int], request_id: str) -> int:
+        """Compute the KV of `prompt_ids` into the prefix cache (one greedy token, discarded); positions restored.
+
+        For a session checkpoint whose context the prefix cache lacks in part (the client re-sent an answer
+        that tokenizes differently from what was generated). Counted in-flight, so a drain waits for it.
+        """
+        runtime = self.runtime
+        if not runtime.ready:
+            raise NotReady(f"engine is {runtime.status}; not computing KV", retry_after_s=1)
+        seq = Sequence(request_id=request_id, prompt_ids=prompt_ids, max_tokens=1,
+                       sampling=SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, seed=0), seed=0,
+                       stop_token_ids=frozenset(), logprobs=None, loop=asyncio.get_running_loop())
+        self._begin(seq)
+        try:
+            runtime.scheduler.submit(seq)
+            while True:
+                event = await seq.events.get()
+                if isinstance(event, ErrorEvent):
+                    raise _error_from(event)
+                if event.finish_reason is not None:
+                    return seq.kv_restored
+        finally:
+            seq.cancel()
+            self._end(seq)
+
     async def _stream(self, seq: Sequence, body: EngineSampling, prompt_ids: list[int],
                       shape: CompletionShape) -> AsyncIterator[str]:
         hooks = self.runtime.faults
         decode = DecodeStream(self.runtime.tokenizer, seq, body.stop_strings())
         first = True
+        continuous = body.continuous_usage()
         try:
             if (opening := shape.opening_chunk()) is not None:
                 if body.return_token_ids:
@@ -185,6 +212,8 @@ class OpenAIServing:
                 await hooks.before_send()
                 text = decode.accept(event)
                 chunk = shape.chunk(shape.chunk_choice(text, event, decode.finish_reason))
+                if continuous:
+                    chunk["usage"] = usage(len(prompt_ids), len(seq.output_ids), cached_tokens=seq.kv_restored)
                 if first and body.return_token_ids:
                     chunk["prompt_token_ids"] = prompt_ids
                     chunk["choices"][0]["prompt_token_ids"] = prompt_ids
@@ -194,7 +223,7 @@ class OpenAIServing:
                 if decode.finish_reason is not None:
                     break
             if body.include_usage():
-                yield sse_data(shape.usage_chunk(prompt_ids, seq.output_ids))
+                yield sse_data(shape.usage_chunk(prompt_ids, seq.output_ids, cached_tokens=seq.kv_restored))
             yield DONE
             log.info("request finished", request_id=seq.request_id, tokens=len(seq.output_ids),
                      finish_reason=decode.finish_reason)
@@ -220,4 +249,5 @@ class OpenAIServing:
             seq.cancel()
             self._end(seq)
         log.info("request finished", request_id=seq.request_id, tokens=len(events), finish_reason=decode.finish_reason)
-        return JSONResponse(shape.full_body(decode.text, events, decode.finish_reason, prompt_ids))
+        return JSONResponse(shape.full_body(decode.text, events, decode.finish_reason, prompt_ids,
+                                            cached_tokens=seq.kv_restored))

@@ -1,0 +1,137 @@
+"""Sessions: what a gateway records of a multi-turn conversation, and when its KV is checkpointed.
+
+A client names a session with `X-Session-Id` (or `user` with `X-Conversation-Id`)
+and its class with `X-Session-Class`; the replication policy of (model, session
+class) comes from the control plane's snapshot (`contract.snapshot.
+ReplicationPolicyEntry`) and decides, per `checkpoint_due`, after which turns
+the gateway asks the engine that served the turn to write the session's KV to
+the region's store:
+
+    rebuildable   never (system prompts, short contexts: a re-prefill is cheap)
+    interactive   once `every_turns` turns or `every_seconds` seconds passed since the last checkpoint
+    critical      after every turn
+
+Records that cross a process boundary, defined once here:
+
+- `SessionRecord`, kept by every gateway replica of a region in one shared store
+  (`SessionStore` over a `contract.kv_checkpoint.KVStore`, key
+  `sessions/<sha256 of model and id>.json`), so a turn served by another replica
+  counts the same turns and checkpoints;
+- `KVCheckpointRequest` / `KVCheckpointWritten`, the body and answer of the
+  engine's `POST /admin/kv/checkpoint`: the KV comes from the engine that holds
+  it (computing any block it lacks) and goes to the store the engine was started
+  with, blocks first, then the manifest (`contract.kv_checkpoint`).
+
+Promise: cheaper semantic recovery, and a measured RPO_context. A checkpoint
+never changes which tokens a turn produces; it decides how much of the context
+a survivor re-prefills. What a turn re-prefilled of its context is
+`context_recomputed_tokens`: the context (the prompt up to the end of the last
+answer) minus what the engine restored from its prefix cache or the checkpoint
+store (vLLM's `usage.prompt_tokens_details.cached_tokens`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contract.kv_checkpoint import KVCheckpointInvalid, KVStore
+from contract.snapshot import ReplicationPolicyEntry
+
+SESSION_HEADER = "x-session-id"
+CONVERSATION_HEADER = "x-conversation-id"
+SESSION_CLASS_HEADER = "x-session-class"
+MAX_SESSION_ID = 256
+SESSION_USAGE_KEY = "lifeline_session"  # a usage frame's turn figures in the token log; clients see `lifeline.session`
+
+
+class SessionRecord(BaseModel):
+    """One session as its region's gateways know it; replaced whole after each turn."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    session_id: str = Field(min_length=1, max_length=MAX_SESSION_ID)
+    model: str
+    session_class: str
+    turns: int = Field(0, ge=0, description="turns served")
+    started_at: float = Field(description="Unix seconds of the first turn")
+    context_tokens: int = Field(0, ge=0, description="what the next turn's prompt starts with, in tokens")
+    context_digest: str | None = Field(None, description="sha256 of those token ids (`context_digest`)")
+    checkpointed_turn: int = Field(0, ge=0, description="the turn the newest checkpoint covers (0: none)")
+    checkpointed_tokens: int = Field(0, ge=0, description="context positions the newest checkpoint holds")
+    checkpointed_at: float | None = None
+    checkpoint_key: str | None = Field(None, description="the newest checkpoint's manifest key in the region's store")
+    policy_revision: int | None = None
+
+
+class KVCheckpointRequest(BaseModel):
+    """`POST /admin/kv/checkpoint`: write the KV of this prefix (full blocks) to the engine's store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int] = Field(min_length=1, max_length=1 << 17)
+    request_id: str | None = Field(None, max_length=300, description="provenance in the manifest (a session)")
+
+
+class KVCheckpointWritten(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    root_hash: str
+    last_hash: str
+    key: str = Field(description="the manifest's key in the engine's store")
+    blocks: int
+    tokens: int = Field(description="positions the checkpoint holds: whole blocks of the prefix")
+    computed_tokens: int = Field(description="positions the engine prefilled for it (not in its prefix cache)")
+
+
+def checkpoint_due(policy: ReplicationPolicyEntry | None, record: SessionRecord, *, now: float) -> bool:
+    """Pure: whether the turn just recorded (`record.turns`) is one of the policy's key points."""
+    if policy is None or policy.mode == "rebuildable" or record.turns <= record.checkpointed_turn:
+        return False
+    if policy.mode == "critical":
+        return True
+    if policy.every_turns is not None and record.turns - record.checkpointed_turn >= policy.every_turns:
+        return True
+    since = record.checkpointed_at if record.checkpointed_at is not None else record.started_at
+    return policy.every_seconds is not None and now - since >= policy.every_seconds
+
+
+def context_digest(token_ids: Sequence[int]) -> str:
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def session_key(model: str, session_id: str) -> str:
+    digest = hashlib.sha256(f"{model}\0{session_id}".encode()).hexdigest()
+    return f"sessions/{digest}.json"
+
+
+class SessionStore:
+    """Session records over any KVStore (a directory, Redis, S3, or memory). Blocking: call from a thread."""
+
+    def __init__(self, store: KVStore) -> None:
+        self.store = store
+
+    def get(self, model: str, session_id: str) -> SessionRecord | None:
+        data = self.store.get(session_key(model, session_id))
+        if data is None:
+            return None
+        try:
+            record = SessionRecord.model_validate_json(data)
+        except ValueError:
+            raise KVCheckpointInvalid(f"the session record of {session_id!r} does not parse") from None
+        return record if record.session_id == session_id and record.model == model else None
+
+    def put(self, record: SessionRecord) -> None:
+        self.store.put(session_key(record.model, record.session_id), record.model_dump_json().encode())
