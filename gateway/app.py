@@ -38,6 +38,7 @@ from gateway.engine_client import EngineClient
 from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.metrics import GatewayMetrics
 from gateway.router import LeaseView, Router
+from gateway.sessions import SessionKeeper
 from gateway.verdicts import VerdictView
 from gateway.routing_table import RoutingTable, StaticRoutingTable
 from gateway.settings import GatewaySettings
@@ -109,13 +110,16 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         link.attach(router)
         await link.start(router, view)
         engines = EngineClient(connect_timeout=settings.recovery.connect_timeout.total_seconds())
-        deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id, served=link.served)
-        app.state.gateway = GatewayState(settings, table, registry, view, token_log, deps, metrics)
+        sessions = SessionKeeper(settings.sessions, table, metrics, clock)
+        deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id, served=link.served,
+                    sessions=sessions)
+        app.state.gateway = GatewayState(settings, table, registry, view, token_log, deps, metrics, sessions)
         log.info("gateway ready", registry=settings.registry.kind, token_log=settings.token_log.kind, port=settings.port)
         try:
             yield
         finally:
             await link.stop()
+            await sessions.close()
             await view.stop()
             if verdicts is not None:
                 await verdicts.stop()

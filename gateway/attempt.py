@@ -32,7 +32,7 @@ from gateway.stream_request import StreamRequest
 
 class Attempt:
     def __init__(self, deps: Deps, endpoint: Endpoint, request: StreamRequest, committed: list[int], *,
-                 attempt_id: str, remaining: float) -> None:
+                 attempt_id: str, remaining: float, usage_stats: bool = False) -> None:
         self.deps = deps
         self.endpoint = endpoint
         self.request = request
@@ -50,6 +50,8 @@ class Attempt:
             "return_token_ids": True,
             **{k: v for k, v in request.sampling.items() if v is not None},
         }
+        if usage_stats:  # a session turn: the first chunk says what the engine restored (vLLM's usage)
+            self.payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         recovery = deps.settings.recovery
         prefill = len(self.payload["prompt"]) / recovery.prefill_tokens_per_s
         left = max(remaining, 0.01)  # never wait past the request's deadline

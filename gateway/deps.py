@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.clock import Clock
 from common.logs import get_logger
@@ -14,6 +15,9 @@ from gateway.report import ServedLedger
 from gateway.router import Router
 from gateway.settings import GatewaySettings
 from gateway.token_log import TokenLog
+
+if TYPE_CHECKING:
+    from gateway.sessions import SessionKeeper
 
 log = get_logger(__name__)
 
@@ -28,6 +32,7 @@ class Deps:
     clock: Clock
     replica_id: str
     served: ServedLedger = field(default_factory=ServedLedger)  # streams finished OK, for the report
+    sessions: SessionKeeper | None = None  # session turns and their KV checkpoints (gateway/sessions.py)
 
 
 async def hold_ownership(deps: Deps, request_id: str, epoch: Callable[[], int]) -> None:

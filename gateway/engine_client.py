@@ -208,6 +208,10 @@ class EngineClient:
                     token_ids = choice.get("token_ids") or []
                     last = len(token_ids) - 1
                     tokens = [EngineToken(int(token_id), finish if i == last else None) for i, token_id in enumerate(token_ids)]
+                    if tokens and (usage := chunk.get("usage")):  # continuous_usage_stats: sessions ask for it
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        if cached is not None:
+                            tokens[0] = EngineToken(tokens[0].token_id, tokens[0].finish_reason, int(cached))
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                     raise EngineFailure("bad_response", f"not a vLLM completion stream: {exc}") from None
                 finished = finish is not None

@@ -50,6 +50,7 @@ class Opened:
 class EngineToken:
     token_id: int
     finish_reason: str | None
+    cached_tokens: int | None = None  # the chunk's usage.prompt_tokens_details.cached_tokens, when it carried one
 
 
 # (host, port, ssl) → how to open a transport to it; tests substitute an in-memory one.

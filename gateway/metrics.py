@@ -20,6 +20,14 @@ class GatewayMetrics:
         self.reprefilled_tokens = Counter("lifeline_gateway_reprefilled_tokens", "Prompt tokens prefilled again after a failure", registry=r)
         self.suppressed = Counter("lifeline_gateway_endpoints_suppressed", "Endpoints suppressed locally after a failure", registry=r)
         self.lease_rejections = Counter("lifeline_gateway_lease_rejections", "Lease renewals refused", ["type"], registry=r)
+        self.session_turns = Counter("lifeline_gateway_session_turns", "Session turns answered", ["session_class"], registry=r)
+        self.session_context_tokens = Counter("lifeline_gateway_session_context_tokens", "Context tokens session turns carried (the prompt up to the last answer)", ["session_class"], registry=r)
+        self.session_context_recomputed = Histogram(
+            "lifeline_gateway_session_context_recomputed_tokens", "Context tokens a session turn prefilled again (context - engine cached_tokens)",
+            ["session_class"], buckets=(0, 16, 64, 256, 1024, 4096, 16384), registry=r,
+        )
+        self.session_checkpoints = Counter("lifeline_gateway_session_checkpoints", "Session KV checkpoints asked of engines, by outcome", ["session_class", "outcome"], registry=r)
+        self.session_checkpointed_tokens = Counter("lifeline_gateway_session_checkpointed_tokens", "Context positions session checkpoints hold", ["session_class"], registry=r)
         self.recovery_gap = Histogram(
             "lifeline_gateway_recovery_gap_seconds", "Failure detected → next token committed",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,

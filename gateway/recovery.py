@@ -39,18 +39,21 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from common.detokenize import TextAssembler
 from common.logs import get_logger
 from contract.openai import usage
+from contract.session import SESSION_USAGE_KEY
 from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
 from gateway.engine_client import DRAINING, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
 from gateway.policy import continuation_refused, decide
 from gateway.router import Endpoint
+from gateway.sessions import SessionTurn
 from gateway.settings import RecoveryStrategy
 from gateway.stream_request import StreamRequest
 from gateway.stream_status import StreamEvent, StreamStatus
@@ -84,6 +87,7 @@ class StreamSession:
     migrations: int = 0
     finished: bool = False
     received_at: float = 0.0
+    turn: SessionTurn | None = None  # the session turn this stream answers (gateway/sessions.py)
 
     def __post_init__(self) -> None:
         self.text = TextAssembler(self.tokenizer, self.request.stop)
@@ -163,7 +167,8 @@ class StreamSession:
         while not self.finished:
             endpoint = await self._acquire()
             attempt = Attempt(self.deps, endpoint, self.request, self.committed,
-                              attempt_id=f"{self.request.request_id}.{self.epoch}", remaining=self._remaining())
+                              attempt_id=f"{self.request.request_id}.{self.epoch}", remaining=self._remaining(),
+                              usage_stats=self.turn is not None)
             log_ = self.log.bind(instance=endpoint.instance_id, generation=endpoint.generation)
             try:
                 async with aclosing(attempt.tokens()) as items:
@@ -254,6 +259,8 @@ class StreamSession:
             self._end_retry()  # the migration is over: its continuation produced a token
         elif not self.committed:
             self.deps.metrics.ttft.observe(self.deps.clock.now() - self.received_at)
+            if self.turn is not None and self.migrations == 0:
+                self.turn.cached_tokens = token.cached_tokens  # the turn's own prefill, not a migration's
         self.committed.append(token.token_id)
         length_reached = len(self.committed) >= self.request.max_tokens
         finish = token.finish_reason or ("length" if length_reached else None)
@@ -270,6 +277,9 @@ class StreamSession:
             frames.append(await self._commit(Frame(seq=self.next_seq, kind="done", epoch=self.epoch)))
             await self.deps.token_log.apply(self.request.request_id, self.epoch, StreamEvent.FINISH)
             self.finished = True
+            if self.turn is not None and self.deps.sessions is not None:
+                self.deps.sessions.finish(self.turn, engine_url=endpoint.url, answer_ids=list(self.committed),
+                                          answer_text=self.text.text)
         return frames
 
     async def _error_frames(self, exc: RecoveryImpossible) -> list[Frame]:
@@ -287,5 +297,9 @@ class StreamSession:
         self.finished = True
         return committed or frames
 
-    def usage(self) -> dict[str, int]:
-        return usage(len(self.request.prompt_ids), len(self.committed))
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage; for a session turn also what the engine restored and the turn's figures (`session`)."""
+        if self.turn is None:
+            return usage(len(self.request.prompt_ids), len(self.committed))
+        return {**usage(len(self.request.prompt_ids), len(self.committed), cached_tokens=self.turn.cached_tokens),
+                SESSION_USAGE_KEY: self.turn.figures()}

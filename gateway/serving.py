@@ -40,8 +40,9 @@ async def serve(st: GatewayState, headers: Mapping[str, str], body: GatewaySampl
     received_at = clock.now()
     req = stream_request(headers, st.settings, body, version, prompt_ids, kind=kind, wall=clock.wall())
     structlog.contextvars.bind_contextvars(request_id=req.request_id)
+    turn = await st.sessions.open(headers, body, version, prompt_ids)
     await st.token_log.create(req.request_id, req.to_dict(), owner=st.settings.replica_id)
-    session = StreamSession(st.deps, req, version.tokenizer, received_at=received_at)
+    session = StreamSession(st.deps, req, version.tokenizer, received_at=received_at, turn=turn)
     frames = session.run()
     try:
         first = await anext(frames)

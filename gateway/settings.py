@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from common.durations import Seconds
+from contract.kv_checkpoint import check_kv_store_url
+from contract.snapshot import ReplicationPolicyEntry
 
 
 class RecoveryStrategy(StrEnum):
@@ -159,6 +161,24 @@ class RoutingConfig(_Section):
         return self
 
 
+class SessionsConfig(_Section):
+    """Sessions and their KV checkpoints (gateway/sessions.py)."""
+
+    default_class: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                               description="the session class of a session that names none (X-Session-Class)")
+    store: str | None = Field(None, description="where the region's replicas keep session records: a KV store URL "
+                                                "(redis://…, s3://…, a directory); unset: this process only")
+    s3_endpoint_url: str | None = None
+    checkpoint_timeout: Seconds = Field(timedelta(seconds=30), description="an engine's POST /admin/kv/checkpoint")
+    policies: list[ReplicationPolicyEntry] = Field(default_factory=list, description="routing.source static only: "
+                                                   "the replication policies a snapshot would carry")
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str | None) -> str | None:
+        return None if value is None else check_kv_store_url(value)
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIFELINE_GATEWAY_", env_nested_delimiter="__", extra="forbid")
 
@@ -178,6 +198,7 @@ class GatewaySettings(BaseSettings):
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
 
     @property
     def routing_region(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from contract.openai import completion_body
+from contract.session import SESSION_USAGE_KEY
 from gateway.stream_request import StreamRequest
 from gateway.token_log import Frame
 
@@ -74,7 +75,10 @@ def render_frame(req: StreamRequest, frame: Frame) -> str:
         return f"id: {frame.seq}\nevent: error\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
     if frame.kind == "usage":
         chunk = _envelope(req, frame, [])
-        chunk["usage"] = frame.usage
+        usage = dict(frame.usage or {})
+        if (session := usage.pop(SESSION_USAGE_KEY, None)) is not None:
+            chunk["lifeline"]["session"] = session
+        chunk["usage"] = usage
     elif frame.kind == "role":
         chunk = _envelope(req, frame, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
     else:
@@ -136,7 +140,8 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
     text: list[str] = []
     token_ids: list[int] = []
     finish: str | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
+    session: dict[str, Any] | None = None
     epoch = 0
     async with aclosing(frames) as items:
         async for item in items:
@@ -151,9 +156,12 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
                 token_ids.extend(item.token_ids)
                 finish = item.finish_reason or finish
             elif item.kind == "usage":
-                usage = item.usage
+                usage = dict(item.usage or {})
+                session = usage.pop(SESSION_USAGE_KEY, None)
     body = completion_body(kind="chat" if req.kind == "chat" else "completion", request_id=req.request_id,
                            created=req.created, model=req.model, text="".join(text), finish_reason=finish,
                            token_ids=token_ids if req.return_token_ids else None, usage_=usage)
     body["lifeline"] = {"request_id": req.request_id, "epoch": epoch}
+    if session is not None:
+        body["lifeline"]["session"] = session
     return JSONResponse(body, headers=headers)

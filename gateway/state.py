@@ -12,6 +12,7 @@ from gateway.deps import Deps
 from gateway.metrics import GatewayMetrics
 from gateway.router import LeaseView
 from gateway.routing_table import RoutingTable
+from gateway.sessions import SessionKeeper
 from gateway.settings import GatewaySettings
 from gateway.token_log import TokenLog
 
@@ -25,6 +26,7 @@ class GatewayState:
     token_log: TokenLog
     deps: Deps
     metrics: GatewayMetrics
+    sessions: SessionKeeper
 
 
 def get_state(request: Request) -> GatewayState:

@@ -49,7 +49,7 @@ class Frame:
     text: str = ""
     finish_reason: str | None = None
     error: dict[str, Any] | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     instance: str | None = None
 
     def to_json(self) -> str:

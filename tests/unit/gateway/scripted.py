@@ -3,7 +3,7 @@
 Each engine call takes the next script for the endpoint it was routed to: a
 list of steps — `OPEN`, a token id, `("finish", id)`, an `EngineFailure` to
 raise, or an `asyncio.Event` to wait on (a hung engine, or a pause the test
-releases). Time is a `ManualClock`; nothing sleeps on the wall clock except
+releases), or an `EngineToken` yielded as it is. Time is a `ManualClock`; nothing sleeps on the wall clock except
 the attempt's lease poll (one `registry.refresh_interval`).
 """
 
@@ -51,6 +51,10 @@ class ScriptedEngines:
                 raise step
             elif isinstance(step, asyncio.Event):
                 await step.wait()
+            elif isinstance(step, EngineToken):  # as the engine said it (cached_tokens, a finish)
+                yield step
+                if step.finish_reason is not None:
+                    return
             elif isinstance(step, tuple):
                 yield EngineToken(step[1], "length")
                 return

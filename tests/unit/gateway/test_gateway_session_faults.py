@@ -148,10 +148,12 @@ async def test_one_transient_500_per_engine_leaves_the_fleet_routable(tiny_model
 
 async def test_cancel_ends_a_resumed_client_tailing_another_replicas_stream(tiny_model):
     from gateway.serving import follow
+    from gateway.sessions import SessionKeeper
     from gateway.state import GatewayState
 
     h = Harness(tiny_model, ["a"])
-    st = GatewayState(h.settings, h.router.table, h.registry, h.view, h.log, h.deps, h.metrics)
+    sessions = SessionKeeper(h.settings.sessions, h.router.table, h.metrics, h.clock)
+    st = GatewayState(h.settings, h.router.table, h.registry, h.view, h.log, h.deps, h.metrics, sessions)
     session = await h.session(max_tokens=8)  # created in the log, owned by gw-1, driven elsewhere
     rid = session.request.request_id
     for seq in range(2):
