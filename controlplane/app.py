@@ -16,6 +16,7 @@ from controlplane.errors import install_error_handlers
 from controlplane.health import router as health_router
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.metrics import router as metrics_router
+from controlplane.replication.exposition import build_collector as build_replication_collector
 from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLeaseRegistry, RedisLeaseReader
 
 
@@ -100,7 +101,9 @@ def create_app(
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
     app.state.cutover_drivers, app.state.cutover_policy = _cutover_wiring(settings)
-    app.state.metrics = ControlPlaneMetrics()
+    app.state.metrics = ControlPlaneMetrics(collectors=[build_replication_collector(
+        session_factory=app.state.read_session_factory, clock=app.state.clock,
+        s3_endpoint_url=settings.s3_endpoint_url)])  # replication lag and RPO_context, at scrape time
     install_error_handlers(app)
     # The last added is outermost: an oversized body is refused before anything parses it, and audited;
     # every answer is counted, a refused one too.

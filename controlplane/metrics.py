@@ -9,19 +9,25 @@ never the raw path, so a scanner walking random URLs cannot grow the
 series without bound: anything no route matched is `unmatched`. The page
 also carries the process's default registry, where the drill runner's
 metrics live (`controlplane.drill.metrics`) when a drill runs in this
-process. Like the engine's and the gateway's, it needs no token: it holds
+process, and the collectors create_app hands in, computed at scrape time:
+KV replication lag and RPO_context per policy and destination, from the
+database and the stores (`controlplane.replication.exposition`, bounded by a
+probe TTL and a read cap). The handler is a plain `def`, so those reads run
+in the thread pool, never on the event loop. Like the engine's and the gateway's, it needs no token: it holds
 counts, not secrets, and a scraper should not hold an API token.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import iter_route_contexts
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "unmatched"
@@ -30,7 +36,7 @@ UNMATCHED = "unmatched"
 class ControlPlaneMetrics:
     """One app's metrics, in a registry of their own (tests build many apps in one process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, collectors: Iterable[Collector] = ()) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("lifeline_controlplane_requests_total", "Requests answered, by route and status",
                                 ["method", "route", "status"], registry=self.registry)
@@ -39,6 +45,8 @@ class ControlPlaneMetrics:
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.in_flight = Gauge("lifeline_controlplane_requests_in_flight", "Requests being answered now",
                                registry=self.registry)
+        for collector in collectors:
+            self.registry.register(collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry) + generate_latest(REGISTRY)
@@ -103,5 +111,5 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
+def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,7 +1,8 @@
 """Settings of KV replication, read once by the Celery app (`LIFELINE_REPLICATION_…`).
 
-A class of its own rather than more keys on ControlPlaneSettings: only the
-processes that run replication tasks (worker, beat) read it. A bad value
+A class of its own rather than more keys on ControlPlaneSettings: the
+processes that run replication tasks (worker, beat) read it, and the API
+process reads the two `metrics_probe_…` bounds of its `/metrics` at start-up. A bad value
 stops start-up with pydantic's message, which names the key.
 """
 
@@ -29,3 +30,7 @@ class ReplicationSettings(BaseSettings):
     retry_backoff_max: timedelta = timedelta(minutes=2)
     # A worker serves its Prometheus metrics (controlplane/replication/metrics.py) on 127.0.0.1 at this port.
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    # The API's /metrics probes each policy's stores at most once per this (controlplane/replication/exposition.py)
+    # and reads at most this many manifests it has not read before per probe.
+    metrics_probe_ttl: timedelta = timedelta(seconds=30)
+    metrics_probe_max_reads: int = Field(256, ge=1, le=100_000)
