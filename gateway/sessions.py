@@ -133,9 +133,13 @@ class SessionKeeper:
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def close(self) -> None:
-        for task in list(self._pending.values()):
-            task.cancel()
-        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        """Let the turns already answered be recorded (at most one checkpoint timeout), then stop."""
+        pending = list(self._pending.values())
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.config.checkpoint_timeout.total_seconds())
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.http.aclose()
 
     def policy_for(self, version: ModelVersion, session_class: str) -> tuple[str, ReplicationPolicyEntry | None]:
