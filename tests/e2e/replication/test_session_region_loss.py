@@ -91,9 +91,9 @@ def test_sessions_continue_at_the_standby_with_the_declared_rpo_context_after_th
     primary_url = f"file://{tmp_path / 'primary-kv'}"
     standby_url, _ = store_urls("redis", "standby")
     for name, spec in CLASSES.items():
-        stores = {} if spec["mode"] == "rebuildable" else {"source_store": primary_url, "destination_store": standby_url}
-        set_policy(session_factory, name, stores.get("source_store"), stores.get("destination_store"),
-                   **{k: v for k, v in spec.items() if k != "mode"}, mode=spec["mode"])
+        replicated = spec["mode"] != "rebuildable"
+        set_policy(session_factory, name, primary_url if replicated else None, standby_url if replicated else None,
+                   **spec)
     celery = replication()
     celery.start("worker")
     celery.start("beat")

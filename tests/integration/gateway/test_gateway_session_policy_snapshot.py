@@ -67,3 +67,25 @@ async def test_a_policy_set_through_the_api_is_what_the_gateways_poller_checkpoi
     assert keeper.policy_for(version, "unknown") == ("tiny", None)  # no policy: never checkpointed
     await keeper.close()
     await http.aclose()
+
+
+@pytest.mark.xfail(strict=True, reason="put_policy does not advance the routing version yet, so a poller holding "
+                                       "the snapshot gets 304 (controlplane/replication/service.py must call "
+                                       "controlplane.routing_version.service.bump in the same transaction)")
+async def test_a_policy_changed_after_the_first_poll_reaches_the_poller(
+        client: TestClient, as_role: Any, tmp_path: Path) -> None:
+    assert client.put("/api/v1/replication/policies", json=policy(), headers=as_role("operator")).status_code == 200
+    clock = ManualClock()
+    routing = SnapshotRouting("local")
+    events = EventShipper(replica_id="gw-1", region="local", clock=clock, controlplane_url="http://cp")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=client.app), base_url="http://cp",
+                                 headers=as_role("gateway")) as http:
+        source = SnapshotSource(routing=routing, loader=ArtifactLoader(download_dir=tmp_path / "dl"), events=events,
+                                make_event=events.event, clock=clock, controlplane_url="http://cp",
+                                cache_path=tmp_path / "snapshot.json", http=http)
+        assert await source.poll_once() == PollOutcome.APPLIED
+        assert client.put("/api/v1/replication/policies", headers=as_role("operator"), json=policy(
+            mode="interactive", every_turns=2, expected_revision=1)).status_code == 200
+        assert await source.poll_once() == PollOutcome.APPLIED
+        snapshot = routing.table.snapshot
+        assert snapshot is not None and snapshot.replication_policy("tiny", "chat").mode == "interactive"

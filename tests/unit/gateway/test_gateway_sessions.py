@@ -63,11 +63,13 @@ class FakeEngineAdmin:
         if self.fail:
             return httpx.Response(503, json={"error": {"type": "kv_store_unavailable", "message": "down"}})
         tokens = len(body["token_ids"]) // 4 * 4
-        return httpx.Response(200, json={"root_hash": "r", "last_hash": f"h{tokens}", "key": f"kv/r/manifests/h{tokens}.json",
-                                         "blocks": tokens // 4, "tokens": tokens, "computed_tokens": 0})
+        return httpx.Response(200, json={"root_hash": "r", "last_hash": f"h{tokens}",
+                                         "key": f"kv/r/manifests/h{tokens}.json", "blocks": tokens // 4,
+                                         "tokens": tokens, "computed_tokens": 0})
 
 
-def harness(tiny_model, *entries: ReplicationPolicyEntry) -> tuple[Harness, SessionKeeper, FakeEngineAdmin, MemoryKVStore]:
+def harness(tiny_model, *entries: ReplicationPolicyEntry
+            ) -> tuple[Harness, SessionKeeper, FakeEngineAdmin, MemoryKVStore]:
     h = Harness(tiny_model, ["a"], sessions={"policies": [e.model_dump() for e in entries]})
     admin = FakeEngineAdmin()
     store = MemoryKVStore()
