@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.standby import StandbyEngine
 from holder.process import HolderProcess
 from lifeline.processes import EngineProcess, built_model, free_port
 
@@ -25,6 +26,7 @@ class Fleet:
         self.model = model
         self.holders: list[HolderProcess] = []
         self.engines: list[EngineProcess] = []
+        self.standbys: list[StandbyEngine] = []
         self.shm_dir = Path("/dev/shm") / f"lifeline-test-{workdir.name}-{time.monotonic_ns()}"
 
     def start_holder(self, *, port: int | None = None, extra_args: list[str] | None = None) -> HolderProcess:
@@ -44,7 +46,36 @@ class Fleet:
             engine.wait_ready()
         return engine
 
+    def start_standby(self, *, warm: bool = True) -> StandbyEngine:
+        """A standby engine process, as a supervisor keeps one; `warm` waits until its imports are done."""
+        index = len(self.standbys)
+        standby = StandbyEngine(self.workdir / f"standby-{index}.log", self.workdir / f"standby-{index}.ready",
+                                torch_threads=1)
+        self.standbys.append(standby)
+        standby.spawn()
+        if warm:
+            wait_for(lambda: standby.warm or not standby.alive, "the standby to warm up", timeout=120)
+            assert standby.warm, standby.log_path.read_text()[-3000:]
+        return standby
+
+    def activate(self, standby: StandbyEngine, instance_id: str, extra_args: list[str] | None = None) -> EngineProcess:
+        """Restart `instance_id` as a supervisor would: activate the standby, or start cold if it is dead."""
+        engine = EngineProcess(self.model, free_port(), instance_id, self.workdir / "state" / instance_id,
+                               standby.log_path, extra_args=extra_args or [])
+        self.engines.append(engine)
+        process = standby.activate(["--model", str(engine.model), "--port", str(engine.port),
+                                    "--instance-id", instance_id, "--state-dir", str(engine.state_dir),
+                                    "--torch-threads", "1", *engine.extra_args])
+        if process is None:
+            engine.start()
+        else:
+            engine.process = process
+        engine.wait_ready()
+        return engine
+
     def close(self) -> None:
+        for standby in self.standbys:
+            standby.close()
         for engine in self.engines:
             engine.kill()
         for holder in self.holders:

@@ -1,0 +1,175 @@
+"""A standby engine: a process that has already imported torch and the engine, waiting to be told what to serve.
+
+Why it exists (measured, docs/benchmarks.md "Memory holder: restart-to-ready"):
+with the holder, an engine SIGKILLed on these CPUs is back in ~3.3 s, and
+~2.8 s of that is a new interpreter importing torch, FastAPI, uvicorn and the
+engine (`python -X importtime`: torch alone ~2.0 s) — re-mapping the weights
+takes 0.1 s. Whoever restarts engines (the bench, a test fleet, a pool driver)
+keeps one `StandbyEngine` per host warm; on a crash it hands the standby the
+`engine serve` arguments it would have exec'd, so the restart is
+attach + re-map + self-test, and starts the next standby off the critical path.
+
+The standby takes nothing before it is activated: no port, no boot
+generation, no holder lease, no weights. Activation runs the very
+`engine serve` command (`engine.cli`), so the engine it becomes is the one a
+cold start gives: a new boot generation, the lease path, the holder's
+takeover or, with the holder gone, a load from disk that says so.
+
+    supervisor                         standby process (`python -m engine.standby`)
+    ──────────                         ───────────────
+    StandbyEngine.spawn() ───────────► import engine.server, uvicorn's loops; warm torch's kernels
+                                       write the ready file; block on stdin (no CPU)
+    engine dies (waitpid)
+    activate(serve_args) ──stdin──────► one JSON line: `engine serve` arguments → serve
+    (dead or stdin closed)             EOF on stdin (supervisor gone): exit 0, nothing served
+
+The supervisor's side of this module imports only the standard library, so a
+supervisor without torch (a pool driver, the bench) can use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclass
+class StandbyEngine:
+    """The supervisor's handle on one standby process: spawn it early, `activate` it when an engine dies."""
+
+    log_path: Path
+    ready_file: Path
+    torch_threads: int | None = None
+    popen_kwargs: dict[str, Any] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def spawn(self) -> None:
+        self.ready_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "engine.standby", "--ready-file", str(self.ready_file)]
+        if self.torch_threads:
+            cmd += ["--torch-threads", str(self.torch_threads)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it after activation too
+        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                                        **self.popen_kwargs)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def warm(self) -> bool:
+        """Imports and warm-up done: activating now skips the interpreter's start entirely."""
+        return self.alive and self.ready_file.exists()
+
+    def activate(self, serve_args: list[str]) -> subprocess.Popen | None:
+        """Hand over the `engine serve` arguments; the process, now the engine, or None if the standby is dead.
+
+        A standby still importing is activated all the same: it reads the
+        line once its imports finish, which is still sooner than a cold start.
+        The handle is spent either way; spawn a new one for the next crash.
+        """
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None or process.stdin is None:
+            self._close_log()
+            return None
+        try:
+            process.stdin.write(json.dumps({"serve_args": serve_args}).encode() + b"\n")
+            process.stdin.close()
+        except (BrokenPipeError, OSError):  # died between poll() and write
+            process.wait()
+            self._close_log()
+            return None
+        self._close_log()  # the child holds its own descriptor of the log
+        return process
+
+    def close(self) -> None:
+        """Retire an unused standby: EOF on its stdin makes it exit without serving."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None and process.stdin is not None:
+            try:
+                process.stdin.close()
+                process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def warm_up(torch_threads: int | None) -> None:
+    """Import what `engine serve` imports, and run every kernel the decode loop uses once on a toy model.
+
+    The first prefill in a fresh process costs ~40 ms more than the next
+    (kernel dispatch caches); this moves it off the restart. Random weights,
+    never a real model: the standby must not know or hold what it will serve.
+    """
+    import torch
+    import uvicorn.lifespan.on  # noqa: F401 - uvicorn imports these in Config.load(), on the restart's path
+    import uvicorn.loops.auto  # noqa: F401
+    import uvicorn.protocols.http.auto  # noqa: F401
+    import uvicorn.protocols.websockets.auto  # noqa: F401
+
+    import engine.cli  # noqa: F401 - typer, the settings
+    import engine.server  # noqa: F401 - FastAPI, the runtime, the model, the scheduler
+    from engine.model import LlamaModel, LlamaShape
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    shape = LlamaShape(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+                       max_positions=64, rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+    kv = shape.num_kv_heads * shape.head_dim
+    sizes = {"model.embed_tokens.weight": (64, 32), "lm_head.weight": (64, 32), "model.norm.weight": (32,),
+             "model.layers.0.input_layernorm.weight": (32,), "model.layers.0.post_attention_layernorm.weight": (32,),
+             "model.layers.0.self_attn.q_proj.weight": (32, 32), "model.layers.0.self_attn.k_proj.weight": (kv, 32),
+             "model.layers.0.self_attn.v_proj.weight": (kv, 32), "model.layers.0.self_attn.o_proj.weight": (32, 32),
+             "model.layers.0.mlp.gate_proj.weight": (48, 32), "model.layers.0.mlp.up_proj.weight": (48, 32),
+             "model.layers.0.mlp.down_proj.weight": (32, 48)}
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        weights = {name: torch.randn(size, generator=generator, dtype=dtype) for name, size in sizes.items()}
+        model = LlamaModel(shape, weights, dtype)
+        cache = model.new_cache(16)
+        model.prefill([3, 4, 5, 6], cache)
+        model.decode([7], [cache])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.standby", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ready-file", type=Path, required=True, help="written once the standby is warm")
+    parser.add_argument("--torch-threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    warm_up(args.torch_threads)
+    tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    tmp.replace(args.ready_file)
+    line = sys.stdin.readline()
+    if not line:  # the supervisor retired us (or died): serve nothing
+        return 0
+    serve_args = json.loads(line)["serve_args"]
+    sys.stdin.close()
+    import click
+    import typer
+
+    from engine.cli import engine_app
+
+    command = typer.main.get_command(engine_app)  # typer collapses a one-command app into that command
+    args = ["serve", *serve_args] if isinstance(command, click.Group) else serve_args
+    command.main(args, prog_name="lifeline engine serve")  # exits the process as `engine serve` would
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
