@@ -2,7 +2,7 @@
 
 A class of its own rather than more keys on ControlPlaneSettings: the
 processes that run replication tasks (worker, beat) read it, and the API
-process reads the two `metrics_probe_…` bounds of its `/metrics` at start-up. A bad value
+process reads the `metrics_…` bounds of its `/metrics` at start-up. A bad value
 stops start-up with pydantic's message, which names the key.
 """
 
@@ -34,3 +34,5 @@ class ReplicationSettings(BaseSettings):
     # and reads at most this many manifests it has not read before per probe.
     metrics_probe_ttl: timedelta = timedelta(seconds=30)
     metrics_probe_max_reads: int = Field(256, ge=1, le=100_000)
+    # A scrape waits at most this for those reads (a silent database or store), then answers without them.
+    metrics_budget: timedelta = timedelta(seconds=5)

@@ -39,6 +39,12 @@ def scrape(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         f"{name}:{dict(rest)['state']}": value for (name, rest), value in samples(response.text).items() if rest}
 
 
+@pytest.fixture(autouse=True)
+def generous_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy machine must not make a scrape miss its budget: the budget has a test of its own."""
+    monkeypatch.setenv("LIFELINE_REPLICATION_METRICS_BUDGET", "PT60S")
+
+
 @pytest.fixture
 def stores(store_urls: Any) -> tuple[str, str, KVCheckpointStore, KVCheckpointStore]:
     source_url, _ = store_urls("filesystem", "primary")
@@ -108,7 +114,7 @@ def test_a_probe_reads_at_most_its_cap_and_catches_up_on_later_probes(session_fa
     for i, age in enumerate((30, 20, 10)):
         write_checkpoint(source, list(range(i * 100, i * 100 + 8)), created_at=now - age, seed=i)
     collector = ReplicationCollector(session_factory, clock=clock, s3_endpoint_url=None,
-                                     probe_ttl=timedelta(seconds=30), max_reads=1)
+                                     probe_ttl=timedelta(seconds=30), max_reads=1, budget=timedelta(seconds=60))
 
     def collect() -> dict[str, float]:
         return {s.name.removeprefix(PREFIX): s.value for f in collector.collect() for s in f.samples}
@@ -132,3 +138,31 @@ def test_a_store_that_does_not_answer_is_reported_and_the_page_still_answers(ses
     seen = scrape(client)
     assert (seen["scrape_ok"], seen["probe_ok"], seen["rpo_context_seconds"]) == (1, 0, 60)
     assert "lag_seconds" not in seen and "pending_checkpoints" not in seen
+
+
+def test_a_store_that_hangs_past_the_budget_leaves_the_page_answering(session_factory, clock, stores):
+    import threading
+
+    source_url, target_url, source, _ = stores
+    make_policy(session_factory, clock, source_url, target_url)
+    write_checkpoint(source, list(range(8)), created_at=clock.wall() - 5)
+    release, opened = threading.Event(), []
+
+    def hanging_open(url: str) -> KVCheckpointStore:
+        opened.append(url)
+        release.wait()  # a store that accepts and never answers, until the test lets it
+        return KVCheckpointStore(open_kv_store(url))
+
+    collector = ReplicationCollector(session_factory, clock=clock, s3_endpoint_url=None,
+                                     budget=timedelta(seconds=0.2), open_store=hanging_open)
+
+    def collect() -> dict[str, float]:
+        return {s.name.removeprefix(PREFIX): s.value for f in collector.collect() for s in f.samples}
+
+    assert collect() == {"scrape_ok": 0}
+    assert collect() == {"scrape_ok": 0} and len(opened) == 1  # waits on the read in flight, starts no other
+    release.set()
+    collector._in_flight.result(timeout=60)  # the hung read ends; the next scrape reads afresh
+    collector.budget = 60  # generous from here on: only the short budget above is under test
+    seen = collect()
+    assert (seen["scrape_ok"], seen["pending_checkpoints"]) == (1, 1)
