@@ -6,7 +6,9 @@
 - a worker SIGKILLed mid-copy leaves no manifest at the standby; the task is redelivered to the next
   worker and the copy is complete and verified;
 - a corrupted block at the source is never copied: the copy is retried by Celery, dead-lettered after the
-  policy's attempts and shown in GET /api/v1/replication/status and the event log.
+  policy's attempts and shown in GET /api/v1/replication/status and the event log; once the source is
+  fixed, an operator's retry over the API has the running worker copy it, and the API's own /metrics
+  shows the dead letter gone and nothing pending.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ def test_a_corrupt_source_block_is_never_copied_and_is_dead_lettered_in_the_stat
     good = write_checkpoint(source, list(range(8)), created_at=now, seed=1)
     bad = write_checkpoint(source, list(range(100, 112)), created_at=now, seed=2)
     entry = source.manifest_at(bad).blocks[2]
-    data = bytearray(source.read_block(ROOT, entry.hash))
+    original = source.read_block(ROOT, entry.hash)
+    data = bytearray(original)
     data[-1] ^= 0x04
     source.write_block(ROOT, entry.hash, bytes(data))
     set_policy(session_factory, "chat", source_url, target_url, max_attempts=3)
@@ -175,3 +178,21 @@ def test_a_corrupt_source_block_is_never_copied_and_is_dead_lettered_in_the_stat
         events = client.get("/api/v1/events", params={"kind": "replication.dead_letter"}, headers=headers).json()
         assert [(e["outcome"], e["after"]["checkpoint"], e["after"]["attempts"]) for e in events] == [
             ("failed", bad, 3)]
+
+        source.write_block(ROOT, entry.hash, original)  # the operator fixed the source, then retries
+        with session_scope(session_factory) as session:
+            _, operator = auth_service.create_token(session, name="operator", role=Role.OPERATOR,
+                                                    created_by="test", clock=SystemClock())
+        retried = client.post("/api/v1/replication/dead-letters/retry", headers={
+            "Authorization": f"Bearer {operator}"}, json={"model": "tiny", "session_class": "chat",
+                                                          "checkpoint_keys": [bad], "reason": "source fixed"})
+        assert retried.status_code == 200 and retried.json()["changed"] == [bad], retried.text
+        wait_for(lambda: bad in target.manifests(), "the retried checkpoint replicated by the worker", timeout=90)
+        assert_whole(target, bad)
+        wait_for(lambda: not status_of(session_factory, "chat")["dead_letters"], "the dead letter gone")
+        page = client.get("/metrics").text
+        labels = 'model="tiny",session_class="chat"'
+        assert any(line.startswith("lifeline_controlplane_replication_dead_letters{") and labels in line
+                   and 'state="dead"' in line and line.endswith(" 0.0") for line in page.splitlines())
+        assert any(line.startswith("lifeline_controlplane_replication_pending_checkpoints{") and labels in line
+                   and line.endswith(" 0.0") for line in page.splitlines())
