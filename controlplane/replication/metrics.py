@@ -12,7 +12,10 @@
 
 `lifeline replication worker --metrics-port N` serves them; the control
 plane's `GET /api/v1/replication/status` shows the same lag and pending
-count from the database.
+count from the database, and its own `GET /metrics` computes lag against
+RPO_context from the database and the stores at scrape time
+(`lifeline_controlplane_replication_*`, controlplane/replication/exposition.py),
+so a scraper that cannot reach the worker, or a dead worker, still shows.
 """
 
 from __future__ import annotations
