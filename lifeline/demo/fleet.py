@@ -155,6 +155,10 @@ class DemoFleet:
                "LIFELINE_CONTROLPLANE_DRILL_REPORT_DIR": str(self.workdir / "reports" / "drills")}
         if self.drivers_file is not None:
             env["LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE"] = str(self.drivers_file)
+            # Gateways report every second; a region cutover at l7 verifies on the region's fresh gateways and
+            # waits out a dead one's last report as lagging until it turns stale (default 30 s: the step's
+            # whole timeout). Three report intervals say "gone" soon enough for the region loss to measure.
+            env["LIFELINE_CONTROLPLANE_GATEWAY_REPORT_STALE_AFTER"] = "PT3S"
         self.controlplane = ControlPlaneProcess(self.workdir, env=env)
 
     @property

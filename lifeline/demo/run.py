@@ -21,6 +21,7 @@ from rich.table import Table
 
 from lifeline.demo import report as report_files
 from lifeline.demo.fleet import MODEL, DemoFleet, Region, kill_agent_and_pool
+from lifeline.demo.rollout import BAD_SEED, BAD_VERSION, bad_canary
 from lifeline.demo.scenarios import (
     Context,
     Row,
@@ -40,7 +41,7 @@ from lifeline.demo.scenarios import (
     wait_until,
     zone_loss,
 )
-from lifeline.demo.tiers import RealTiers
+from lifeline.demo.tiers import RealTiers, server_name
 
 REGIONS = {"eu-west": ("eu-west-a", "eu-west-b"), "us-east": ("us-east-a", "us-east-b")}
 # The demand the capacity plan is asked about, per region: a small steady load the tiny model serves on one core.
@@ -53,7 +54,7 @@ REGION_ANSWERS = {"eu-west": "192.0.2.10", "us-east": "198.51.100.10"}  # TEST-N
 DRILL = "demo-weekly-hang"
 
 
-def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, outage_s: float = 10.0) -> int:
+def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, outage_s: float = 20.0) -> int:
     console = Console(highlight=False)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                       "its warm pool per region, steady traffic with the openai client")
         model_dir = _model(workdir, console)
         say("model", f"tiny-seed0 in {model_dir}")
+        bad_dir = None if quick else _model(workdir, console, seed=BAD_SEED)
+        if bad_dir is not None:
+            say("model", f"{BAD_VERSION} in {bad_dir} (the bad version the canary scenario rolls out)")
         if not quick:
             tiers = RealTiers(workdir / "tiers", REGION_ANSWERS,
                               [("eu-west", z) for z in REGIONS["eu-west"]])
@@ -99,6 +103,10 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                 layout = fleet.wait_pool(region)
                 say("pool", f"{region.name}: `lifeline pool plan` → {_layout(region.plan)}; agent-{region.name} "
                             f"runs {_layout(layout)}; gateway {region.gateway.url}")
+        entry = tiers.start_haproxy({n: r.gateway.port for n, r in fleet.regions.items()}) if tiers else None
+        if entry is not None:
+            say("tier", f"l7       HAProxy on {entry} in front of gw-eu-west (gw-us-east as backup): eu-west's steady "
+                        "clients go through it")
         with console.status("recording the canary from two verified instances …"):
             say("canary", _record_canary(fleet))
         say("snapshot", snapshot_line(fleet))
@@ -116,7 +124,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
             f": {reference.text[:50]!r}…")
         short = reference.token_ids[:12]
         for region in fleet.regions.values():
-            flows.append(Traffic(region.name, region.gateway.url, short).start())
+            url = entry if entry is not None and region is primary else region.gateway.url
+            flows.append(Traffic(region.name, url, short).start())
         ctx = Context(fleet, primary, flows[0], reference.token_ids, max_tokens, kill_after)
 
         plays: list[tuple[str, Callable[[], Row]]] = [("kill", lambda: engine_kill(ctx)),
@@ -124,7 +133,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         if not quick:
             assert tiers is not None
             plays[1:1] = [("hang", lambda: silent_hang(ctx))]
+            assert bad_dir is not None
             plays += [("zone", lambda: zone_loss(ctx, tiers)),
+                      ("canary", lambda: bad_canary(ctx, bad_dir)),
                       ("drill", lambda: instance_drill(fleet, primary, ctx)),
                       ("cp-down", lambda: controlplane_down(fleet, primary, flows, seconds=outage_s)),
                       ("region", lambda: region_loss(fleet, primary, fleet.regions["us-east"], tiers, flows))]
@@ -187,13 +198,13 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _model(workdir: Path, console: Console) -> Path:
+def _model(workdir: Path, console: Console, seed: int = 0) -> Path:
     from engine.model_build import build_model
 
-    model_dir = workdir / "models" / "tiny-seed0"
+    model_dir = workdir / "models" / f"tiny-seed{seed}"
     if not (model_dir / "model.safetensors.index.json").exists():
-        with console.status("building the tiny model …"):
-            build_model(model_dir, preset_name="tiny", seed=0)
+        with console.status(f"building the tiny model (seed {seed}) …"):
+            build_model(model_dir, preset_name="tiny", seed=seed)
     return model_dir
 
 
@@ -329,15 +340,9 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
         "controlplane": {"url": fleet.controlplane.url, "token": fleet.operator_token, "pid_file": str(pid_file)},
         "instances": {e.instance_id: {"url": e.url, "served_model": fleet.model_dir.name, "zone": e.zone}
                       for e in fleet.engines(region, state="serving")}}))
-    # The runner records the run in a database of its own, as the drill's e2e test does: the API process it
-    # SIGSTOPs may be stopped inside a write transaction, and on SQLite that locks every other writer out.
-    runner_db = fleet.workdir / "drill-runner.sqlite3"
-    runner_db.unlink(missing_ok=True)
-    env = {**fleet.controlplane.environment(), "LIFELINE_CONTROLPLANE_DATABASE_URL": f"sqlite:///{runner_db}"}
-    migrated = subprocess.run([sys.executable, "-m", "lifeline.cli", "controlplane", "migrate"], env=env,
-                              capture_output=True, text=True, check=False)
-    if migrated.returncode != 0:
-        raise RuntimeError(f"the drill runner's database: {migrated.stderr[-2000:]}")
+    # The runner records the run in the control plane's database (the SLO document's evidence); it pauses the
+    # API only between SQLite writes (cp_outage.QuiescedPause).
+    env = fleet.controlplane.environment()
     fault_at = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "lifeline.demo.cp_outage", str(fleet_file), str(seconds), region.name],
                           capture_output=True, text=True, timeout=seconds + 240, env=env, check=False)
@@ -349,6 +354,10 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
     measured = report.get("measured", {})
     steady_lost = sum(f.lost(fault_at, ended) for f in flows)
     steady = sum(len(f.between(fault_at, ended)) for f in flows)
+    # The run is the control plane's own record now: the SLO document cites it for what it measured.
+    document = fleet.api("GET", f"/slo/{MODEL}").json()
+    cited = sorted(f["metric"] for e in document["triple"] for f in e["figures"]
+                   if f.get("run_id") == result["run_id"] and f.get("status") == "measured")
     row = Row("control plane down", f"the control plane's API SIGSTOPped for {seconds:g} s (drill "
               f"{result['run_id']}, fault controlplane_down)")
     row.fault_at, row.ended_at = fault_at, ended
@@ -356,14 +365,15 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
     row.token_rpo = None if measured.get("token_rpo_tokens") is None else int(measured["token_rpo_tokens"])
     row.requests_lost = int(measured.get("requests_lost") or 0) + steady_lost
     row.tiers = list(report.get("routing_tiers_in_order") or [])
-    row.ok = result["state"] == "passed" and steady_lost == 0
+    row.ok = result["state"] == "passed" and steady_lost == 0 and bool(cited)
     row.line = (f"drill run {result['run_id']} (region {region.name}, API SIGSTOPped "
                 f"{fmt(measured.get('controlplane_down_s'))}) {result['state']}: the drill's requests lost "
                 f"{count(measured.get('requests_lost'))}, token RPO {count(row.token_rpo)}; steady streams through the "
                 f"outage {steady}, lost {steady_lost}; gateways not ready {count(measured.get('gateways_not_ready'))}, "
                 f"changed snapshot {count(measured.get('gateways_changed_snapshot'))}; reconciled "
                 f"{fmt(measured.get('reconcile_s'))} after the return; routing tiers that acted: "
-                f"{row.tiers or 'none'}")
+                f"{row.tiers or 'none'}; the SLO document cites run {result['run_id']} for "
+                f"{', '.join(cited) or 'nothing'}")
     return row
 
 
@@ -374,18 +384,31 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     answer_before = tiers.dns_answer() if tiers.bind else []
     flow = next(f for f in flows if f.region == lost.name)
     by_answer = {REGION_ANSWERS[lost.name]: lost.gateway.url, REGION_ANSWERS[standby.name]: standby.gateway.url}
+    haproxy = tiers.haproxy if tiers.haproxy is not None and tiers.haproxy.alive() else None
     fault_at, wall = time.monotonic(), datetime.now(UTC)
     killed = kill_agent_and_pool(lost.agent)  # the agent and every engine it runs, even one still loading
     lost.gateway.kill(signal.SIGKILL)
-    started = time.monotonic()
-    plan = fleet.api("POST", "/cutovers", json={"scope": {"kind": "region", "region": lost.name}, "tier": "dns",
-                                                "reason": f"demo: {lost.name} lost"}).json()
-    done = fleet.api("POST", f"/cutovers/{plan['id']}/execute", json={"idempotency_key": f"demo-{plan['id']}"}).json()
-    cutover_s = time.monotonic() - started
+
+    def cut_over(tier: str) -> tuple[dict[str, Any], dict[str, Any], float]:
+        started = time.monotonic()
+        plan = fleet.api("POST", "/cutovers", json={"scope": {"kind": "region", "region": lost.name}, "tier": tier,
+                                                    "reason": f"demo: {lost.name} lost"}).json()
+        done = fleet.api("POST", f"/cutovers/{plan['id']}/execute",
+                         json={"idempotency_key": f"demo-{plan['id']}"}).json()
+        return plan, done, time.monotonic() - started
+
+    l7 = None
+    if haproxy is not None:  # HAProxy's clients first: the l7 tier drains the lost gateway, the backup takes over
+        drained_before = haproxy.admin_state(server_name(lost.name))
+        l7 = (*cut_over("l7"), drained_before, haproxy.admin_state(server_name(lost.name)))
+    plan, done, cutover_s = cut_over("dns")
     answer_after = tiers.dns_answer() if tiers.bind else []
-    # The region's clients resolve the name again (a stub honouring the 30 s TTL would wait it out first).
-    gateway_url = by_answer.get(answer_after[0], "") if answer_after else standby.gateway.url
-    flow.gateway_url = gateway_url
+    if haproxy is None:
+        # The region's clients resolve the name again (a stub honouring the 30 s TTL would wait it out first).
+        gateway_url = by_answer.get(answer_after[0], "") if answer_after else standby.gateway.url
+        flow.gateway_url = gateway_url
+    else:
+        gateway_url = flow.gateway_url  # HAProxy, its backup now serving
     served_at = wait_until(lambda: (r := stream(gateway_url, max_tokens=12)).error is None
                            and r.token_ids == flow.reference and time.monotonic(), "a new request served", 60)
     time.sleep(2.0)  # some steady traffic on the standby
@@ -399,13 +422,18 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     row.tiers = tiered(events)
     moved = (not tiers.bind) or (answer_before == [REGION_ANSWERS[lost.name]]
                                  and answer_after == [REGION_ANSWERS[standby.name]])
-    row.ok = done["state"] == "completed" and moved and gateway_url == standby.gateway.url
-    row.line = (f"{lost.name} lost: DNS cutover {plan['id']} {done['state']} in {cutover_s:.1f} s "
+    drained = l7 is None or (l7[1]["state"] == "completed" and l7[3] == "ready" and l7[4] == "drain")
+    row.ok = done["state"] == "completed" and moved and drained and (
+        haproxy is not None or gateway_url == standby.gateway.url)
+    clients = (f"{lost.name}'s clients behind HAProxy were served by {standby.name} (the backup server) "
+               if l7 is not None else f"{lost.name}'s clients resolved again and were served by {standby.name} ")
+    row.line = ((f"{lost.name} lost: l7 cutover {l7[0]['id']} {l7[1]['state']} in {l7[2]:.1f} s (HAProxy "
+                 f"{server_name(lost.name)}: {l7[3]} → {l7[4]}), then " if l7 is not None else f"{lost.name} lost: ")
+                + f"DNS cutover {plan['id']} {done['state']} in {cutover_s:.1f} s "
                 f"({'BIND9 answers' if tiers.bind else 'recorded only;'} {answer_before} → {answer_after} for "
-                f"api.lifeline.test); {lost.name}'s clients resolved again and were served by {standby.name} "
-                f"{fmt(row.rto_latency_s)} after the loss; {row.requests_lost} of their requests in flight or sent "
-                f"before the cutover were lost (a region's gateway takes its streams with it: service recovery "
-                f"only)")
+                f"api.lifeline.test); {clients}{fmt(row.rto_latency_s)} after the loss; {row.requests_lost} of "
+                f"their requests in flight or sent before the cutover were lost (a region's gateway takes its "
+                f"streams with it: service recovery only)")
     return row
 
 

@@ -77,7 +77,7 @@ class StreamRun:
 
 
 def stream(gateway_url: str, *, max_tokens: int, prefer: str | None = None,
-           on_token: Callable[[StreamRun], None] | None = None) -> StreamRun:
+           on_token: Callable[[StreamRun], None] | None = None, headers: dict[str, str] | None = None) -> StreamRun:
     """One streamed greedy completion through the gateway with the `openai` client; errors are recorded, not raised."""
     import openai
 
@@ -86,7 +86,7 @@ def stream(gateway_url: str, *, max_tokens: int, prefer: str | None = None,
     try:
         chunks = client.completions.create(
             model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0.0, stream=True,
-            extra_headers={"X-Lifeline-Prefer-Instance": prefer} if prefer else {},
+            extra_headers={**(headers or {}), **({"X-Lifeline-Prefer-Instance": prefer} if prefer else {})},
             extra_body={"ignore_eos": True, "return_token_ids": True})
         for chunk in chunks:
             lifeline = (chunk.model_extra or {}).get("lifeline") or {}
@@ -133,13 +133,14 @@ class Traffic:
     region: str
     gateway_url: str
     reference: list[int]
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. X-Lifeline-Cohort
     runs: list[StreamRun] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.runs.append(stream(self.gateway_url, max_tokens=STEADY_TOKENS))
+            self.runs.append(stream(self.gateway_url, max_tokens=STEADY_TOKENS, headers=self.headers))
             time.sleep(0.05)
 
     def start(self) -> Self:

@@ -1,4 +1,4 @@
-"""The routing tiers the demo runs for real where the machine has them: BIND9 (dns), BIRD 2 + ExaBGP (anycast).
+"""The routing tiers the demo runs for real where the machine has them: BIND9 (dns), BIRD 2 + ExaBGP (anycast), HAProxy (l7).
 
 The daemons are `lifeline.daemons`' (the same helpers the cutover driver
 tests start), on spare loopback ports in the work dir. The served control
@@ -7,6 +7,16 @@ plane drives them through `LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE`
 installed is not installed here either: its tier is then *recorded only*
 (the control plane's cutover step changes nothing and says so), and
 `notes` says which ran for real and which did not, and why.
+
+HAProxy is the primary region's L7 entry: the primary's gateway as its
+server, the standby region's gateway as `backup` (used only while no
+primary server can take traffic), the admin socket a UNIX path the l7
+tier's HAProxy driver (cutover/drivers/haproxy.py) writes `set server …
+state drain` to. It starts once the gateways listen (`start_haproxy`); the
+drivers file names it from the start (nothing is dialled at start-up).
+With it the cutover policy's `min_wait` is 0: one region loss is cut over
+at two tiers back to back (l7 on HAProxy, then dns), which the anti-flap
+wait between cutovers of one scope would otherwise hold for five minutes.
 """
 
 from __future__ import annotations
@@ -17,12 +27,74 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DaemonMissing, DaemonProcess, DnsRecord, ExaBgpSpeaker
+from lifeline.daemons import (
+    BgpPeer,
+    BindServer,
+    BirdRouter,
+    DaemonMissing,
+    DaemonProcess,
+    DnsRecord,
+    ExaBgpSpeaker,
+    require_binary,
+)
+from lifeline.processes import free_port
 
 SERVICE_PREFIX = "203.0.113.10/32"  # TEST-NET-3: the anycast address every zone announces
 DNS_ZONE = "lifeline.test."
 DNS_NAME = f"api.{DNS_ZONE}"
 DNS_TTL_S = 30
+HAPROXY_BACKEND = "gateways"
+
+
+class GatewayHaproxy(DaemonProcess):
+    """haproxy -db in front of gateways: one server per region (all but the first as backup), admin on a UNIX socket."""
+
+    def __init__(self, workdir: Path) -> None:
+        DaemonProcess.__init__(self, "haproxy", workdir)
+        self.socket_path = workdir / "admin.sock"
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, servers: dict[str, int]) -> GatewayHaproxy:
+        """`servers`: server name → gateway port on 127.0.0.1, the primary first."""
+        haproxy = require_binary("haproxy", "haproxy")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        lines = [f"    server {name} 127.0.0.1:{port}{' backup' if i else ''}"
+                 for i, (name, port) in enumerate(servers.items())]
+        # Streams last seconds, and a stalled one is the gateway's to move (its stall timeout): generous timeouts.
+        (self.workdir / "haproxy.cfg").write_text(
+            "global\n"
+            f"    stats socket {self.socket_path} level admin\n"
+            f"    pidfile {self.workdir}/haproxy.pid\n"
+            "defaults\n    mode http\n    timeout connect 1s\n    timeout client 120s\n    timeout server 120s\n"
+            f"frontend api\n    bind 127.0.0.1:{self.port}\n    default_backend {HAPROXY_BACKEND}\n"
+            f"backend {HAPROXY_BACKEND}\n    balance roundrobin\n" + "\n".join(lines) + "\n")
+        self.spawn([haproxy, "-db", "-f", str(self.workdir / "haproxy.cfg")])
+        self.wait_until(lambda: self.socket_path.exists() and _listening(self.port), f"listening on {self.port}")
+        return self
+
+    def admin_state(self, server: str) -> str:
+        """ready | drain | maint, as the runtime API shows it now."""
+        from cutover.driver import L7Target
+        from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
+
+        state, _ = HaproxyDriver(HaproxyRuntimeApi(self.socket_path)).observe(L7Target(backend=HAPROXY_BACKEND,
+                                                                                       server=server))
+        return state.admin_state
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -35,6 +107,7 @@ class RealTiers:
     speakers: dict[str, ExaBgpSpeaker] = field(default_factory=dict)
     next_hops: dict[str, str] = field(default_factory=dict)  # zone → its speaker's address
     notes: dict[str, str] = field(default_factory=dict)  # tier → what ran for real, or why it did not
+    haproxy: GatewayHaproxy | None = None  # configured; started by start_haproxy once the gateways listen
 
     def start(self) -> Path:
         """Start what is installed; write the drivers file for the control plane. Returns the file."""
@@ -58,6 +131,11 @@ class RealTiers:
             self._stop_anycast()
             self.notes["anycast"] = f"recorded only: {_first_line(exc)}"
         self.notes["l7"] = "real: the control plane's snapshot, applied by each region's gateway; the gateways' own ejections"
+        try:
+            sections.append(self._haproxy_section())
+        except DaemonMissing as exc:
+            self.haproxy = None
+            self.notes["l7"] += f"; HAProxy recorded only: {_first_line(exc)}"
         self.notes["mesh"] = "recorded only: no Istio here (Kubernetes is not run by the demo)"
         path = self.workdir / "cutover-drivers.toml"
         path.write_text("\n".join(sections) + "\n")
@@ -87,6 +165,29 @@ class RealTiers:
         assert self.bind is not None
         response = dns.query.udp(dns.message.make_query(DNS_NAME, "A"), self.bind.host, port=self.bind.port, timeout=2)
         return sorted(r.address for rrset in response.answer for r in rrset)
+
+    # -- l7: HAProxy in front of the gateways ---------------------------------------------------
+    def _haproxy_section(self) -> str:
+        require_binary("haproxy", "haproxy")
+        self.haproxy = GatewayHaproxy(self.workdir / "haproxy")
+        lines = ["[haproxy]", f'runtime_api = "{self.haproxy.socket_path}"', "[haproxy.servers]"]
+        lines += [f'"region:{region}" = ["{HAPROXY_BACKEND}/{server_name(region)}"]' for region in self.region_answers]
+        return "\n".join(lines + ["[policy]", "min_wait = 0"])
+
+    def start_haproxy(self, gateway_ports: dict[str, int]) -> str | None:
+        """Start HAProxy in front of the gateways (`gateway_ports`: region → port, the primary first); its URL."""
+        if self.haproxy is None:
+            return None
+        try:
+            self.haproxy.start({server_name(region): port for region, port in gateway_ports.items()})
+        except (DaemonMissing, RuntimeError) as exc:
+            self.notes["l7"] += f"; HAProxy did not start: {_first_line(exc)}"
+            self.haproxy = None
+            return None
+        primary, *standby = gateway_ports
+        self.notes["l7"] += (f"; HAProxy on {self.haproxy.url} in front of {primary}'s gateway ("
+                             f"{', '.join(standby) or 'no'} backup), drained by the l7 tier's runtime-API driver")
+        return self.haproxy.url
 
     # -- anycast -----------------------------------------------------------------------------
     def _start_anycast(self) -> str:
@@ -154,8 +255,12 @@ class RealTiers:
         try:
             self._stop_anycast()
         finally:
-            if self.bind is not None:
-                _stop(self.bind)
+            try:
+                if self.haproxy is not None:
+                    _stop(self.haproxy)
+            finally:
+                if self.bind is not None:
+                    _stop(self.bind)
 
 
 def _stop(daemon: DaemonProcess) -> None:
@@ -164,6 +269,11 @@ def _stop(daemon: DaemonProcess) -> None:
         daemon.stop()
     except Exception:  # noqa: BLE001 - the next daemon must still be stopped
         daemon.kill()
+
+
+def server_name(region: str) -> str:
+    """HAProxy's server for a region's gateway: the gateway's replica id."""
+    return f"gw-{region}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,10 +2,13 @@
 
 `--quick` (one region: an engine SIGKILLed mid-stream, weights corrupted in
 memory) runs on every change; the full run adds the silent hang, the loss
-of a zone (a real BGP withdraw where BIRD and ExaBGP are installed), an
-instance drill through the drill API, the control plane's API stopped under
-traffic, and the loss of a region (a real DNS cutover on BIND9). Ctrl-C is a real SIGINT to the demo's process group, as a
-terminal sends it.
+of a zone (a real BGP withdraw where BIRD and ExaBGP are installed), a bad
+weight version on the `canary` alias (caught by the agent's canary, rolled
+back by the catalog on the agent's report), an instance drill through the
+drill API, the control plane's API stopped under traffic (its run cited by
+the SLO document), and the loss of a region (the l7 tier drains the lost
+gateway at a real HAProxy, then a real DNS cutover on BIND9). Ctrl-C is a
+real SIGINT to the demo's process group, as a terminal sends it.
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     out = done.stdout
     # BIND9, BIRD 2 and ExaBGP are installed where the tests run (make test installs them): the tiers run for real.
     assert re.search(r"tier +dns +real: BIND9", out) and re.search(r"tier +anycast +real: 2 ExaBGP speakers", out), out
+    assert re.search(r"tier +l7 +HAProxy on http://127\.0\.0\.1:\d+ in front of gw-eu-west", out), out
     assert "gw-eu-west applied snapshot" in out and "gw-us-east applied snapshot" in out
     assert "identical across regions: yes" in out
     _kill_line_holds(out)
@@ -137,14 +141,21 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     assert re.search(r"eu-west-a lost \(2 engines SIGKILLed\) mid-stream: the stream went on, identical: yes, .*cutover "
                      r"\d+ completed .*\(tiers \[[^]]*'anycast'[^]]*\]\); BIRD's paths to the anycast prefix: "
                      r"\['eu-west-a', 'eu-west-b'\] → \['eu-west-b'\] → \['eu-west-a', 'eu-west-b'\]", out), out
+    # The bad version: caught by the canary it inherited, the alias rolled back on the agent's report.
+    assert re.search(r"tiny-seed1 promoted to canary \(revision \d+; its canary inherited from tiny-seed0\), .*the "
+                     r"agent's canary failed it \(\S+ → wrong_output: canary: token \d+ is \d+, recorded \d+\) [\d.]+ s "
+                     r"after it was routable; \S+ rolled canary back tiny-seed1 → tiny-seed0 [\d.]+ s after; the cohort "
+                     r"got \d+ answers: \d+ served wrong", out), out
     drill = re.search(r"drill run \d+ \(demo-weekly-hang, .*\) passed: .*token RPO 0, requests lost 0,.*report "
                       r"(\S+\.md); SLO request_rto_s: unverified → measured", out)
     assert drill and Path(drill[1]).is_file(), out
     # The control plane's API stopped under traffic: nothing lost, no tier had to act (invariant 7).
     assert re.search(r"drill run \d+ \(region eu-west, API SIGSTOPped [\d.]+ s\) passed: the drill's requests lost 0, "
                      r"token RPO 0; steady streams through the outage [1-9]\d*, lost 0; gateways not ready 0, changed "
-                     r"snapshot 0; .*routing tiers that acted: none", out), out
-    assert re.search(r"eu-west lost: DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
-                     r"api\.lifeline\.test\); eu-west's clients resolved again and were served by us-east", out), out
-    _report_files(tmp_path, 7)
+                     r"snapshot 0; .*routing tiers that acted: none; the SLO document cites run \d+ for "
+                     r"token_rpo_tokens", out), out
+    assert re.search(r"eu-west lost: l7 cutover \d+ completed in [\d.]+ s \(HAProxy gw-eu-west: ready → drain\), then "
+                     r"DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
+                     r"api\.lifeline\.test\); eu-west's clients behind HAProxy were served by us-east", out), out
+    _report_files(tmp_path, 8)
     assert _left_running(tmp_path) == []
