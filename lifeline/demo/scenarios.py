@@ -348,9 +348,12 @@ def silent_hang(ctx: Context) -> Row:
     ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
                          f"{victim.instance_id}'s lease released", 60)
     # The watchdog's verdict: /healthz/live turns 503 once the wedged step is older than the bound.
-    watchdog_at = _wait_live_503(victim, timeout=STEP_STALL_BOUND_S + 15)
-    live = httpx.get(f"{victim.url}/healthz/live", timeout=5)
-    victim.faults()  # cleared: the step finishes, the engine is live again and may serve after a fresh canary
+    watchdog_at, live = _wait_live_503(victim, timeout=STEP_STALL_BOUND_S + 15)
+    try:
+        victim.faults()  # cleared: the step finishes, the engine is live again and may serve after a fresh canary
+        cleared = "fault cleared, the engine rejoined the pool"
+    except httpx.HTTPError:  # on a loaded machine the agent may replace a warm instance that kept failing first
+        cleared = "the agent had replaced the wedged engine before the fault was cleared; the pool"
     layout = fleet.wait_pool(region)
     events = events_since(fleet, first)
     row = Row("silent hang (decode loop wedged)", f"{victim.instance_id}'s decode loop blocked inside a step")
@@ -361,15 +364,15 @@ def silent_hang(ctx: Context) -> Row:
     row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
     row.tiers = tiered(events)
-    watchdog = watchdog_at is not None and live.status_code == 503
+    watchdog = watchdog_at is not None and live is not None and live.status_code == 503
     row.ok = identical and row.requests_lost == 0 and watchdog
     row.line = (f"{victim.instance_id}'s decode loop wedged after {ctx.kill_after} tokens (HTTP still answers): "
                 f"the stream went on, identical to reference: {mark(identical)}; request RTO {fmt(gap)} (the "
-                f"gateway's stall timeout); /healthz/live {live.status_code} "
-                f"{_error_type(live)} {fmt(None if watchdog_at is None else watchdog_at - fault_at)} after the hang (watchdog: "
+                f"gateway's stall timeout); /healthz/live {live.status_code if live is not None else 'never'} "
+                f"{_error_type(live) if live is not None else 'answered 503'} "
+                f"{fmt(None if watchdog_at is None else watchdog_at - fault_at)} after the hang (watchdog: "
                 f"{mark(watchdog)}); first noticed by {_first_kind(events, wall, victim.instance_id)}; lease released "
-                f"{fmt(ejected - fault_at)} after the hang; fault cleared, the engine rejoined the pool: "
-                f"{_layout(layout)}")
+                f"{fmt(ejected - fault_at)} after the hang; {cleared}: {_layout(layout)}")
     return row
 
 
@@ -482,17 +485,17 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     return row
 
 
-def _wait_live_503(engine: PoolEngine, *, timeout: float) -> float | None:
-    """When /healthz/live first answered 503 (monotonic), or None within `timeout`."""
+def _wait_live_503(engine: PoolEngine, *, timeout: float) -> tuple[float | None, httpx.Response | None]:
+    """When /healthz/live first answered 503 (monotonic) and that answer, or (None, None) within `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{engine.url}/healthz/live", timeout=2).status_code == 503:
-                return time.monotonic()
+            if (response := httpx.get(f"{engine.url}/healthz/live", timeout=2)).status_code == 503:
+                return time.monotonic(), response
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    return None
+    return None, None
 
 
 def _error_type(response: httpx.Response) -> str:
