@@ -9,8 +9,17 @@
                                  region's gateways poll
     redis_down         region    the region's lease-registry /           SIGSTOP          SIGCONT
                                  token-log Redis
-    region_loss        region    refused (`RegionTierNotWired`) until the fleet has a second
-                                 region and a DNS tier
+    region_loss        region    every process the fleet places  SIGKILL each     restart each, then
+                                 in the region (engines, gateways)                 roll back the dns cutover
+                                 refused (`RegionTierNotWired`) without a second region and a dns tier
+
+Zone and region losses are cut over by Lifeline on its own (the agent's
+fault report → the escalation ladder → the tier's driver); the plan only
+watches the tier that should act (`controlplane/drill/tiers.py`: BIRD's
+routes for anycast, the DNS server's answer for dns), waits for the
+automatic cutover to end, and at rollback returns what it took away first
+and then rolls that cutover back. A zone drill watches a tier only where
+the fleet wires one (`Fleet.anycast_tier`) and its `expected_tier` is it.
 
 `plan_fault()` computes the footprint from the fleet and checks it against
 the blast radius *before anything is touched*: a target outside it, a
@@ -54,6 +63,7 @@ from controlplane.drill.errors import OutsideBlastRadius, RegionTierNotWired, Un
 from controlplane.drill.measure import RequestTrace
 from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
+from controlplane.drill.tiers import CutoverWatch
 
 log = get_logger(__name__)
 
@@ -175,6 +185,45 @@ def zone_footprint(radius: BlastRadius, zone: str, placement: dict[str, str | No
     return footprint
 
 
+def region_footprint(radius: BlastRadius, region: str, placement: dict[str, str | None],
+                     engines: dict[str, str | None]) -> list[str]:
+    """Every process a loss of `region` kills, refused if any of it lies outside the blast radius.
+
+    `placement` is process → region for every process the fleet runs
+    (engines by instance id, gateways and the rest by name); `engines` is
+    instance → zone for the engines among them. Refused: a region the
+    radius does not name; a process whose region is unknown (it might be
+    in it); an engine the radius's `instances` list leaves out (when it
+    has one); a zone of the region its `zones` list leaves out (when it has
+    one: a region's loss takes every zone of it); more engines than the
+    cap; a region with nothing in it.
+    """
+    if region != radius.region:
+        raise OutsideBlastRadius(f"region {region!r} is outside the blast radius region {radius.region!r}")
+    unplaced = sorted(name for name, where in placement.items() if where is None)
+    if unplaced:
+        raise OutsideBlastRadius(f"the fleet does not say which region {unplaced} are in: a region loss could "
+                                 "reach them wherever they are")
+    footprint = sorted(name for name, where in placement.items() if where == region)
+    killed_engines = [name for name in footprint if name in engines]
+    if not killed_engines:
+        raise OutsideBlastRadius(f"no engine of the fleet is in region {region!r}: nothing to drill")
+    if radius.instances:
+        outside = [i for i in killed_engines if not radius.allows_instance(i)]
+        if outside:
+            raise OutsideBlastRadius(f"losing region {region!r} would kill {outside}, which the blast radius "
+                                     f"{radius.instances} does not name")
+    if radius.zones:
+        zones = sorted({z for i in killed_engines if (z := engines[i]) is not None and not radius.allows_zone(z)})
+        if zones:
+            raise OutsideBlastRadius(f"losing region {region!r} takes zone(s) {zones} too, which the blast radius "
+                                     f"zones {radius.zones} do not name")
+    if len(killed_engines) > radius.max_instances:
+        raise OutsideBlastRadius(f"losing region {region!r} kills {len(killed_engines)} engines {killed_engines}, "
+                                 f"over the blast radius cap of {radius.max_instances}")
+    return footprint
+
+
 # -- the plan a run carries out -------------------------------------------------------------------------
 @dataclass
 class FaultPlan:
@@ -277,6 +326,11 @@ class ZoneLoss(FaultPlan):
 
     engines: _Engines | None = None
     killed: list[str] = field(default_factory=list)
+    watch: CutoverWatch | None = None  # the anycast tier, where the fleet wires it and the drill expects it
+
+    def prepare(self) -> None:
+        if self.watch is not None:
+            self.watch.prepare()
 
     def inject(self) -> None:
         assert self.engines is not None
@@ -286,14 +340,109 @@ class ZoneLoss(FaultPlan):
             self.engines.fleet.kill(instance)
             self.killed.append(instance)
 
+    def tick(self, now: float) -> None:
+        if self.watch is not None:
+            self.watch.tick(now)
+
     def clear(self) -> None:
         assert self.engines is not None
+        if self.watch is not None and self.injected and not self.watch.found:
+            self.watch.wait_for_cutover()  # Lifeline's own cutover first: then the zone is returned
         # Every instance of the footprint, killed or not: one the drill slowed is put back clean by its restart.
         for instance in self.instances:
             self.engines.fleet.restart(instance)
+        if self.watch is not None and self.injected and self.watch.return_started_at is None:
+            self.watch.roll_back(f"drill: zone {self.target} returned")
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        return self.watch.measurements(fault_at, "route_withdrawn") if self.watch is not None else {}
+
+    def checks(self) -> list[str]:
+        return self.watch.checks(injected=self.injected) if self.watch is not None else []
 
     def details(self) -> dict[str, Any]:
-        return {"zone": self.target, "instances_killed": list(self.killed)}
+        out: dict[str, Any] = {"zone": self.target, "instances_killed": list(self.killed)}
+        if self.watch is not None:
+            out["cutover"] = self.watch.details()
+        return out
+
+
+@dataclass
+class RegionLoss(FaultPlan):
+    """Every process of one region SIGKILLed at once; Lifeline moves the region's DNS record on its own.
+
+    Traffic keeps flowing for `hold_s` (`traffic.fault_duration_s`), the
+    clients re-resolving the name through the DNS server on every attempt
+    (`Fleet.resolve_gateway`) and retrying a broken request from scratch
+    (`traffic.retry_for_s`). At the end of the hold the region is returned:
+    its processes restarted (`Fleet.restore_region`), then the automatic dns
+    cutover rolled back and the record seen back at the DNS server. The
+    processes outside the footprint are listed with their pids before the
+    fault and checked after: one that changed is a follow-up item (the
+    drill reached outside its blast radius).
+    """
+
+    fleet: Any = None
+    region: str = ""
+    watch: CutoverWatch | None = None
+    killed: dict[str, int | None] = field(default_factory=dict)
+    outside_before: dict[str, int | None] = field(default_factory=dict)
+    outside_after: dict[str, int | None] = field(default_factory=dict)
+    restored_s: float | None = None
+    clock: Clock | None = None
+
+    def prepare(self) -> None:
+        assert self.watch is not None
+        self.watch.prepare()
+        if self.watch.out_before:
+            raise UnsupportedDrill(f"the dns tier already routes {self.region} away (its record does not name it): "
+                                   "a region-loss drill would measure nothing")
+        self.outside_before = self._outside()
+
+    def _outside(self) -> dict[str, int | None]:
+        return {name: pid for name, (_, pid) in self.fleet.all_processes().items() if name not in self.instances}
+
+    def inject(self) -> None:
+        log.warning("drill_fault_injected", region=self.region, processes=self.instances, fault=self.fault.value)
+        self.injected = True
+        pids = self.fleet.all_processes()
+        for name in self.instances:
+            self.killed[name] = pids.get(name, (None, None))[1]
+            self.fleet.kill_process(name)
+
+    def tick(self, now: float) -> None:
+        assert self.watch is not None
+        self.watch.tick(now)
+
+    def clear(self) -> None:
+        assert self.watch is not None and self.clock is not None
+        if self.injected and not self.watch.found:
+            self.watch.wait_for_cutover()
+        started = self.clock.now()
+        self.fleet.restore_region(self.region)  # the region's processes first, then its record
+        self.restored_s = self.clock.now() - started
+        if self.injected and self.watch.return_started_at is None:
+            self.watch.roll_back(f"drill: region {self.region} returned")
+            self.watch.sweep_inside(f"drill: region {self.region} returned")
+        self.outside_after = self._outside()
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        assert self.watch is not None
+        return {**self.watch.measurements(fault_at, "dns_moved"), "region_restored_s": self.restored_s}
+
+    def checks(self) -> list[str]:
+        assert self.watch is not None
+        out = self.watch.checks(injected=self.injected)
+        touched = sorted(n for n, pid in self.outside_before.items() if self.outside_after.get(n) != pid)
+        if self.injected and touched:
+            out.append(f"processes outside the blast radius changed during the drill: {touched}")
+        return out
+
+    def details(self) -> dict[str, Any]:
+        assert self.watch is not None
+        return {"region": self.region, "processes_killed": dict(self.killed),
+                "outside_untouched": {n: self.outside_after.get(n) == pid for n, pid in self.outside_before.items()},
+                "cutover": self.watch.details()}
 
 
 @dataclass
@@ -601,7 +750,7 @@ class RedisDown(FaultPlan):
 # -- choosing the plan ------------------------------------------------------------------------------------
 def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
                target: str | None, clock: Clock, sleep: Callable[[float], None],
-               probe: Callable[[], str | None] | None = None) -> FaultPlan:
+               probe: Callable[[], str | None] | None = None, expected_tier: str = "l7") -> FaultPlan:
     """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius`."""
     # A fleet that does not name its region (fleet files written before `region:`) is taken to be the radius's.
     fleet_region = getattr(fleet, "region", None) or radius.region
@@ -622,7 +771,16 @@ def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, tra
                                    "kept inside its blast radius")
         zone = target or radius.zones[0]
         footprint = zone_footprint(radius, zone, {i: zone_of(i) for i in fleet.instance_ids()})
-        return ZoneLoss(fault=fault, target=zone, instances=footprint, prefer=footprint, engines=engines)
+        anycast = getattr(fleet, "anycast_tier", None)
+        watch = None
+        if expected_tier == "anycast":
+            if anycast is None:
+                raise UnsupportedDrill("the drill expects the anycast tier to act, and the fleet wires no "
+                                       "anycast tier whose routes it could read back")
+            watch = CutoverWatch(scope=f"region:{fleet_region}/zone:{zone}", observer=anycast.observer(zone),
+                                 cutovers=fleet.cutovers, clock=clock, sleep=sleep)
+        return ZoneLoss(fault=fault, target=zone, instances=footprint, prefer=footprint, engines=engines,
+                        watch=watch)
     if fault == DrillFault.REGION_LOSS:
         regions = list(getattr(fleet, "regions", lambda: [fleet_region])())
         dns = getattr(fleet, "dns_tier", None)
@@ -631,8 +789,20 @@ def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, tra
                 f"a region-loss drill moves traffic to a standby region through the dns (or anycast) tier; this "
                 f"fleet has region(s) {regions} and {'a' if dns else 'no'} dns tier wired, so there is nowhere to "
                 "fail over to and nothing would act")
-        raise UnsupportedDrill("a region-loss runner is not written yet; the fleet has a second region and a "
-                               "dns tier, but the drill refuses rather than pretends")
+        if expected_tier != "dns":
+            raise UnsupportedDrill(f"a region loss is cut over at the dns tier (cutover/escalation.py); a drill "
+                                   f"expecting {expected_tier} would wait for a tier that never acts")
+        if target is not None and target != fleet_region:
+            raise OutsideBlastRadius(f"target {target!r}: this fleet's drilled region is {fleet_region!r}")
+        processes = fleet.all_processes()
+        footprint = region_footprint(radius, fleet_region, {n: where for n, (where, _) in processes.items()},
+                                     {i: fleet.zone_of(i) for i in fleet.instance_ids()})
+        watch = CutoverWatch(scope=f"region:{fleet_region}", observer=dns.observer(fleet_region),
+                             cutovers=fleet.cutovers, clock=clock, sleep=sleep)
+        engines_killed = [n for n in footprint if n in set(fleet.instance_ids())]
+        return RegionLoss(fault=fault, target=fleet_region, instances=footprint, slow=engines_killed,
+                          hold_s=traffic.fault_duration_s, keep_traffic=True, fleet=fleet, region=fleet_region,
+                          watch=watch, clock=clock)
     if target is not None and target != fleet_region:
         raise OutsideBlastRadius(f"target {target!r}: a {fault} drill acts on the region {fleet_region!r} only")
     hold = traffic.fault_duration_s

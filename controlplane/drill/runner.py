@@ -27,6 +27,11 @@ and the run ends `passed` or `failed` with its report.
 A fault target outside the blast radius is refused before anything is
 touched (`OutsideBlastRadius`), and the run is aborted with that reason.
 
+Where the fleet resolves its gateway (`Fleet.resolve_gateway`: a region
+drill's DNS name, asked of the authoritative server), every attempt asks it
+again; with `traffic.retry_for_s` a broken request is sent again from
+scratch, as a client would after its connection broke (`_stream`).
+
 Each state change is its own unit of work (commit per step, like cutover
 flows), so `GET /api/v1/drills/runs/{id}` shows `running` while traffic flows.
 """
@@ -61,6 +66,9 @@ RECOMPUTED = "lifeline_gateway_recomputed_decode_tokens_total"
 # RPO_context: the gateways' count of session context tokens prefilled again after a resume (the KV state the
 # session lost); a histogram, so its _sum. Read only when the drill's traffic used sessions.
 CONTEXT_RECOMPUTED = "lifeline_gateway_session_context_recomputed_tokens_sum"
+# The context the session turns carried: a drill whose sessions carried none (one-turn sessions) had nothing to
+# lose, and its "0 recomputed" would be a figure without evidence; RPO_context stays unmeasured then.
+CONTEXT_CARRIED = "lifeline_gateway_session_context_tokens_total"
 # The session header of contract/session.py (SESSION_HEADER); spelled here so a drill still runs against a
 # gateway built before sessions (which ignores it, and then RPO_context stays unmeasured).
 SESSION_HEADER = "x-session-id"
@@ -180,7 +188,8 @@ class DrillRunner:
         try:
             plan = faults.plan_fault(scope=scope, fault=fault, radius=radius, traffic=traffic, fleet=self.fleet,
                                      target=target, clock=self.clock, sleep=self.sleep,
-                                     probe=lambda: self._probe(model_name, traffic))
+                                     probe=lambda: self._probe(model_name, traffic),
+                                     expected_tier=meta["expected_tier"])
             prepare = getattr(plan, "prepare", None)
             if prepare is not None:
                 prepare()
@@ -227,6 +236,7 @@ class DrillRunner:
         # The gateways' own count of decode tokens generated again after a failure (token RPO's recomputed part).
         recomputed_before = faults.gateway_metric(gateways, RECOMPUTED)
         context_before = faults.gateway_metric_by_url(gateways, CONTEXT_RECOMPUTED) if traffic.sessions else {}
+        carried_before = faults.gateway_metric_by_url(gateways, CONTEXT_CARRIED) if traffic.sessions else {}
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
@@ -303,9 +313,11 @@ class DrillRunner:
             engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
         recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
-        rpo_context = (faults.counter_increase(context_before, faults.gateway_metric_by_url(gateways,
-                                                                                            CONTEXT_RECOMPUTED))
-                       if traffic.sessions else None)
+        rpo_context = None
+        if traffic.sessions and faults.counter_increase(
+                carried_before, faults.gateway_metric_by_url(gateways, CONTEXT_CARRIED)):
+            rpo_context = faults.counter_increase(context_before,
+                                                  faults.gateway_metric_by_url(gateways, CONTEXT_RECOMPUTED))
         report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
                               baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
                               rpo_context=rpo_context)
