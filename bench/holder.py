@@ -1,32 +1,43 @@
 """Restart-to-ready with the memory holder vs a cold load from disk, phase by phase.
 
-For each preset, an engine is SIGKILLed `--kills` times and restarted at once
-(as a supervisor that sees the exit would); each restart is timed through the
-seed's phases:
+For each preset, three engines are SIGKILLed `--kills` times each, in turn,
+and restarted at once (as a supervisor that sees the exit would):
+
+    holder + standby   attached to the holder, restarted by activating a
+                       pre-started standby process (engine/standby.py)
+    holder, new process  attached to the holder, a new interpreter per restart
+    disk, new process  the cold-load baseline every ratio is taken against
+
+Each restart is timed through the seed's phases:
 
     detection    SIGKILL → the supervisor's waitpid returns (process exit)
     lease        SIGKILL → the holder reports the tenant frozen (its own
                  detection, 1-3 s by design; holder runs only, measured on
                  the kills where the bench waits for it before restarting)
+    engine start restart issued → the engine asks for its weights (a new
+                 interpreter: imports, settings, boot generation; a standby:
+                 settings and boot generation only)
     takeover     the attach round trip (the holder records the takeover)
-    engine start spawn → the engine asks for its weights (interpreter, torch,
-                 settings, boot generation)
     re-mapping   building tensor views over the region (holder) or reading,
                  converting and hashing the shards (cold)
     ready        weights in place → /healthz/ready answers 200 (self-test)
-    total        spawn → ready
+    total        restart issued → ready
+    serving      SIGKILL → ready (the seed's "serving again")
 
 Also measured: the normal-path cost of serving from the holder's pages
 (greedy decode throughput, attached vs loaded, alternating runs) and the
-memory: region bytes vs tensor bytes, and the engine's private (anonymous)
-resident memory attached vs loaded.
+memory: region bytes vs tensor bytes, the engine's private (anonymous)
+resident memory attached vs loaded, and the standby's (its price).
+
+With `--sections step`, the same cost without HTTP: decode steps over the
+mapped pages vs private memory in one process, alternating rounds.
 
 And, with `--sections kv`, what the KV pool saves a restarted engine: the
 time to the first token of a continuation whose prompt the dead engine had
 committed as KV blocks, against a prompt of the same length it never saw
 (a full prefill), both on the same restarted engine.
 
-    .venv/bin/python -m bench.holder [--presets tiny,small] [--kills 20] [--sections restart,kv] [--write docs/benchmarks.md]
+    .venv/bin/python -m bench.holder [--presets tiny,small] [--kills 20] [--sections restart,step,kv] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -45,11 +56,13 @@ from pathlib import Path
 import httpx
 
 from bench.docs import replace_section
+from engine.standby import StandbyEngine
 from holder.process import HolderProcess
 from lifeline.processes import EngineProcess, built_model, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## Memory holder: restart-to-ready (bench/holder.py)"
+STEP_HEADING = "## Memory holder: normal-path cost of the shared pages (bench/holder.py)"
 KV_HEADING = "## Memory holder: KV blocks after a restart (bench/holder.py)"
 
 
@@ -88,28 +101,76 @@ def tenant_frozen(holder: HolderProcess, tenant_id: str) -> bool:
     return bool(tenant and tenant["frozen"])
 
 
+MODES = {  # mode → (attached to the holder, restarted by activating a standby)
+    "standby": (True, True),  # holder + a pre-started standby engine: the restart path this bench measures
+    "holder": (True, False),  # holder, a new interpreter per restart (the path before engine/standby.py)
+    "cold": (False, False),  # the cold-load baseline: a new interpreter loading the shards from disk
+}
+
+
+def serve_args(engine: EngineProcess) -> list[str]:
+    """The `engine serve` arguments `EngineProcess.start` passes, handed to a standby instead."""
+    return ["--model", str(engine.model), "--port", str(engine.port), "--instance-id", engine.instance_id,
+            "--state-dir", str(engine.state_dir), "--torch-threads", "1", *engine.extra_args]
+
+
+def spawn_standby(engine: EngineProcess, workdir: Path) -> StandbyEngine:
+    """A standby for `engine`'s next restart; it logs into the engine's log, which `log_time` reads."""
+    standby = StandbyEngine(engine.log_path, workdir / f"{engine.instance_id}.standby-ready", torch_threads=1)
+    standby.spawn()
+    return standby
+
+
 def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess,
-                   lease_every: int) -> dict[str, list[dict]]:
-    """Both engines up; each round kills and restarts the attached one, then the cold one, so that
-    the machine's load (2 cores shared with other work) falls on both alike."""
-    engines = {}
-    for mode, args in (("holder", ["--holder", holder.url]), ("cold", [])):
+                   lease_every: int) -> dict[str, list]:
+    """All engines up; each round kills and restarts each mode's engine in turn, so that the machine's
+    load (2 cores shared with other work) falls on every mode alike. A standby is respawned right after its
+    engine is ready, and the bench waits until it is warm before the next kill of any mode: the steady state
+    of one crash at a time, and the standby's warm-up (a whole interpreter start) never overlaps a restart
+    being measured."""
+    engines: dict[str, EngineProcess] = {}
+    standbys: dict[str, StandbyEngine] = {}
+    for mode, (attached, _) in MODES.items():
         instance = f"bench-{mode}"
         engines[mode] = EngineProcess(model, free_port(), instance, workdir / "state" / instance,
-                                      workdir / f"{instance}.log", args)
+                                      workdir / f"{instance}.log", ["--holder", holder.url] if attached else [])
         engines[mode].start()
     for engine in engines.values():
         engine.wait_ready(timeout=300)
-    rows: dict[str, list[dict]] = {"holder": [], "cold": []}
-    for kill in range(kills):
-        for mode, engine in engines.items():
-            rows[mode].append(restart_once(engine, holder if mode == "holder" else None, kill % lease_every == 0))
-    for engine in engines.values():
-        engine.kill()
-    return rows
+    rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    warm_s: list[float] = []
+    standby_rss: list[dict[str, int]] = []
+
+    def warm_standby(engine: EngineProcess) -> StandbyEngine:
+        spawned_at, standby = time.time(), spawn_standby(engine, workdir)
+        while not standby.warm:
+            if not standby.alive:
+                raise RuntimeError(f"standby exited: {engine.logs()[-3000:]}")
+            time.sleep(0.01)
+        warm_s.append(standby.ready_file.stat().st_mtime - spawned_at)
+        assert standby.process is not None  # noqa: S101 - warm implies alive
+        standby_rss.append(private_rss_kib(standby.process.pid))
+        return standby
+
+    try:
+        for kill in range(kills):
+            for mode, engine in engines.items():
+                attached, from_standby = MODES[mode]
+                standby = (standbys.get(mode) or warm_standby(engine)) if from_standby else None
+                rows[mode].append(restart_once(engine, holder if attached else None, kill % lease_every == 0,
+                                               standby))
+                if from_standby:  # warm again before anything else is measured: no overlap with a restart
+                    standbys[mode] = warm_standby(engine)
+    finally:
+        for standby in standbys.values():
+            standby.close()
+        for engine in engines.values():
+            engine.kill()
+    return {**rows, "standby_warm_s": warm_s, "standby_rss": standby_rss}
 
 
-def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_lease: bool) -> dict:
+def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_lease: bool,
+                 standby: StandbyEngine | None) -> dict:
     instance = engine.instance_id
     killed_at = time.time()
     engine.process.send_signal(signal.SIGKILL)
@@ -122,7 +183,13 @@ def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_l
         row["lease"] = time.time() - killed_at
     engine.kill()  # closes the log handle
     spawned_at = time.time()
-    engine.start()
+    if standby is not None:
+        process = standby.activate(serve_args(engine))
+        if process is None:
+            raise RuntimeError(f"standby died before activation: {engine.logs()[-3000:]}")
+        engine.process = process
+    else:
+        engine.start()
     ready_at = wait_ready(engine.url, engine.process)
     origin = httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
     if holder is not None:
@@ -137,6 +204,7 @@ def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_l
         row |= {"takeover": 0.0, "remap": origin["load_s"]}
     row |= {"start": mapped_at - weights_s - spawned_at, "ready": ready_at - mapped_at,
             "total": ready_at - spawned_at}
+    row["serving"] = row["detection"] + row["total"]  # not the lease wait: the supervisor restarts at once
     return row
 
 
@@ -210,22 +278,28 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
     return result
 
 
-PHASES = ["detection", "lease", "takeover", "start", "remap", "ready", "total"]
+PHASES = ["detection", "lease", "start", "takeover", "remap", "ready", "total", "serving"]
+MODE_NAMES = {"standby": "holder + standby process", "holder": "holder, new process", "cold": "disk, new process (cold load)"}
+
+
+def cell(values: list[float]) -> str:
+    return f"{percentile(values, 50):.3f} / {percentile(values, 99):.3f}"
 
 
 def render(results: list[dict], kills: int, lease_every: int) -> str:
     lines = [
         (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
-        f"CPU only, torch threads 1, float64, while other work shared the 2 cores. {kills} SIGKILLs per row; "
-        "the engine is restarted as soon as the kill is seen (waitpid); attached and cold restarts alternate, "
-        "so the machine's load falls on both alike. Seconds, p50 / p99."),
+        f"CPU only, torch threads 1, float64, on a shared machine: other sessions ran their tests on the same "
+        f"2 cores, so absolute figures carry their load; the modes alternate kill by kill, so it falls on each "
+        f"alike. {kills} SIGKILLs per row, each restarted as soon as waitpid sees the exit. Seconds, p50 / p99."),
         "",
-        ("| preset | weights from | detection | lease (holder) | takeover | engine start | re-mapping / load "
-        "| ready (self-test) | **restart → ready** |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        ("| preset | restart | detection | lease (holder) | engine start | takeover | re-mapping / load "
+        "| ready (self-test) | restart → ready | **SIGKILL → serving** | vs cold load p50 / p99 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        for mode in ("holder", "cold"):
+        cold = [row["serving"] for row in result["cold"]]
+        for mode in MODES:
             rows = result[mode]
             cells = []
             for phase in PHASES:
@@ -233,36 +307,48 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
                 if not values or (mode == "cold" and phase in ("lease", "takeover")):
                     cells.append("—")
                     continue
-                cell = f"{percentile(values, 50):.3f} / {percentile(values, 99):.3f}"
-                cells.append(f"**{cell}**" if phase == "total" else cell)
-            name = "holder (mapped)" if mode == "holder" else "disk (cold load)"
-            lines.append(f"| {result['preset']} | {name} | " + " | ".join(cells) + " |")
+                cells.append(f"**{cell(values)}**" if phase == "serving" else cell(values))
+            serving = [row["serving"] for row in rows]
+            ratio = (f"{percentile(serving, 50) / percentile(cold, 50):.2f}× / "
+                     f"{percentile(serving, 99) / percentile(cold, 99):.2f}×")
+            lines.append(f"| {result['preset']} | {MODE_NAMES[mode]} | " + " | ".join(cells) + f" | {ratio} |")
     lines += [
         "",
-        (f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
+        ("Phases: detection = SIGKILL → the supervisor's waitpid returns; engine start = restart issued (a new "
+        "interpreter spawned, or the standby handed its `engine serve` arguments) → the engine asks for its "
+        "weights (interpreter, imports, settings, boot generation); takeover = the attach round trip; re-mapping "
+        "= tensor views over the holder's region (or reading, converting and hashing the shards); ready = weights "
+        "in place → `/healthz/ready` 200 (self-test, uvicorn bound); SIGKILL → serving = all of it, the figure "
+        "the seed's ≤ 2 s is about. "
+        f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
         f"measured on every {lease_every}th kill, where the bench waited for it before restarting; the restart "
         "itself never waits for it: the same instance id under a higher boot generation takes over at once."),
         "",
         ("| preset | region bytes | tensor bytes | alignment overhead | holder first load | holder restart (adopt) "
-        "| decode tok/s holder | decode tok/s disk | normal-path overhead | engine RssAnon holder / disk (MiB) |"),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| decode tok/s holder | decode tok/s disk | normal-path overhead | engine RssAnon holder / disk (MiB) "
+        "| standby RssAnon (MiB) | standby warm-up p50 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         normal = result["normal"]
         memory = normal["memory"]
+        standby_mib = statistics.median(rss["RssAnon"] for rss in result["standby_rss"]) / 1024
         lines.append(
             f"| {result['preset']} | {result['region_bytes']:,} | {result['tensor_bytes']:,} "
             f"| {(result['region_bytes'] / result['tensor_bytes'] - 1) * 100:.3f}% "
             f"| {result['holder_cold_s']:.2f} s | {result['holder_restart_s']:.2f} s "
             f"| {normal['holder_tok_s']:.1f} | {normal['disk_tok_s']:.1f} | {normal['overhead_pct']:+.1f}% "
-            f"| {memory['holder']['RssAnon'] / 1024:.0f} / {memory['disk']['RssAnon'] / 1024:.0f} |")
+            f"| {memory['holder']['RssAnon'] / 1024:.0f} / {memory['disk']['RssAnon'] / 1024:.0f} "
+            f"| {standby_mib:.0f} | {percentile(result['standby_warm_s'], 50):.2f} s |")
     lines += [
         "",
         ("Normal-path overhead is (disk tok/s ÷ holder tok/s − 1), medians of alternating runs: positive means "
         "serving from the holder's pages is slower. The weights of an attached engine are the holder's tmpfs "
         "pages (RssShmem/RssFile), not its own anonymous memory, so N engines on a host hold one copy. "
         "\"holder restart (adopt)\" is a SIGKILLed holder replaying its ledger and checking the region's "
-        "sha256 instead of reading the shards again."),
+        "sha256 instead of reading the shards again. The standby is the price of the fast restart: one idle "
+        "interpreter with torch imported per host (RssAnon above, no CPU while it waits), and its warm-up — a "
+        "whole interpreter start — spent after each restart, off the measured path but on the same cores."),
     ]
     return "\n".join(lines)
 
@@ -347,6 +433,65 @@ def render_kv(rows: list[dict], repeats: int) -> str:
     return "\n".join(lines)
 
 
+def step_cost(preset: str, rounds: int, steps: int = 16, prompt_tokens: int = 64) -> dict:
+    """Decode steps over the holder's mapped pages vs private memory, in one process: no HTTP, no scheduler,
+    no second process on other cores, so only where the weights live differs. Rounds alternate which model
+    goes first; the figure is the median of per-round ratios."""
+    import torch
+
+    from contract.holder import WeightsDescription
+    from engine.holder_client import map_weights
+    from engine.model import LlamaModel
+
+    torch.set_num_threads(1)
+    model = built_model(preset, 0)
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-holder-step-{preset}-"))
+    shm = Path("/dev/shm") / f"lifeline-bench-step-{preset}-{time.monotonic_ns()}"
+    holder = HolderProcess(model, free_port(), workdir / "holder-state", shm, workdir / "holder.log")
+    try:
+        holder.start()
+        holder.wait_ready(timeout=600)
+        description = WeightsDescription.model_validate_json(httpx.get(f"{holder.url}/v1/weights", timeout=5).content)
+        models = {"holder": LlamaModel.from_weights(model, map_weights(description), torch.float64),
+                  "disk": LlamaModel.load(model, torch.float64)}
+        prompt = [(7 * i) % 4000 + 10 for i in range(prompt_tokens)]
+        step_s: dict[str, list[float]] = {"holder": [], "disk": []}
+        for round_ in range(rounds + 1):
+            for name in ("holder", "disk") if round_ % 2 == 0 else ("disk", "holder"):
+                cache = models[name].new_cache(prompt_tokens + steps)
+                models[name].prefill(prompt, cache)
+                started = time.perf_counter()
+                for step in range(steps):
+                    models[name].decode([5 + step], [cache])
+                if round_:  # the first round warms both
+                    step_s[name].append((time.perf_counter() - started) / steps)
+    finally:
+        holder.kill()
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratios = [h / d for h, d in zip(step_s["holder"], step_s["disk"], strict=True)]
+    return {"preset": preset, "rounds": rounds, "holder_ms": statistics.median(step_s["holder"]) * 1e3,
+            "disk_ms": statistics.median(step_s["disk"]) * 1e3, "overhead_pct": (statistics.median(ratios) - 1) * 100,
+            "ratio_p10": percentile(ratios, 10), "ratio_p90": percentile(ratios, 90)}
+
+
+def render_step_cost(rows: list[dict]) -> str:
+    lines = [
+        (f"Measured {time.strftime('%Y-%m-%d')}, CPU only, torch threads 1, float64, on a shared machine "
+        "(other sessions' tests on the same 2 cores). One process maps the holder's region and also loads the "
+        "shards into private memory; rounds alternate 16 greedy decode steps (after a 64-token prefill) on each. "
+        "This isolates where the weights live from the HTTP path's noise (the decode tok/s columns above)."),
+        "",
+        "| preset | rounds | decode step, holder pages (ms) | decode step, private memory (ms) "
+        "| overhead (median of per-round ratios) | ratio p10 / p90 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['preset']} | {row['rounds']} | {row['holder_ms']:.2f} | {row['disk_ms']:.2f} "
+                     f"| {row['overhead_pct']:+.1f}% | {row['ratio_p10']:.3f} / {row['ratio_p90']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,small")
@@ -354,7 +499,8 @@ def main() -> None:
     parser.add_argument("--lease-every", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--sections", default="restart,kv")
+    parser.add_argument("--sections", default="restart,step,kv")
+    parser.add_argument("--step-rounds", type=int, default=40)
     parser.add_argument("--kv-repeats", type=int, default=5)
     parser.add_argument("--kv-prompt-tokens", default="255,1023")
     parser.add_argument("--write", type=Path, default=None)
@@ -368,6 +514,12 @@ def main() -> None:
         print(table)
         if args.write:
             replace_section(args.write, HEADING, table)
+    if "step" in sections:
+        raw["step"] = [step_cost(p, args.step_rounds) for p in presets]
+        table = render_step_cost(raw["step"])
+        print(table)
+        if args.write:
+            replace_section(args.write, STEP_HEADING, table)
     if "kv" in sections:
         lengths = [int(n) for n in args.kv_prompt_tokens.split(",")]
         raw["kv"] = [row for p in presets for row in run_kv(p, args.kv_repeats, lengths)]
