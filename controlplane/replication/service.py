@@ -44,6 +44,7 @@ from controlplane.replication.schemas import (
     ReplicationStatusRead,
 )
 from controlplane.replication.states import REPORTED, SKIPPED, DeadLetterAction, DeadLetterState, transition
+from controlplane.routing_version import service as routing_version
 
 
 def _scope(model: str, session_class: str) -> str:
@@ -55,7 +56,10 @@ def _read(policy: ReplicationPolicy) -> dict[str, object]:
 
 
 def put_policy(session: Session, *, spec: ReplicationPolicySpec, actor: str, clock: Clock) -> ReplicationPolicy:
-    """Create or replace the policy of (model, session class); one `replication.policy` event."""
+    """Create or replace the policy of (model, session class); one `replication.policy` event.
+
+    Gateways read policies from the routing snapshot, so a change advances the routing version in the same
+    transaction: a gateway polling with the old ETag would otherwise get 304 and keep the old policy."""
     now = clock.utcnow()
     current = repository.get_policy(session, model=spec.model, session_class=spec.session_class)
     held = current.revision if current is not None else 0
@@ -86,6 +90,7 @@ def put_policy(session: Session, *, spec: ReplicationPolicySpec, actor: str, clo
         session.expire(current)
         policy = current
     after = _read(policy)
+    routing_version.bump(session, clock=clock)
     event_service.record(session, kind="replication.policy", actor=actor, reason=spec.reason,
                          scope=_scope(spec.model, spec.session_class), clock=clock, before=before, after=after)
     return policy

@@ -69,9 +69,6 @@ async def test_a_policy_set_through_the_api_is_what_the_gateways_poller_checkpoi
     await http.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason="put_policy does not advance the routing version yet, so a poller holding "
-                                       "the snapshot gets 304 (controlplane/replication/service.py must call "
-                                       "controlplane.routing_version.service.bump in the same transaction)")
 async def test_a_policy_changed_after_the_first_poll_reaches_the_poller(
         client: TestClient, as_role: Any, tmp_path: Path) -> None:
     assert client.put("/api/v1/replication/policies", json=policy(), headers=as_role("operator")).status_code == 200
