@@ -167,7 +167,7 @@ class CapacityPlan:
 def plan(request: PlanRequest) -> CapacityPlan:
     """The recommendation for `request.tier`, the cost of every tier, and the arithmetic behind them."""
     _validate(request)
-    inst, demand, zones = request.instance, request.demand, request.zones
+    inst, demand = request.instance, request.demand
     steps: list[Step] = []
     by_seqs = math.ceil(demand.concurrent_sequences * request.headroom / inst.concurrent_sequences)
     steps.append(Step("serving by sequences",

@@ -120,7 +120,7 @@ def test_sessions_continue_at_the_standby_with_the_declared_rpo_context_after_th
         no_mid_stream = ["--enable-kv-admin", "--kv-checkpoint-every", "1000000"]
         primary_engine = engine_factory("primary-1", extra_args=[
             *primary_gw.registry_args(), *no_mid_stream, "--kv-checkpoint-store", primary_url])
-        standby_engine = engine_factory("standby-1", extra_args=[
+        engine_factory("standby-1", extra_args=[
             *standby_gw.registry_args(), *no_mid_stream, "--kv-checkpoint-store", standby_url])
         primary_gw.wait_routable(MODEL, 1)
         standby_gw.wait_routable(MODEL, 1)

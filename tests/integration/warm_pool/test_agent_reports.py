@@ -7,7 +7,7 @@ one contract (`contract.events.AgentReport`) on both sides, on the real store.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
