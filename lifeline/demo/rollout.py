@@ -10,13 +10,15 @@ promote time passes; only its output is wrong.
 
 The scenario, each step through Lifeline's own surfaces:
 
-    catalog     register tiny-seed1, inherit tiny-seed0's canary, promote it to `canary`
-                (the canary alias tracked prod until now)
-    deploy      one engine of tiny-seed1 in the region, registering its own lease (as a
-                rollout tool starts a canary deployment: outside the agent's warm pool,
-                which runs prod's version only)
+    deploy      (`CanaryDeployment`, while the fleet starts) tiny-seed1 registered, tiny-seed0's
+                canary inherited, one engine of it started in the region with its own lease,
+                as a rollout tool deploys a canary before it moves traffic: outside the agent's
+                warm pool, which runs prod's version only; no alias names it yet, so nothing
+                routes to it and the agent holds it `old_generation`
+    catalog     promote tiny-seed1 to `canary` (the canary alias tracked prod until now): the
+                fault, from which detection and recovery are measured
     mesh        `PUT /api/v1/mesh-routes`: requests with `X-Lifeline-Cohort: canary` go
-                to tiny-seed1; a flow of such requests starts
+                to tiny-seed1; a flow of such requests starts at once
     agent       its canary of the new instance answers wrong_output: the verdict ejects
                 the instance, and since every instance of tiny-seed1 failed, the agent
                 posts the failure to the catalog (warm_pool/canary_rollback.py), which rolls
@@ -32,18 +34,18 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lifeline.demo.fleet import MODEL, STEP_STALL_BOUND_S
+from lifeline.demo.fleet import MODEL, STEP_STALL_BOUND_S, DemoFleet
 from lifeline.demo.scenarios import (
     EVENT_FLUSH_S,
     Context,
     Row,
     Traffic,
-    _leased,
     count,
     events_since,
     fmt,
@@ -67,34 +69,82 @@ def _promote(ctx: Context, alias: str, version: str, reason: str) -> dict[str, A
                          json={"version": version, "reason": reason}).json()
 
 
-def bad_canary(ctx: Context, bad_model_dir: Path) -> Row:
+class CanaryDeployment:
+    """tiny-seed1 in the catalog (its canary inherited) and one engine of it in `region`, prepared in the background.
+
+    Started while the fleet starts (the engine's interpreter and torch take tens of seconds to load on a
+    loaded two-core machine); `inherit()` gives it prod's canary once that is recorded; `ready()` waits for
+    both; `stop()` SIGTERMs the engine (the fleet's close also sweeps every engine under the work dir).
+    """
+
+    def __init__(self, fleet: DemoFleet, region: str, zone: str, model_dir: Path) -> None:
+        self.fleet, self.region, self.zone, self.model_dir = fleet, region, zone, model_dir
+        instance_id = f"{region}-{COHORT}-1"
+        self.engine = EngineProcess(
+            model=model_dir, port=free_port(), instance_id=instance_id,
+            state_dir=fleet.workdir / "state" / instance_id, log_path=fleet.logs / f"engine-{COHORT}.log",
+            extra_args=["--served-model-name", BAD_VERSION, "--zone", zone, "--region", region,
+                        "--registry", f"{fleet.registry_url}?key_prefix={fleet.registry_prefix}",
+                        "--step-stall-bound", str(STEP_STALL_BOUND_S)])
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._prepare, name="demo-canary-deployment", daemon=True)
+
+    def start(self) -> CanaryDeployment:
+        self.engine.state_dir.mkdir(parents=True, exist_ok=True)
+        self.engine.start()
+        self._thread.start()
+        return self
+
+    def _prepare(self) -> None:
+        try:
+            self.fleet.controlplane.cli("catalog", "register", MODEL, BAD_VERSION, str(self.model_dir))
+        except BaseException as exc:  # noqa: BLE001 - raised by ready()
+            self.error = exc
+
+    def inherit(self) -> None:
+        """Once prod's canary is recorded: tiny-seed1 must answer it too (in the background, after the register)."""
+        registered = self._thread
+
+        def run() -> None:
+            registered.join(timeout=120)
+            if self.error is not None:
+                return
+            try:
+                self.fleet.controlplane.cli("catalog", "canary", "inherit", MODEL, BAD_VERSION, "--from",
+                                            self.fleet.model_dir.name)
+            except BaseException as exc:  # noqa: BLE001 - raised by ready()
+                self.error = exc
+
+        self._thread = threading.Thread(target=run, name="demo-canary-inherit", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> None:
+        self._thread.join(timeout=120)
+        if self.error is not None:
+            raise self.error
+        self.engine.wait_ready(timeout=120)
+
+    def stop(self) -> None:
+        if self.engine.process is not None and self.engine.process.poll() is None:
+            self.engine.process.send_signal(signal.SIGTERM)
+
+
+def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
     fleet, region = ctx.fleet, ctx.region
     prod = fleet.model_dir.name
-    zone = region.zones[-1]
+    engine = deployment.engine
+    deployment.ready()
     first = last_event_id(fleet)
-    fleet.controlplane.cli("catalog", "register", MODEL, BAD_VERSION, str(bad_model_dir))
-    fleet.controlplane.cli("catalog", "canary", "inherit", MODEL, BAD_VERSION, "--from", prod)
     if COHORT not in _aliases(ctx):
         _promote(ctx, COHORT, prod, "the canary alias tracks prod between rollouts")
+    # The fault: the bad version is the canary alias's from this moment.
+    fault_at, wall = time.monotonic(), datetime.now(UTC)
     promoted = _promote(ctx, COHORT, BAD_VERSION, f"demo: roll out {BAD_VERSION} (a re-export of {prod}) to the "
                                                   f"{COHORT} cohort")
-    engine = EngineProcess(
-        model=bad_model_dir, port=free_port(), instance_id=f"{region.name}-{COHORT}-1",
-        state_dir=fleet.workdir / "state" / f"{region.name}-{COHORT}-1", log_path=fleet.logs / f"engine-{COHORT}.log",
-        extra_args=["--served-model-name", BAD_VERSION, "--zone", zone, "--region", region.name,
-                    "--registry", f"{fleet.registry_url}?key_prefix={fleet.registry_prefix}",
-                    "--step-stall-bound", str(STEP_STALL_BOUND_S)])
-    engine.state_dir.mkdir(parents=True, exist_ok=True)
     cohort = Traffic(f"{region.name}/{COHORT}", region.gateway.url, ctx.traffic.reference,
                      headers={"X-Lifeline-Cohort": COHORT})
     routed = False
     try:
-        engine.start()
-        engine.wait_ready(timeout=120)
-        # The fault: the bad version routable under `canary` (its lease live at the gateway).
-        fault_at = wait_until(lambda: engine.instance_id in _leased(fleet, region) and time.monotonic(),
-                              f"{engine.instance_id}'s lease at the gateway", 60)
-        wall = datetime.now(UTC)
         fleet.api("PUT", "/mesh-routes", json={
             "model": MODEL, "region": region.name, "cohort": COHORT, "reason": f"demo: the {COHORT} cohort to "
             f"{BAD_VERSION}", "destinations": [{"version": BAD_VERSION, "weight": 100}]})
@@ -113,8 +163,7 @@ def bad_canary(ctx: Context, bad_model_dir: Path) -> Row:
                                                             "reason": f"demo: {BAD_VERSION} rolled back"})
             except RuntimeError:
                 pass  # reported by the row: the route is listed in the events
-        if engine.process is not None and engine.process.poll() is None:
-            engine.process.send_signal(signal.SIGTERM)  # the fleet's close sweeps it if it lingers
+        deployment.stop()  # as the rollout tool retires a rolled-back canary
     ended = time.monotonic()
 
     def verdict_seen() -> list[dict[str, Any]] | None:
@@ -147,8 +196,8 @@ def bad_canary(ctx: Context, bad_model_dir: Path) -> Row:
               and bool(verdicts))
     reason = str((verdicts[0].get("reason") if verdicts else "") or "no wrong_output verdict seen")[:110]
     row.line = (f"{BAD_VERSION} promoted to {COHORT} (revision {promoted['revision']}; its canary inherited from "
-                f"{prod}), one engine of it leased in {zone} and the {COHORT} cohort routed to it by a mesh route: the "
-                f"agent's canary failed it ({reason}) {fmt(row.detection_s)} after it was routable; "
+                f"{prod}; one engine of it deployed in {deployment.zone}) and the {COHORT} cohort routed to it by a "
+                f"mesh route: the agent's canary failed it ({reason}) {fmt(row.detection_s)} after the promotion; "
                 + (f"{rollback['actor']} rolled {COHORT} back {rollback['before']['version']} → "
                    f"{rollback['after']['version']} {fmt(rolled_at - fault_at)} after; " if rollback else
                    f"{COHORT} was never rolled back; ")
@@ -160,8 +209,9 @@ def bad_canary(ctx: Context, bad_model_dir: Path) -> Row:
 
 def _error_type(error: str | None) -> str:
     """The stable error type in a refused request's error (the gateway's `{"error": {"type": …}}`), else its start."""
-    found = re.search(r"'type': '([A-Za-z_]+)'", error or "")
-    return found[1] if found else (error or "")[:40]
+    found = re.search(r"""['"]type['"]: ['"]([A-Za-z_]+)['"]""", error or "")
+    status = re.search(r"Error code: (\d{3})", error or "")
+    return found[1] if found else f"HTTP {status[1]}" if status else (error or "")[:40]
 
 
 def _at(event: dict[str, Any]) -> datetime:

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from lifeline.demo import report as report_files
 from lifeline.demo.fleet import MODEL, DemoFleet, Region, kill_agent_and_pool
-from lifeline.demo.rollout import BAD_SEED, BAD_VERSION, bad_canary
+from lifeline.demo.rollout import BAD_SEED, BAD_VERSION, CanaryDeployment, bad_canary
 from lifeline.demo.scenarios import (
     Context,
     Row,
@@ -61,6 +61,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     tiers: RealTiers | None = None
     fleet: DemoFleet | None = None
+    deployment: CanaryDeployment | None = None
     flows: list[Traffic] = []
     rows: list[Row] = []
     regions = {"eu-west": REGIONS["eu-west"]} if quick else REGIONS
@@ -93,6 +94,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         say("catalog", f"{MODEL}/{version['version']}: {len(version['shards'])} files hashed (sha256), semantic "
                        f"fingerprint {version['fingerprint'][:16]}…, alias prod → {version['version']}; control "
                        f"plane at {fleet.controlplane.url}")
+        if bad_dir is not None:  # loads while the fleet starts; the canary scenario promotes it
+            deployment = CanaryDeployment(fleet, "eu-west", REGIONS["eu-west"][-1], bad_dir).start()
         with console.status("starting a gateway and an agent per region; the agents start their pools …"):
             for name, zones in regions.items():
                 plan = fleet.pool_plan(name, zones, [*DEMAND[name], *INSTANCE])
@@ -109,6 +112,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                         "clients go through it")
         with console.status("recording the canary from two verified instances …"):
             say("canary", _record_canary(fleet))
+        if deployment is not None:
+            deployment.inherit()
         say("snapshot", snapshot_line(fleet))
 
         primary = fleet.regions["eu-west"]
@@ -133,9 +138,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         if not quick:
             assert tiers is not None
             plays[1:1] = [("hang", lambda: silent_hang(ctx))]
-            assert bad_dir is not None
+            assert deployment is not None
             plays += [("zone", lambda: zone_loss(ctx, tiers)),
-                      ("canary", lambda: bad_canary(ctx, bad_dir)),
+                      ("canary", lambda: bad_canary(ctx, deployment)),
                       ("drill", lambda: instance_drill(fleet, primary, ctx)),
                       ("cp-down", lambda: controlplane_down(fleet, primary, flows, seconds=outage_s)),
                       ("region", lambda: region_loss(fleet, primary, fleet.regions["us-east"], tiers, flows))]
@@ -182,6 +187,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         for flow in flows:
             flow._stop.set()
         try:
+            if deployment is not None:
+                deployment.stop()
             if fleet is not None:
                 fleet.close()
         finally:
