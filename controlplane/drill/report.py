@@ -41,6 +41,11 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- fault cleared {_fmt(report['fault_cleared_at_s'])} s after it landed; requests in flight or "
                      f"started during it: {report.get('requests_during_fault')}; refused as documented: "
                      f"{report.get('refused_as_documented', 0)}")
+    window = report.get("rto_latency_window")
+    if window:
+        lines.append(f"- RTO_latency: the first time from which TTFT p99 over a sliding {_fmt(window['window_s'])} s "
+                     f"window (at least {window['min_samples']} samples) stays within {_fmt(window['target_s'])} s; "
+                     f"{window['samples']} samples")
     for key, value in (report.get("fault_details") or {}).items():
         lines.append(f"- {key}: {json.dumps(value, sort_keys=True, default=str)}")
     lines += [

@@ -55,3 +55,11 @@ def test_markdown_names_the_faults_footprint_and_its_own_observations():
     assert "- faulted instances: ['a-0', 'a-1']" in text
     assert "- fault cleared 4.250 s after it landed; requests in flight or started during it: 3" in text
     assert '- instances_killed: ["a-0", "a-1"]' in text
+
+
+def test_markdown_says_which_window_rto_latency_was_measured_over():
+    text = to_markdown({**REPORT, "rto_latency_window": {"window_s": 3.0, "min_samples": 3, "target_s": 2.0,
+                                                          "samples": 95}})
+    assert ("TTFT p99 over a sliding 3.000 s window (at least 3 samples) stays within 2.000 s; 95 samples"
+            in text)
+    assert "sliding" not in to_markdown(REPORT)  # a report from before the window says nothing of it
