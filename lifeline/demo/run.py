@@ -265,7 +265,7 @@ def _summary(rows: list[Row]) -> Table:
 
 def _slo_exports(fleet: DemoFleet) -> dict[str, str]:
     out: dict[str, str] = {}
-    for fmt_name, suffix in (("json", "json"), ("markdown", "md")):
+    for fmt_name, suffix in (("json", "json"), ("md", "md")):
         try:
             response = fleet.api("GET", f"/slo/{MODEL}", params={"format": fmt_name})
             out[suffix] = response.text

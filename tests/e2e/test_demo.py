@@ -62,6 +62,7 @@ def _report_files(workdir: Path, scenarios: int) -> None:
     assert any(e["routing_tier"] == "l7" for e in events)
     assert (reports / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((reports / "slo.json").read_text())["model"] == "tiny"
+    assert (reports / "slo.md").read_text().startswith("# SLO: tiny")
     rows = json.loads((reports / "scenarios.json").read_text())
     assert [r["ok"] for r in rows] == [True] * scenarios, rows
 
@@ -158,4 +159,6 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
                      r"DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
                      r"api\.lifeline\.test\); eu-west's clients behind HAProxy were served by us-east", out), out
     _report_files(tmp_path, 8)
+    # The control-plane-down drill's run is the control plane's own record: the exported SLO document cites it.
+    assert "demo-controlplane-down v1" in (tmp_path / "reports" / "slo.md").read_text()
     assert _left_running(tmp_path) == []
