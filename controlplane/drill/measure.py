@@ -17,6 +17,9 @@ undisturbed run gives the expected ids. From those alone:
                      client-side TTFT stays within the target to the end of
                      the traffic (`rto_latency_p99`, below)
     TTFT p99         nearest-rank p99 over finished requests (stop conditions)
+    RPO_context      per session, the context re-prefilled by the first turn it
+                     finished after the fault (`rpo_context`, below); the worst
+                     session's, overall and per session class
 
 RTO_latency's window. Every request is one TTFT sample, placed at the moment
 the client *knew* whether it was within target: a request whose first token
@@ -62,6 +65,13 @@ class RequestTrace:
     attempts: int = 1  # > 1: the client sent it again after an attempt failed (traffic.retry_for_s)
     discarded_tokens: int = 0  # tokens abandoned attempts had delivered (the retry delivers them again)
     gateways: list[str] = field(default_factory=list)  # where each attempt went (re-resolved per attempt)
+    # A session turn (traffic.sessions): which session, which turn (0 first), its class, the answer's text
+    # (the next turn's messages carry it) and the gateway's `lifeline.session` figures for the last attempt.
+    session_id: str | None = None
+    session_class: str | None = None
+    turn: int = 0
+    text: str = ""
+    session: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -201,3 +211,54 @@ def verdicts(measured: dict[str, float | None], targets: dict[str, float | None]
         else:
             out.append(Verdict(metric, target, value, value is not None and value <= target))
     return out
+
+
+@dataclass(frozen=True)
+class SessionResume:
+    """The first turn a session finished after the fault, and the context it re-prefilled."""
+
+    session_id: str
+    session_class: str | None
+    turn: int
+    context_tokens: int
+    cached_tokens: int
+    context_recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class RpoContext:
+    tokens: float | None  # the worst session's; None: no session carried context across the fault
+    by_class: dict[str, float]
+    sessions: list[SessionResume]
+
+
+def rpo_context(traces: Sequence[RequestTrace], fault_at: float) -> RpoContext:
+    """RPO_context, from what the gateway said of each session turn (`lifeline.session`).
+
+    Every turn re-prefills some context (the prefix cache holds whole blocks), so the gateways' count over
+    all turns is not what the fault cost. What it cost a session is what its first turn finished after the
+    fault re-prefilled: that turn found only what had survived (at a standby, what had been replicated).
+    A session counts only if that turn carried context (a first turn has none to lose) and the gateway
+    said what the engine restored; without one such session there is no figure (no evidence).
+    """
+    first: dict[str, RequestTrace] = {}
+    for trace in sorted(traces, key=lambda t: (t.ended_at is None, t.ended_at or 0.0)):
+        if (trace.session_id is None or trace.error or trace.ended_at is None or trace.ended_at <= fault_at
+                or trace.session_id in first):
+            continue
+        first[trace.session_id] = trace
+    resumes = []
+    for session_id, trace in sorted(first.items()):
+        figures = trace.session or {}
+        context, recomputed = figures.get("context_tokens"), figures.get("context_recomputed_tokens")
+        if not context or recomputed is None:
+            continue
+        resumes.append(SessionResume(session_id=session_id, session_class=trace.session_class, turn=trace.turn,
+                                     context_tokens=int(context), cached_tokens=int(figures.get("cached_tokens") or 0),
+                                     context_recomputed_tokens=int(recomputed)))
+    by_class: dict[str, float] = {}
+    for resume in resumes:
+        name = resume.session_class or "default"
+        by_class[name] = max(by_class.get(name, 0.0), float(resume.context_recomputed_tokens))
+    worst = max((float(r.context_recomputed_tokens) for r in resumes), default=None)
+    return RpoContext(tokens=worst, by_class=by_class, sessions=resumes)

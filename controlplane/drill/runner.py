@@ -63,15 +63,12 @@ log = get_logger(__name__)
 
 RUNNER_ACTOR = "drill-runner"
 RECOMPUTED = "lifeline_gateway_recomputed_decode_tokens_total"
-# RPO_context: the gateways' count of session context tokens prefilled again after a resume (the KV state the
-# session lost); a histogram, so its _sum. Read only when the drill's traffic used sessions.
-CONTEXT_RECOMPUTED = "lifeline_gateway_session_context_recomputed_tokens_sum"
-# The context the session turns carried: a drill whose sessions carried none (one-turn sessions) had nothing to
-# lose, and its "0 recomputed" would be a figure without evidence; RPO_context stays unmeasured then.
-CONTEXT_CARRIED = "lifeline_gateway_session_context_tokens_total"
-# The session header of contract/session.py (SESSION_HEADER); spelled here so a drill still runs against a
-# gateway built before sessions (which ignores it, and then RPO_context stays unmeasured).
+# The session headers of contract/session.py (SESSION_HEADER, SESSION_CLASS_HEADER); spelled here so a drill
+# still runs against a gateway built before sessions (which ignores them, and then RPO_context stays unmeasured).
+# RPO_context is read from each turn's `lifeline.session` (measure.rpo_context), not from the gateways'
+# histogram: that one sums every turn's re-prefilled partial block, fault or not.
 SESSION_HEADER = "x-session-id"
+SESSION_CLASS_HEADER = "x-session-class"
 
 
 class Fleet(Protocol):
@@ -227,6 +224,12 @@ class DrillRunner:
         baselines = {mode: self._baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
         expected = {mode: trace.token_ids for mode, trace in baselines.items()}
         baseline_ttft = [t.ttft for t in baselines.values() if t.ttft is not None]
+        # Multi-turn sessions: the undisturbed conversation per mode, every turn's ids (turn 0 is `expected`'s
+        # prompt as a chat message, so it is a conversation of its own, not the completions baseline).
+        conversations = ({mode: self._conversation_baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
+                         if traffic.multi_turn else {})
+        expected_turns = {mode: [t.token_ids for t in turns] for mode, turns in conversations.items()}
+        baseline_ttft += [t.ttft for turns in conversations.values() for t in turns if t.ttft is not None]
         engines = faults._Engines(self.fleet)
         slowed = (plan.slow if plan.slow is not None else plan.prefer) if traffic.token_delay_ms else []
         for instance in slowed:
@@ -235,8 +238,6 @@ class DrillRunner:
         gateways = faults._gateway_urls(self.fleet)
         # The gateways' own count of decode tokens generated again after a failure (token RPO's recomputed part).
         recomputed_before = faults.gateway_metric(gateways, RECOMPUTED)
-        context_before = faults.gateway_metric_by_url(gateways, CONTEXT_RECOMPUTED) if traffic.sessions else {}
-        carried_before = faults.gateway_metric_by_url(gateways, CONTEXT_CARRIED) if traffic.sessions else {}
         live = _Live()
         fault_at: float | None = None
         fault_wall: float | None = None
@@ -246,6 +247,9 @@ class DrillRunner:
         def one(index: int) -> None:
             if live.stop.is_set():
                 return
+            if traffic.multi_turn:
+                conversation(index)
+                return
             mode = "greedy" if index % 2 == 0 else "seeded"
             trace = RequestTrace(index=index, sampling=mode, started_at=self.clock.now())
             with live.lock:
@@ -253,6 +257,29 @@ class DrillRunner:
             prefer = plan.prefer[index % len(plan.prefer)] if plan.prefer else None
             session = f"drill-{run_id}-{index}" if traffic.sessions else None
             self._stream(model_name, traffic, mode, trace, live, prefer=prefer, session=session)
+
+        def conversation(index: int) -> None:
+            """One session of `session_turns` chat turns; a turn that failed ends it (the next has no answer)."""
+            mode = "greedy" if index % 2 == 0 else "seeded"
+            classes = traffic.session_classes
+            session_class = classes[index % len(classes)] if classes else None
+            prefer = plan.prefer[index % len(plan.prefer)] if plan.prefer else None
+            answers: list[str] = []
+            for turn in range(traffic.session_turns):
+                if turn and traffic.session_think_s:
+                    self.sleep(traffic.session_think_s)
+                if live.stop.is_set():
+                    return
+                trace = RequestTrace(index=index * traffic.session_turns + turn, sampling=mode,
+                                     started_at=self.clock.now(), session_id=f"drill-{run_id}-{index}",
+                                     session_class=session_class, turn=turn)
+                with live.lock:
+                    live.traces.append(trace)
+                self._stream(model_name, traffic, mode, trace, live, prefer=prefer, session=trace.session_id,
+                             messages=chat_messages(traffic, answers))
+                if trace.error:
+                    return
+                answers.append(trace.text)
 
         def inject() -> None:
             nonlocal fault_at, fault_wall
@@ -313,14 +340,9 @@ class DrillRunner:
             engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
         recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
-        rpo_context = None
-        if traffic.sessions and faults.counter_increase(
-                carried_before, faults.gateway_metric_by_url(gateways, CONTEXT_CARRIED)):
-            rpo_context = faults.counter_increase(context_before,
-                                                  faults.gateway_metric_by_url(gateways, CONTEXT_RECOMPUTED))
         report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
                               baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
-                              rpo_context=rpo_context)
+                              expected_turns=expected_turns)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
@@ -360,13 +382,26 @@ class DrillRunner:
             raise RuntimeError(f"the undisturbed {mode} run failed: {trace.error}")
         return trace
 
+    def _conversation_baseline(self, model_name: str, traffic: Traffic, mode: str) -> list[RequestTrace]:
+        """The undisturbed conversation (no session header: nothing checkpointed, nothing counted)."""
+        turns: list[RequestTrace] = []
+        for turn in range(traffic.session_turns):
+            trace = RequestTrace(index=-1, sampling=mode, started_at=self.clock.now(), turn=turn)
+            self._stream(model_name, traffic, mode, trace, _Live(), prefer=None,
+                         messages=chat_messages(traffic, [t.text for t in turns]))
+            if trace.error:
+                raise RuntimeError(f"the undisturbed {mode} conversation failed at turn {turn}: {trace.error}")
+            turns.append(trace)
+        return turns
+
     def _gateway(self) -> str:
         """Where the next attempt goes: the fleet's resolver when it has one (a DNS name), else its gateway."""
         resolve = getattr(self.fleet, "resolve_gateway", None)
         return resolve() if resolve is not None else self.fleet.gateway_url
 
     def _stream(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
-                prefer: str | None, session: str | None = None) -> None:
+                prefer: str | None, session: str | None = None,
+                messages: list[dict[str, str]] | None = None) -> None:
         """One request, start to end; with `traffic.retry_for_s`, failed attempts are sent again from scratch.
 
         A retry is what a client does after its connection broke: it re-resolves (`_gateway`) and asks
@@ -377,12 +412,12 @@ class DrillRunner:
         deadline = trace.started_at + traffic.retry_for_s
         try:
             while True:
-                error = self._attempt(model_name, traffic, mode, trace, live, prefer, session)
+                error = self._attempt(model_name, traffic, mode, trace, live, prefer, session, messages)
                 if error is None or live.stop.is_set() or self.clock.now() + traffic.retry_backoff_s > deadline:
                     trace.error = error
                     return
                 trace.discarded_tokens += len(trace.token_ids)
-                trace.token_ids, trace.seqs = [], []
+                trace.token_ids, trace.seqs, trace.text, trace.session = [], [], "", None
                 trace.epochs += [trace.epochs[-1] if trace.epochs else 0] * (len(trace.token_times)
                                                                               - len(trace.epochs))
                 trace.attempts += 1
@@ -391,23 +426,35 @@ class DrillRunner:
             trace.ended_at = self.clock.now()
 
     def _attempt(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
-                 prefer: str | None, session: str | None) -> str | None:
-        """One attempt of a request; None if it delivered every token, else why not."""
+                 prefer: str | None, session: str | None,
+                 messages: list[dict[str, str]] | None = None) -> str | None:
+        """One attempt of a request (a chat turn when `messages`); None if it delivered every token, else why not."""
         headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
         if session is not None:
             headers[SESSION_HEADER] = session
+            if trace.session_class:
+                headers[SESSION_CLASS_HEADER] = trace.session_class
         retried = trace.attempts - 1
         got = 0
         try:
             gateway = self._gateway()
             trace.gateways.append(gateway)
-            stream = self._client(gateway).completions.create(model=model_name, prompt=traffic.prompt,
-                                                              stream=True, extra_headers=headers,
-                                                              **self._body(traffic, mode))
+            client = self._client(gateway)
+            if messages is None:
+                stream = client.completions.create(model=model_name, prompt=traffic.prompt, stream=True,
+                                                   extra_headers=headers, **self._body(traffic, mode))
+            else:  # the usage chunk carries the turn's `lifeline.session` (what the engine restored)
+                stream = client.chat.completions.create(model=model_name, messages=messages, stream=True,
+                                                        stream_options={"include_usage": True},
+                                                        extra_headers=headers, **self._body(traffic, mode))
             for chunk in stream:
                 now = self.clock.now()
                 lifeline = (chunk.model_extra or {}).get("lifeline") or {}
+                if "session" in lifeline:
+                    trace.session = dict(lifeline["session"])
                 for choice in chunk.choices:
+                    delta = getattr(choice, "delta", None)
+                    trace.text += (getattr(delta, "content", None) or "") if delta is not None else ""
                     ids = (choice.model_extra or {}).get("token_ids") or []
                     for token_id in ids:
                         trace.token_times.append(now)
@@ -472,9 +519,13 @@ class DrillRunner:
                 expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
                 first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
                 traffic: Traffic, recomputed: float | None = None,
-                rpo_context: float | None = None) -> dict[str, Any]:
-        comparisons = [measure.compare_tokens(expected[t.sampling], t.token_ids, t.seqs) for t in traces
-                       if not t.error]
+                expected_turns: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
+        def expected_of(trace: RequestTrace) -> list[int]:
+            return expected_turns[trace.sampling][trace.turn] if expected_turns else expected[trace.sampling]
+
+        comparisons = [measure.compare_tokens(expected_of(t), t.token_ids, t.seqs) for t in traces if not t.error]
+        # Only from session turns that carried context across the fault, as the gateway reported them.
+        context = measure.rpo_context(traces, fault_at)
         refused = [t for t in traces if t.error and plan.documented_refusal(t)]
         lost = [t for t in traces if t.error and not plan.documented_refusal(t)]
         quality_at = None if tripped else self._canary(model_name, traffic, expected["greedy"])
@@ -505,8 +556,8 @@ class DrillRunner:
                                                                                    for t in traces)),
             "requests_lost": float(len(lost)),
             "recomputed_decode_tokens": recomputed,
-            # Only from traffic that used sessions, and only from gateways that count it (else None: unverified).
-            "rpo_context_tokens": rpo_context,
+            # The worst session's re-prefilled context after the fault (None: no session carried any: unverified).
+            "rpo_context_tokens": context.tokens,
             **plan.measurements(fault_at, cleared_at),
         }
         target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,
@@ -549,6 +600,9 @@ class DrillRunner:
                                    "min_samples": targets.ttft_window_min_samples,
                                    "samples": len(measure.ttft_samples(traces, ttft_target))},
             "sessions": traffic.sessions,
+            "session_turns": traffic.session_turns if traffic.sessions else 0,
+            "rpo_context_by_class": context.by_class,
+            "rpo_context_sessions": [r.__dict__ for r in context.sessions],
             "error_rate": measure.error_rate(traces),
             "events": [{k: e.get(k) for k in ("id", "kind", "routing_tier", "actor", "reason", "scope",
                                                 "started_at", "outcome")} for e in events],
@@ -559,13 +613,24 @@ class DrillRunner:
                           "end": (t.ended_at - fault_at) if t.ended_at is not None else None,
                           "tokens": [round(x - fault_at, 4) for x in t.token_times],
                           "epochs": _epoch_per_token(t), "error": t.error, "attempts": t.attempts,
-                          "gateways": list(dict.fromkeys(t.gateways))} for t in traces],
+                          "gateways": list(dict.fromkeys(t.gateways)),
+                          **({"session_id": t.session_id, "turn": t.turn, "session": t.session}
+                             if t.session_id else {})} for t in traces],
         }
         if self.report_dir is not None:
             from controlplane.drill.report import export_report
 
             report["files"] = [str(p) for p in export_report(report, self.report_dir)]
         return report
+
+
+def chat_messages(traffic: Traffic, answers: list[str]) -> list[dict[str, str]]:
+    """The messages of the turn after `answers`: the prompt, then each answer and the next follow-up."""
+    messages = [{"role": "user", "content": traffic.prompt}]
+    for i, answer in enumerate(answers):
+        messages += [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": traffic.follow_ups[i % len(traffic.follow_ups)]}]
+    return messages
 
 
 def stop_condition_tripped(stops: StopConditions, traces: list[RequestTrace]) -> str | None:

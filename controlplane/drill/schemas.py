@@ -68,6 +68,10 @@ class Targets(BaseModel):
     rpo_weight_versions: int | None = Field(None, ge=0, description="how far the standby's weights may lag")
 
 
+# What a drill session's user says after each answer (turn i + 1 sends follow_ups[i % len]).
+FOLLOW_UPS = ("Go on, with the next step.", "What would you measure to be sure?", "And if that fails too?")
+
+
 class Traffic(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,13 +85,32 @@ class Traffic(BaseModel):
     token_delay_ms: float = Field(0.0, ge=0, description="fault admin slows the victim so the fault lands mid-stream")
     # Outage faults (controlplane_down, redis_down): how long the process stays silent while traffic flows.
     fault_duration_s: float = Field(3.0, gt=0, le=600, description="outage faults: seconds until the drill restores it")
-    # Each request a one-turn session (`x-session-id`), so a gateway with sessions counts the context it
-    # recomputes after a resume: the drill's RPO_context (`rpo_context_tokens`).
+    # Each request a session (`x-session-id`). One turn (the default) carries no context, so it measures
+    # no RPO_context; with `session_turns` > 1 each request is a chat conversation of that many turns, each
+    # turn's messages holding the previous answers, and the first turn each session finishes after the fault
+    # says how much context it re-prefilled (`lifeline.session`): the drill's RPO_context.
     sessions: bool = False
+    session_turns: int = Field(1, ge=1, le=32, description="turns per session (requests then counts sessions)")
+    # X-Session-Class of each session, in turn (session i takes classes[i % len]); empty: the gateway's default.
+    session_classes: list[Name] = Field(default_factory=list, max_length=16)
+    # The client's pause between two turns of a session (a person reading the answer); the replication
+    # worker copies the last turn's checkpoint meanwhile.
+    session_think_s: float = Field(0.0, ge=0, le=600)
+    follow_ups: list[Text] = Field(default_factory=lambda: list(FOLLOW_UPS), min_length=1, max_length=32)
     # Client retries: a request that fails is sent again (re-resolving the gateway where the fleet resolves
     # it, e.g. through DNS) until this many seconds after it first started. 0: never (one attempt).
     retry_for_s: float = Field(0.0, ge=0, le=600)
     retry_backoff_s: float = Field(0.2, gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _sessions_named(self) -> Traffic:
+        if (self.session_turns > 1 or self.session_classes) and not self.sessions:
+            raise ValueError("traffic.sessions: session_turns and session_classes need sessions on")
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.sessions and self.session_turns > 1
 
 
 class DrillSpec(BaseModel):
