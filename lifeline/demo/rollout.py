@@ -150,11 +150,16 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
             f"{BAD_VERSION}", "destinations": [{"version": BAD_VERSION, "weight": 100}]})
         routed = True
         cohort.start()
-        rolled_at = wait_until(lambda: _aliases(ctx)[COHORT]["version"] == prod and time.monotonic(),
-                               f"the {COHORT} alias back on {prod}", 60)
-        served_at = wait_until(lambda: (t := cohort.rto_latency(fault_at, settle=rolled_at)) is not None and t,
-                               f"the {COHORT} cohort served by {prod} again", 30)
-        time.sleep(1.0)  # a little more of the cohort on prod
+        rolled_at: float | None = None
+        served_at: float | None = None
+        try:  # a rollback that never comes is this row's broken promise, not the run's end
+            rolled_at = wait_until(lambda: _aliases(ctx)[COHORT]["version"] == prod and time.monotonic(),
+                                   f"the {COHORT} alias back on {prod}", 60)
+            served_at = wait_until(lambda: (t := cohort.rto_latency(fault_at, settle=rolled_at)) is not None and t,
+                                   f"the {COHORT} cohort served by {prod} again", 30)
+            time.sleep(1.0)  # a little more of the cohort on prod
+        except TimeoutError:
+            pass
     finally:
         cohort.stop()
         if routed:
@@ -193,13 +198,14 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
     row.tiers = tiered(events)
     by_agent = rollback is not None and "agent" in rollback["actor"] + str(rollback.get("reason"))
     row.ok = (rollback is not None and by_agent and _aliases(ctx)[COHORT]["version"] == prod and steady_lost == 0
-              and bool(verdicts))
+              and bool(verdicts) and served_at is not None)
     reason = str((verdicts[0].get("reason") if verdicts else "") or "no wrong_output verdict seen")[:110]
     row.line = (f"{BAD_VERSION} promoted to {COHORT} (revision {promoted['revision']}; its canary inherited from "
                 f"{prod}; one engine of it deployed in {deployment.zone}) and the {COHORT} cohort routed to it by a "
                 f"mesh route: the agent's canary failed it ({reason}) {fmt(row.detection_s)} after the promotion; "
                 + (f"{rollback['actor']} rolled {COHORT} back {rollback['before']['version']} → "
-                   f"{rollback['after']['version']} {fmt(rolled_at - fault_at)} after; " if rollback else
+                   f"{rollback['after']['version']} {fmt(None if rolled_at is None else rolled_at - fault_at)} after; "
+                   if rollback else
                    f"{COHORT} was never rolled back; ")
                 + f"the cohort got {len(cohort.runs)} answers: {len(wrong)} served wrong ({row.token_rpo} tokens), "
                 f"{count(refused)} refused{' (' + ', '.join(why) + ')' if why else ''}, the rest right; served by "
