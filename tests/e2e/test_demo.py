@@ -143,9 +143,9 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
                      r"\d+ completed .*\(tiers \[[^]]*'anycast'[^]]*\]\); BIRD's paths to the anycast prefix: "
                      r"\['eu-west-a', 'eu-west-b'\] → \['eu-west-b'\] → \['eu-west-a', 'eu-west-b'\]", out), out
     # The bad version: caught by the canary it inherited, the alias rolled back on the agent's report.
-    assert re.search(r"tiny-seed1 promoted to canary \(revision \d+; its canary inherited from tiny-seed0\), .*the "
+    assert re.search(r"tiny-seed1 promoted to canary \(revision \d+; its canary inherited from tiny-seed0; .*the "
                      r"agent's canary failed it \(\S+ → wrong_output: canary: token \d+ is \d+, recorded \d+\) [\d.]+ s "
-                     r"after it was routable; \S+ rolled canary back tiny-seed1 → tiny-seed0 [\d.]+ s after; the cohort "
+                     r"after the promotion; \S+ rolled canary back tiny-seed1 → tiny-seed0 [\d.]+ s after; the cohort "
                      r"got \d+ answers: \d+ served wrong", out), out
     drill = re.search(r"drill run \d+ \(demo-weekly-hang, .*\) passed: .*token RPO 0, requests lost 0,.*report "
                       r"(\S+\.md); SLO request_rto_s: unverified → measured", out)
