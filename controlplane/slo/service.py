@@ -16,8 +16,9 @@ verify it. Two figures rest on other evidence:
                   `prod` history and the regions' fresh gateway and agent
                   reports (`rpo_weight.py`); its evidence is named, not a run
     RPO_context   `rpo_context_tokens`: the context tokens a drill's sessions
-                  lost and recomputed on resume (the gateways' count, read by
-                  the drill when its traffic used sessions). Decided like the
+                  re-prefilled on their first turn after the fault (the
+                  worst session's, from the gateway's `lifeline.session` on
+                  each turn; multi-turn session traffic only). Decided like the
                   others from the latest ended run of a drill that declares
                   the target, except that a run whose report carries no
                   measured value (traffic without sessions, a gateway that
@@ -82,9 +83,10 @@ def model_names(session: Session, *, model: str) -> tuple[list[str], CatalogView
     return names, CatalogView(versions=versions, aliases=alias_view)
 
 
-# RPO_context needs a drill whose traffic used sessions on gateways that count recomputed context.
-NO_CONTEXT_MEASURED = ("no drill measured it: a drill measures RPO_context only when its traffic uses "
-                       "sessions (traffic.sessions) on gateways that count recomputed context")
+# RPO_context needs a drill whose multi-turn sessions carried context across the fault.
+NO_CONTEXT_MEASURED = ("no drill measured it: a drill measures RPO_context only when its traffic sends "
+                       "multi-turn sessions (traffic.sessions, session_turns > 1) that carry context across "
+                       "the fault, on gateways that say what the engine restored")
 
 
 def build(session: Session, *, model: str, clock: Clock,

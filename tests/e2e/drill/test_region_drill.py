@@ -65,7 +65,11 @@ from controlplane.topology.schemas import ClusterCreate
 from cutover.driver import AnycastState, AnycastTarget
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
 from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker
+from controlplane.replication import service as replication_service
+from controlplane.replication.schemas import ReplicationPolicySpec
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
+from tests.e2e.replication.conftest import Replication
+from tests.support.controlplane_testing import throwaway_database
 
 pytestmark = pytest.mark.e2e
 
@@ -74,6 +78,12 @@ DNS_NAME = "api.lifeline.test."
 PREFIX = "203.0.113.10/32"
 PLACEMENT = {"eu-a-1": ("eu", "eu-a"), "eu-b-1": ("eu", "eu-b"), "us-a-1": ("us", "us-a")}
 REDIS_URL = "redis://127.0.0.1:6379/0"
+BLOCK = 16  # the engines' KV block (tokens)
+# Sessions of class `chat` are critical (checkpointed every turn, nothing lost but the last partial block):
+# the policy in the control plane's database (the Celery worker copies eu's store to us's by it) and, as the
+# snapshot would carry it, in both gateways' static config.
+CHAT_POLICY = {"model": "tiny", "session_class": "chat", "mode": "critical", "rpo_context_seconds": 30,
+               "rpo_context_turns": 0}
 
 
 class DnsTier:
@@ -106,6 +116,7 @@ class TwoRegionFleet:
     cutovers: HttpCutovers
     dns_tier: DnsTier
     anycast_tier: AnycastTier
+    kv_stores: dict[str, str]  # region → its KV checkpoint store (engines write theirs, the worker copies)
     ports: dict[str, int] = field(default_factory=lambda: {i: free_port() for i in PLACEMENT})
     engines: dict[str, EngineProcess] = field(default_factory=dict)
     started: list[Any] = field(default_factory=list)
@@ -180,10 +191,14 @@ class TwoRegionFleet:
         for instance_id in instance_ids:
             region, zone = PLACEMENT[instance_id]
             gateway = self.gateways[region]
+            # Checkpoints only at sessions' key points (no mid-stream ones), into the region's own store.
+            kv = ["--enable-kv-admin", "--kv-checkpoint-every", "1000000", "--kv-checkpoint-store",
+                  self.kv_stores[region]]
             engine = EngineProcess(self.model, self.ports[instance_id], instance_id,
                                    self.workdir / "state" / instance_id,
                                    self.workdir / f"{instance_id}-{len(self.started)}.log",
-                                   extra_args=[*gateway.registry_args(), "--enable-fault-admin", "--zone", zone])
+                                   extra_args=[*gateway.registry_args(), "--enable-fault-admin", "--zone", zone,
+                                               *kv])
             engine.start()
             self.started.append(engine)
             new.append((gateway, engine))
@@ -213,6 +228,7 @@ class Lab:
     tokens: dict[str, str]
     fleet: TwoRegionFleet
     agent: Any
+    replication: Replication
 
 
 def _drivers(workdir: Path, bind: BindServer, bird: BirdRouter, speakers: dict[str, ExaBgpSpeaker],
@@ -328,7 +344,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             announcer.apply(state)
             assert announcer.verify(state, timedelta(seconds=15)).verified, f"BIRD never saw {zone}'s path"
 
-        url = f"sqlite:///{workdir / 'controlplane.sqlite3'}"
+        # PostgreSQL: the control plane and the replication worker and beat share it (the policies live there).
+        database = throwaway_database("postgresql", workdir)
+        url = database.__enter__()
+        stoppers.append(lambda: database.__exit__(None, None, None))
         upgrade(url)
         settings = ControlPlaneSettings(database_url=url, data_dir=workdir, artifact_roots=[workdir],
                                         cutover_drivers_file=_drivers(workdir, bind, bird, speakers, hops))
@@ -357,13 +376,28 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         stoppers.append(lambda: (setattr(server, "should_exit", True), thread.join(timeout=10)))
         cp_url = f"http://127.0.0.1:{port}"
 
+        # Each region's KV store; eu's checkpoints reach us's by the real Celery worker and beat on RabbitMQ.
+        kv_stores = {region: f"file://{workdir / f'kv-{region}'}" for region in ("eu", "us")}
+        with session_scope(factory) as session:
+            replication_service.put_policy(session, spec=ReplicationPolicySpec(
+                **CHAT_POLICY, source_store=kv_stores["eu"], destination_store=kv_stores["us"],
+                retention_seconds=3600, reason="drill lab"), actor="test", clock=clock)
+        (workdir / "replication").mkdir()
+        replication = Replication(workdir / "replication", url, env={})
+        stoppers.append(replication.close)
+        replication.start("worker")
+        replication.start("beat")
+
         model = built_model("tiny", 0)
         gateways = {}
         for region in ("eu", "us"):
-            gateways[region] = GatewayProcess(gateway_config(model, recovery={"stall_timeout": 1.0}), free_port(),
+            sessions = {"store": str(workdir / f"sessions-{region}"), "policies": [{**CHAT_POLICY, "revision": 1}]}
+            gateways[region] = GatewayProcess(gateway_config(model, recovery={"stall_timeout": 1.0},
+                                                             sessions=sessions), free_port(),
                                               workdir / f"gw-{region}", replica_id=f"gw-{region}")
         fleet = TwoRegionFleet(workdir, model, gateways, bind, bird, speakers,
-                               HttpCutovers(cp_url, tokens["operator"]), DnsTier(bind), AnycastTier(bird, hops))
+                               HttpCutovers(cp_url, tokens["operator"]), DnsTier(bind), AnycastTier(bird, hops),
+                               kv_stores)
         stoppers.append(fleet.close)
         for gateway in gateways.values():
             gateway.start()
@@ -379,7 +413,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         while not (getattr(agent, "agent", None) and len(agent.agent.faults.members) == 2):
             assert time.monotonic() < deadline and agent.alive(), f"the agent never saw eu's engines: {agent.error!r}"
             time.sleep(0.1)
-        yield Lab(cp_url, factory, tokens, fleet, agent)
+        yield Lab(cp_url, factory, tokens, fleet, agent, replication)
     finally:
         for stop in reversed(stoppers):
             with contextlib.suppress(Exception):
@@ -468,6 +502,66 @@ def test_region_drill_loses_eu_and_lifeline_moves_the_record_at_bind9_then_retur
     assert report["rto_latency_window"]["window_s"] == 3.0 and report["rto_latency_window"]["min_samples"] == 3
     assert measured["rpo_context_tokens"] is None  # traffic without sessions measures no RPO_context
     assert "- `dns` " in Path(report["files"][0]).read_text()  # the Markdown report lists the dns events
+
+
+# Multi-turn chat sessions, one at a time, so the fault lands in a known turn: the first session's third (two
+# turns of 16 tokens reached the client, then 6 of the third), 3 s after the second ended (the client reading
+# the answer; the worker copies that turn's checkpoint to us meanwhile). The broken turn is retried through
+# BIND9's new answer at us, whose engine imports the replicated checkpoint. Target: the critical policy
+# loses no turn, so at most the last partial block (BLOCK - 1 tokens) is re-prefilled.
+SESSION_DRILL = {
+    **REGION_DRILL, "name": "lose-eu-sessions",
+    "targets": {**REGION_DRILL["targets"], "rpo_context_tokens": BLOCK - 1,
+                # one turn every ~3.5 s: a 20 s window holds enough samples to say "within target"
+                "ttft_window_s": 20.0, "ttft_window_min_samples": 3},
+    "traffic": {**REGION_DRILL["traffic"], "requests": 3, "concurrency": 1, "fault_after_tokens": 2 * 16 + 6,
+                "sessions": True, "session_turns": 4, "session_classes": ["chat"], "session_think_s": 3.0},
+}
+
+
+def test_region_drill_measures_rpo_context_of_multi_turn_sessions_resumed_at_the_standby(lab, tmp_path):
+    fleet = lab.fleet
+    assert fleet.dns_tier.observer("eu").answer() == [ANSWERS["eu"]]
+    assert all(p.alive() for p in lab.replication.started)
+
+    run_id = define(lab, SESSION_DRILL)
+    outcome = runner(lab, tmp_path).run(run_id)
+    report = outcome.report
+    measured = report["measured"]
+    assert outcome.state == DrillRunState.PASSED, report["follow_ups"]
+    assert report["fault_details"]["cutover"]["cutovers"][0]["tier"] == "dns"
+
+    # Every turn of every session token-identical to the undisturbed conversation (the only token RPO is what
+    # a broken attempt had delivered and its retry at us delivered again); nothing lost.
+    assert measured["requests_lost"] == 0 and report["retried_requests"] >= 1
+    assert measured["token_rpo_tokens"] == report["tokens_redelivered_by_retry"] > 0
+    turns = [row for row in report["timeline"] if row.get("session_id")]
+    assert {row["turn"] for row in turns} == {0, 1, 2, 3}
+
+    # The session in flight when eu was lost: its third turn, retried at us, re-prefilled only the last
+    # partial block of its context (the checkpoint of turn 2's answer had reached us's store).
+    resumed = {r["session_id"]: r for r in report["rpo_context_sessions"]}
+    first = resumed[f"drill-{run_id}-0"]
+    assert (first["turn"], first["session_class"]) == (2, "chat")
+    assert first["context_recomputed_tokens"] == first["context_tokens"] % BLOCK
+    assert first["cached_tokens"] == first["context_tokens"] // BLOCK * BLOCK > 0
+    [row] = [r for r in turns if r["session_id"] == first["session_id"] and r["turn"] == 2]
+    assert row["attempts"] > 1 and row["gateways"][-1] == fleet.gateways["us"].url
+    for other in resumed.values():  # any other session resumed with context: the same rule
+        assert other["context_recomputed_tokens"] == other["context_tokens"] % BLOCK, other
+    worst = max(r["context_recomputed_tokens"] for r in resumed.values())
+    assert measured["rpo_context_tokens"] == worst <= BLOCK - 1
+    assert report["rpo_context_by_class"] == {"chat": worst}
+    verdict = next(v for v in report["verdicts"] if v["metric"] == "rpo_context_tokens")
+    assert (verdict["target"], verdict["met"]) == (BLOCK - 1, True)
+
+    # The SLO document shows RPO_context as verified by this run.
+    response = httpx.get(f"{lab.url}/api/v1/slo/tiny", headers={"Authorization": f"Bearer {lab.tokens['viewer']}"},
+                         timeout=10)
+    assert response.status_code == 200, response.text
+    figure = next(f for e in response.json()["triple"] for f in e["figures"] if f["metric"] == "rpo_context_tokens")
+    assert (figure["status"], figure["run_id"], figure["measured"]) == ("measured", run_id, worst), figure
+    print("RPO_context measured by the region drill:", report["rpo_context_sessions"])
 
 
 ZONE_DRILL = {
