@@ -14,6 +14,18 @@
         zone: local-a                            # optional: zone drills need every instance's zone
         pid_file: /run/lifeline/eng-0.pid        # SIGKILL goes to this pid
         restart: [lifeline, engine, serve, ...]   # how the pool brings it back (detached)
+        region: us                               # optional: another region's instance (default `region`)
+
+A region drill (`region_loss`) also needs every region's gateways, the DNS
+tier that moves the record, and the cutover API the drill rolls back:
+
+    regions:                                   # every region, the drilled one (`region`) included
+      eu: {gateways: {gw-eu: {url: http://127.0.0.1:8080, pid_file: /run/lifeline/gw-eu.pid,
+                              restart: [lifeline, gateway, serve, ...]}}}
+      us: {gateways: {gw-us: {url: http://127.0.0.1:8081, pid_file: /run/lifeline/gw-us.pid}}}
+    dns: {server: 127.0.0.1, port: 5353, name: api.lifeline.test.,
+          answers: {eu: [192.0.2.10], us: [198.51.100.10]}}   # the record's addresses while each region serves
+    cutovers: {controlplane_url: http://127.0.0.1:8400, token: ll_...}   # an operator's: rollback
 
 In production the pool driver does kill and restart; this is the local
 stand-in, named as such. A restart waits for /healthz/ready (bounded).
@@ -30,9 +42,10 @@ from typing import Any
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlplane.drill.faults import PidHandle
+from controlplane.drill.tiers import DnsObserver, HttpCutovers
 
 
 class FleetInstance(BaseModel):
@@ -43,6 +56,35 @@ class FleetInstance(BaseModel):
     zone: str | None = None
     pid_file: Path | None = None
     restart: list[str] = Field(default_factory=list)
+    region: str | None = None  # unset: the fleet's region
+
+
+class FleetGateway(BaseModel):
+    """One gateway replica of a region: where clients reach it, its pid (SIGKILL) and how it comes back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    pid_file: Path | None = None
+    restart: list[str] = Field(default_factory=list)
+
+
+class FleetRegion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gateways: dict[str, FleetGateway] = Field(min_length=1)
+
+
+class FleetDns(BaseModel):
+    """The authoritative server of the name clients resolve, and the record's addresses per serving region."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server: str
+    port: int = Field(53, ge=1, le=65535)
+    name: str
+    answers: dict[str, list[str]] = Field(min_length=2)
+    timeout_s: float = Field(1.0, gt=0, le=30)
 
 
 class FleetEvents(BaseModel):
@@ -73,6 +115,33 @@ class FleetFile(BaseModel):
     redis: FleetProcess | None = None
     instances: dict[str, FleetInstance]
     ready_timeout_s: float = Field(120.0, gt=0)
+    regions: dict[str, FleetRegion] = Field(default_factory=dict)
+    dns: FleetDns | None = None
+    cutovers: FleetEvents | None = None
+
+    @model_validator(mode="after")
+    def _regions_wired(self) -> FleetFile:
+        """A region tier half described fails here, naming the key, not mid-drill."""
+        if not (self.regions or self.dns or self.cutovers):
+            return self
+        if self.region is None or self.region not in self.regions:
+            raise ValueError(f"region: {self.region!r} must be one of regions {sorted(self.regions)}")
+        if self.dns is None or self.cutovers is None:
+            raise ValueError("dns and cutovers: a fleet with regions wires the dns tier and the cutover API")
+        if missing := sorted(set(self.regions) - set(self.dns.answers)):
+            raise ValueError(f"dns.answers: no address for region(s) {missing}")
+        if unknown := sorted({i.region for i in self.instances.values() if i.region} - set(self.regions)):
+            raise ValueError(f"instances.*.region: {unknown} not in regions")
+        return self
+
+
+class _DnsTier:
+    def __init__(self, dns: FleetDns) -> None:
+        self.dns = dns
+
+    def observer(self, region: str) -> DnsObserver:
+        return DnsObserver(self.dns.server, self.dns.port, self.dns.name, list(self.dns.answers[region]),
+                           timeout_s=self.dns.timeout_s)
 
 
 class FileFleet:
@@ -84,6 +153,11 @@ class FileFleet:
         self.sleep = sleep
         self.controlplane = self._handle(spec.controlplane)
         self.redis = self._handle(spec.redis)
+        # The region tier (region drills): None unless the file describes it (then the drill is refused
+        # `region_tier_not_wired`, as before).
+        self.dns_tier = _DnsTier(spec.dns) if spec.dns is not None and len(spec.regions) >= 2 else None
+        self.cutovers = (HttpCutovers(spec.cutovers.controlplane_url, spec.cutovers.token)
+                         if spec.cutovers is not None else None)
 
     @staticmethod
     def _handle(process: FleetProcess | None) -> PidHandle | None:
@@ -108,14 +182,74 @@ class FileFleet:
     def zone_of(self, instance_id: str) -> str | None:
         return self.spec.instances[instance_id].zone
 
+    def regions(self) -> list[str]:
+        return sorted(self.spec.regions) if self.spec.regions else [r for r in [self.region] if r]
+
+    def region_of(self, instance_id: str) -> str | None:
+        return self.spec.instances[instance_id].region or self.region
+
+    def resolve_gateway(self) -> str:
+        """What a client does: ask the name's authoritative server, go to the region it answers (a gateway
+        of it). Without a dns tier, the fleet's gateway."""
+        if self.dns_tier is None:
+            return self.gateway_url
+        answer = set(self.dns_tier.observer(self.regions()[0]).answer())
+        for region in self.regions():
+            if answer & set(self.spec.dns.answers[region]):  # type: ignore[union-attr]
+                return next(iter(self.spec.regions[region].gateways.values())).url.rstrip("/")
+        raise RuntimeError(f"fleet: the dns server answers {sorted(answer)}, no region's address")
+
+    def all_processes(self) -> dict[str, tuple[str, int | None]]:
+        """Every process the fleet places in a region, with its pid (None: not running or unknown)."""
+        out: dict[str, tuple[str, int | None]] = {
+            i: (self.region_of(i) or "", _read_pid(spec.pid_file)) for i, spec in self.spec.instances.items()}
+        for region, spec in self.spec.regions.items():
+            out |= {f"gateway:{name}": (region, _read_pid(g.pid_file)) for name, g in spec.gateways.items()}
+        return out
+
+    def kill_process(self, name: str) -> None:
+        if name in self.spec.instances:
+            self.kill(name)
+            return
+        gateway = self._gateway(name)
+        if gateway.pid_file is None:
+            raise RuntimeError(f"fleet: {name} has no pid_file; it cannot be killed")
+        _kill(gateway.pid_file)
+
+    def restore_region(self, region: str) -> None:
+        """The region's gateways restarted (and live), then its engines (ready)."""
+        for name, gateway in self.spec.regions[region].gateways.items():
+            if not gateway.restart:
+                raise RuntimeError(f"fleet: gateway:{name} has no restart command")
+            subprocess.Popen(gateway.restart, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+            self._wait(gateway.url.rstrip("/") + "/healthz/live", f"gateway:{name}")
+        for instance_id in self.instance_ids():
+            if self.region_of(instance_id) == region:
+                self.restart(instance_id)
+
+    def _gateway(self, name: str) -> FleetGateway:
+        for spec in self.spec.regions.values():
+            if (gateway := spec.gateways.get(name.removeprefix("gateway:"))) is not None:
+                return gateway
+        raise KeyError(f"fleet: no process {name}")
+
+    def _wait(self, url: str, what: str) -> None:
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            self.sleep(0.2)
+        raise TimeoutError(f"fleet: {what} not ready within {self.spec.ready_timeout_s:.0f}s of its restart")
+
     def kill(self, instance_id: str) -> None:
         pid_file = self.spec.instances[instance_id].pid_file
         if pid_file is None:
             raise RuntimeError(f"fleet: instance {instance_id} has no pid_file; it cannot be killed")
-        try:
-            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # already gone
+        _kill(pid_file)
 
     def restart(self, instance_id: str) -> None:
         instance = self.spec.instances[instance_id]
@@ -123,12 +257,23 @@ class FileFleet:
             raise RuntimeError(f"fleet: instance {instance_id} has no restart command")
         subprocess.Popen(instance.restart, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-        deadline = time.monotonic() + self.spec.ready_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.engine_url(instance_id) + "/healthz/ready", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            self.sleep(0.2)
-        raise TimeoutError(f"fleet: {instance_id} not ready within {self.spec.ready_timeout_s:.0f}s of its restart")
+        self._wait(self.engine_url(instance_id) + "/healthz/ready", instance_id)
+
+
+def _read_pid(pid_file: Path | None) -> int | None:
+    """The pid a pid file names, if that process is running."""
+    if pid_file is None:
+        return None
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _kill(pid_file: Path) -> None:
+    try:
+        os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone
