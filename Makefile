@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml
 # boto3 and packaging in .venv. tests/integration/redis_ha and tests/e2e/redis_ha run
 # a Redis Sentinel lab (redis-server and redis-sentinel, lifeline.daemons).
 # tests/e2e/console drives Debian's chromium with Playwright (its own browser download cannot run here).
-# The demo drives BIND9 (dns tier), BIRD 2 + ExaBGP (anycast tier) and its own redis-server
-# (lease registry); `make demo` installs those, `make test` everything below.
-DEMO_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 redis-server:redis-server
-SYSTEM_DEPS := $(DEMO_DEPS) haproxy:haproxy kubectl:kubernetes-client \
+# The demo drives BIND9 (dns tier), BIRD 2 + ExaBGP (anycast tier), HAProxy (l7, in front of a
+# region's gateway) and its own redis-server (lease registry); `make demo` installs those, `make test` everything below.
+DEMO_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 redis-server:redis-server haproxy:haproxy
+SYSTEM_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client \
   redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
 CHECKOV_VENV := .lifeline/tools/checkov
 
