@@ -117,35 +117,6 @@ def gateway_metric(gateway_urls: list[str], name: str) -> float:
     return total
 
 
-def gateway_metric_by_url(gateway_urls: list[str], name: str) -> dict[str, float | None]:
-    """Per gateway: the sum of one metric's samples, or None where the gateway does not answer or has no such
-    metric (a gateway without that feature is no evidence, never a zero)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float | None] = {}
-    for url in gateway_urls:
-        try:
-            text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
-        except httpx.HTTPError:
-            out[url] = None
-            continue
-        values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                  if sample.name == name]
-        out[url] = sum(values) if values else None
-    return out
-
-
-def counter_increase(before: dict[str, float | None], after: dict[str, float | None]) -> float | None:
-    """How much a counter rose over every gateway; a gateway restarted in between (lower after) counts from 0.
-
-    None when no gateway exposed it afterwards.
-    """
-    seen = [(before.get(url), value) for url, value in after.items() if value is not None]
-    if not seen:
-        return None
-    return sum(value if old is None or value < old else value - old for old, value in seen)
-
-
 # -- footprints (pure) ----------------------------------------------------------------------------
 def check_blast_radius(radius: BlastRadius, targets: list[str]) -> None:
     """Refuse any target the blast radius does not name, and more targets than its cap."""
