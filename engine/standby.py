@@ -77,6 +77,7 @@ class StandbyEngine:
         The handle is spent either way; spawn a new one for the next crash.
         """
         process, self.process = self.process, None
+        self.ready_file.unlink(missing_ok=True)
         if process is None or process.poll() is not None or process.stdin is None:
             self._close_log()
             return None
@@ -93,6 +94,7 @@ class StandbyEngine:
     def close(self) -> None:
         """Retire an unused standby: EOF on its stdin makes it exit without serving."""
         process, self.process = self.process, None
+        self.ready_file.unlink(missing_ok=True)
         if process is not None and process.poll() is None and process.stdin is not None:
             try:
                 process.stdin.close()
