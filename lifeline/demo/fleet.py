@@ -30,6 +30,7 @@ import httpx
 import yaml
 
 from lifeline.daemons import DaemonMissing, RedisNode
+from lifeline.demo import sessions
 from lifeline.processes import LEASE_TOKEN, ControlPlaneProcess, GatewayProcess, free_port, wait_for_http_ok
 
 MODEL = "tiny"
@@ -146,6 +147,7 @@ class DemoFleet:
     registry_url: str = ""
     registry_prefix: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:8]}")
     registry_note: str = ""
+    replication: sessions.CeleryReplication | None = None
     _stray_pids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -256,6 +258,7 @@ class DemoFleet:
             "routing": {"source": "snapshot", "controlplane_url": self.controlplane.url, "token": self.gateway_token,
                         "region": name, "poll_interval": 0.25, "cache_path": str(state / replica / "snapshot.json"),
                         "report_interval": 1.0, "event_flush_interval": 0.2},
+            "sessions": {"store": str(sessions.sessions_dir(self.workdir, name))},
         }
         gateway = GatewayProcess(config, free_port(), self.logs, replica_id=replica)
         gateway.start()
@@ -269,12 +272,23 @@ class DemoFleet:
             "pool": {"driver": "local", "model": MODEL, "alias": "prod",
                      "versions": {self.model_dir.name: str(self.model_dir)}, "zones": plan,
                      "state_dir": str(state / f"pool-{name}"),
-                     "engine_args": ["--enable-fault-admin", "--step-stall-bound", str(STEP_STALL_BOUND_S)]},
+                     "engine_args": ["--enable-fault-admin", "--step-stall-bound", str(STEP_STALL_BOUND_S),
+                                     *sessions.ENGINE_ARGS, "--kv-checkpoint-store",
+                                     sessions.kv_store_url(self.workdir, name)]},
         }, self.logs)
         (state / f"agent-{name}").mkdir(parents=True, exist_ok=True)
         agent.start()
         region = self.regions[name] = Region(name, zones, plan, gateway, agent)
         return region
+
+    def start_replication(self, source: str, destination: str) -> str:
+        """The `chat` class's critical policy from `source` to `destination`, and a Celery worker + beat to run it."""
+        self.api("PUT", "/replication/policies", json=sessions.policy(self.workdir, source, destination))
+        broker = self.registry_url.rsplit("/", 1)[0] + "/1"  # the registry's Redis, another database
+        self.replication = sessions.CeleryReplication(
+            self.workdir, self.controlplane.environment()["LIFELINE_CONTROLPLANE_DATABASE_URL"], broker,
+            f"{self.registry_prefix}-replication")
+        return self.replication.start(self.logs)
 
     def agent_report(self, region: Region) -> dict[str, Any]:
         reports = self.api("GET", "/agents", params={"region": region.name}).json()
@@ -346,6 +360,8 @@ class DemoFleet:
             # SIGTERM drains; a gateway still draining streams after its grace is SIGKILLed (seen: 15 s and more
             # with steady traffic in flight), so one slow stop never leaves the rest running.
             _each(lambda g=region.gateway: g.kill(signal.SIGTERM), fallback=lambda g=region.gateway: g.kill())
+        if self.replication is not None:
+            _each(self.replication.stop)
         # Engines an agent started but did not stop: those of an agent that was SIGKILLed (the region-loss
         # scenario, a crash) live on in their own sessions. Each names this run's work dir in its argv.
         for pid in self._stray_pids | set(_engines_under(self.workdir)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from lifeline.demo.scenarios import (
     wait_until,
     zone_loss,
 )
+from lifeline.demo.sessions import KV_BLOCK_TOKENS, SESSION_CLASS, TURNS, Session
 from lifeline.demo.tiers import RealTiers, server_name
 
 REGIONS = {"eu-west": ("eu-west-a", "eu-west-b"), "us-east": ("us-east-a", "us-east-b")}
@@ -115,6 +117,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         if deployment is not None:
             deployment.inherit()
         say("snapshot", snapshot_line(fleet))
+        if "us-east" in fleet.regions:
+            say("replicate", f"{SESSION_CLASS} sessions: critical policy eu-west → us-east; "
+                             + fleet.start_replication("eu-west", "us-east"))
 
         primary = fleet.regions["eu-west"]
         reference = stream(primary.gateway.url, max_tokens=max_tokens)
@@ -386,7 +391,12 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
 
 def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTiers, flows: list[Traffic]) -> Row:
     """Every process of a region SIGKILLed; a DNS cutover (POST /api/v1/cutovers, tier dns) points the service
-    name at the other region; clients that resolve it again are served there. Promise: service recovery only."""
+    name at the other region; clients that resolve it again are served there. Promise: service recovery for
+    the streams in flight, and a `chat` session (critical policy) continues at the standby from its replicated
+    checkpoint: the same tokens, re-prefilling less than one KV block of its context (lifeline/demo/sessions.py)."""
+    trail = Session(f"demo-{uuid.uuid4().hex[:8]}")
+    trail.converse(lost.gateway.url)
+    replicated_in = trail.wait_replicated(fleet.workdir, lost.name, standby.name)
     first = last_event_id(fleet)
     answer_before = tiers.dns_answer() if tiers.bind else []
     flow = next(f for f in flows if f.region == lost.name)
@@ -418,6 +428,8 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
         gateway_url = flow.gateway_url  # HAProxy, its backup now serving
     served_at = wait_until(lambda: (r := stream(gateway_url, max_tokens=12)).error is None
                            and r.token_ids == flow.reference and time.monotonic(), "a new request served", 60)
+    continued, figures = trail.continue_at(gateway_url)
+    recomputed = figures.get("context_recomputed_tokens")
     time.sleep(2.0)  # some steady traffic on the standby
     events = events_since(fleet, first)
     row = Row(f"region loss ({lost.name})", f"every process of {lost.name} SIGKILLed (gateway, agent, "
@@ -430,7 +442,9 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
     moved = (not tiers.bind) or (answer_before == [REGION_ANSWERS[lost.name]]
                                  and answer_after == [REGION_ANSWERS[standby.name]])
     drained = l7 is None or (l7[1]["state"] == "completed" and l7[3] == "ready" and l7[4] == "drain")
-    row.ok = done["state"] == "completed" and moved and drained and (
+    row.rpo_context = recomputed
+    session_kept = continued and recomputed is not None and recomputed < KV_BLOCK_TOKENS
+    row.ok = done["state"] == "completed" and moved and drained and session_kept and (
         haproxy is not None or gateway_url == standby.gateway.url)
     clients = (f"{lost.name}'s clients behind HAProxy were served by {standby.name} (the backup server) "
                if l7 is not None else f"{lost.name}'s clients resolved again and were served by {standby.name} ")
@@ -440,7 +454,11 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
                 f"({'BIND9 answers' if tiers.bind else 'recorded only;'} {answer_before} → {answer_after} for "
                 f"api.lifeline.test); {clients}{fmt(row.rto_latency_s)} after the loss; {row.requests_lost} of "
                 f"their requests in flight or sent before the cutover were lost (a region's gateway takes its "
-                f"streams with it: service recovery only)")
+                f"streams with it: service recovery only); session {trail.session_id} ({SESSION_CLASS}, critical: "
+                f"{TURNS} turns at {lost.name}, its last checkpoint at {standby.name} {replicated_in:.1f} s after the "
+                f"turn) continued at {standby.name}: identical to reference: {mark(continued)}, context "
+                f"{figures.get('context_tokens')} tokens, {figures.get('cached_tokens')} restored from the replicated "
+                f"checkpoint, {recomputed} re-prefilled")
     return row
 
 

@@ -158,6 +158,14 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     assert re.search(r"eu-west lost: l7 cutover \d+ completed in [\d.]+ s \(HAProxy gw-eu-west: ready → drain\), then "
                      r"DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
                      r"api\.lifeline\.test\); eu-west's clients behind HAProxy were served by us-east", out), out
+    # A critical `chat` session replicated by the Celery worker continues at us-east: the same tokens, and only
+    # the last partial KV block of its context re-prefilled.
+    session = re.search(r"session demo-\w+ \(chat, critical: 3 turns at eu-west, .*\) continued at us-east: identical "
+                        r"to reference: yes, context (\d+) tokens, (\d+) restored from the replicated checkpoint, "
+                        r"(\d+) re-prefilled", out)
+    assert session, out
+    context, restored, recomputed = (int(g) for g in session.groups())
+    assert (restored, recomputed) == (context // 16 * 16, context % 16), session[0]
     _report_files(tmp_path, 8)
     # The control-plane-down drill's run is the control plane's own record: the exported SLO document cites it.
     assert "demo-controlplane-down v1" in (tmp_path / "reports" / "slo.md").read_text()
