@@ -69,7 +69,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
     regions = {"eu-west": REGIONS["eu-west"]} if quick else REGIONS
 
     def say(step: str, text: str) -> None:
-        console.print(f"[dim]{time.monotonic() - began:6.1f}s[/] {step:<10} {text}")
+        # One line per step, however long (soft wrap: the terminal folds it), so a log greps as it reads.
+        console.print(f"[dim]{time.monotonic() - began:6.1f}s[/] {step:<10} {text}", soft_wrap=True)
 
     try:
         console.print("[bold]Lifeline demo[/]" + (" --quick" if quick else "") + f" — {len(regions)} region(s) × 2 "
