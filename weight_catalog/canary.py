@@ -13,6 +13,10 @@ version (`/healthz/generation` names it) with the catalog's weights digest
 failed. A record from a corrupted engine would eject every healthy one.
 A version has one record; replacing it is asked for explicitly, and both
 write an event and advance the snapshot (the canary is in it).
+
+When an agent reports that a version failed its canary everywhere
+(`rollback_failed_canary`), the non-prod alias naming it moves back one step
+through the aliases' own rollback.
 """
 
 from __future__ import annotations
@@ -27,14 +31,18 @@ from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
 from controlplane.routing_version import service as routing_version
 from weight_catalog import repository
+from weight_catalog.aliases import PROD, rollback
 from weight_catalog.errors import (
+    AliasConflict,
+    AliasNotFound,
+    AutomaticRollbackRefused,
     CanaryEngineUnverified,
     CanaryExists,
     FingerprintMismatch,
     LastVerifyFailed,
     NoCanaryToInherit,
 )
-from weight_catalog.models import WeightVersion
+from weight_catalog.models import AliasMove, WeightVersion
 from weight_catalog.service import get_version_or_raise
 
 
@@ -141,3 +149,42 @@ def _keep(session: Session, weight_version: WeightVersion, canary: CanaryRecord,
 def canary_of(weight_version: WeightVersion) -> CanaryRecord | None:
     """The stored record, as the contract's type (for the snapshot and reads)."""
     return CanaryRecord.model_validate(weight_version.canary) if weight_version.canary else None
+
+
+def rollback_failed_canary(
+    session: Session,
+    *,
+    model: str,
+    alias: str,
+    version: str,
+    expected_revision: int,
+    evidence: str,
+    actor: str,
+    clock: Clock,
+) -> AliasMove:
+    """A regional agent saw `version`, which `alias` points at, fail its canary: move the alias back one step.
+
+    The automatic half of a bad rollout (the agent decides *that* the version
+    failed, warm_pool/canary_rollback.py; this decides *whether* the alias
+    moves). Refused for `prod` (AutomaticRollbackRefused): prod's version is
+    what the warm pools run, and taking it away is an operator's cutover, not
+    an agent's. Only while the alias still points at `version` at
+    `expected_revision`, the revision the agent read in its snapshot: a
+    second report of the same failure (another region, a retry) finds it
+    moved and changes nothing (AliasConflict). The rollback itself is the
+    catalog's one call, with its guards and its `alias.rollback` event.
+    """
+    if alias == PROD:
+        raise AutomaticRollbackRefused(f"alias {PROD!r} of {model!r} is never rolled back automatically: a failing "
+                                       "prod version is cut over by an operator")
+    current = repository.get_alias(session, model=model, name=alias, for_update=True)
+    if current is None:
+        raise AliasNotFound(f"model {model!r} has no alias {alias!r}")
+    held = session.get(WeightVersion, current.version_id)
+    if held is None or held.version != version or current.revision != expected_revision:
+        raise AliasConflict(
+            f"alias {alias!r} of {model!r} is at revision {current.revision} on "
+            f"{held.version if held else '?'}, not {expected_revision} on {version}: it moved since the canary "
+            "failed; nothing to do")
+    return rollback(session, model=model, alias=alias, actor=actor, clock=clock,
+                    reason=f"canary failed on {version}: {evidence}"[:2000], expected_revision=expected_revision)

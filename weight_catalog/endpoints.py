@@ -12,7 +12,7 @@ from controlplane.auth.roles import Role
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep, IdPath, NamePath, SettingsDep
 from controlplane.types import NAME_PATTERN
-from weight_catalog import aliases, known_issues, repository, service, verify
+from weight_catalog import aliases, canary, known_issues, repository, service, verify
 from weight_catalog.models import Alias, AliasMove
 from weight_catalog.schemas import (
     AliasMoveRead,
@@ -188,7 +188,7 @@ def canary_failure(
     clock: ClockDep,
 ) -> AliasRead:
     """The version `alias` points at failed its canary: the alias is rolled back one step (never `prod`)."""
-    aliases.rollback_failed_canary(
+    canary.rollback_failed_canary(
         session, model=model, alias=alias, version=body.version, expected_revision=body.expected_revision,
         evidence=f"{body.reason} (instances {', '.join(body.instances)}; reported by {principal.actor})",
         actor=principal.actor, clock=clock,
