@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.snapshot import RoutingSnapshot
+from warm_pool.controlplane_post import ControlPlanePoster
 
 PROD = "prod"
-RETRY_STATUSES = frozenset({408, 429})
 
 
 @dataclass(frozen=True)
@@ -89,33 +89,13 @@ def failed_versions(snapshot: RoutingSnapshot | None, outcomes: Iterable[CanaryO
     return found
 
 
-class CanaryRollbackReporter:
+class CanaryRollbackReporter(ControlPlanePoster):
     """Posts a failed canary version to the catalog, which rolls its alias back before it answers."""
 
     def __init__(self, http: Any, base_url: str | None, *, token: str | None = None, timeout_s: float = 10.0) -> None:
-        self.http = http
-        self.base_url = base_url.rstrip("/") if base_url else None
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.timeout_s = timeout_s
+        super().__init__(http, base_url, token=token, timeout_s=timeout_s)
 
     async def send(self, failure: CanaryFailure) -> tuple[str, dict[str, Any] | str | None]:
         """(outcome, the catalog's answer or why not)."""
-        import httpx
-
-        if self.http is None or self.base_url is None:
-            return "disabled", None
-        path = f"/api/v1/catalog/models/{failure.model}/aliases/{failure.alias}/canary-failures"
-        try:
-            response = await self.http.post(f"{self.base_url}{path}", json=failure.body(), headers=self.headers,
-                                            timeout=httpx.Timeout(connect=2.0, read=self.timeout_s, write=2.0,
-                                                                  pool=2.0))
-        except httpx.TransportError as exc:
-            return "retry", type(exc).__name__
-        if response.is_success:
-            try:
-                return "accepted", response.json()
-            except ValueError:
-                return "accepted", None
-        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return "retry", f"HTTP {response.status_code}: {response.text[:300]}"
-        return "refused", f"HTTP {response.status_code}: {response.text[:300]}"
+        return await self.post(f"/api/v1/catalog/models/{failure.model}/aliases/{failure.alias}/canary-failures",
+                               failure.body())

@@ -37,6 +37,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
+from warm_pool.controlplane_post import ControlPlanePoster
+
 GONE = "gone"  # not a probe verdict: the instance's process exited, or its lease lapsed while it failed
 HEALTHY_VERDICTS = frozenset({"ok", "overloaded"})
 FAILING_VERDICTS = frozenset({"timeout", "error", GONE})
@@ -240,7 +242,6 @@ class FaultDetector:
 # ---------------------------------------------------------------- to the control plane
 
 ESCALATIONS_PATH = "/api/v1/cutover-escalations"
-RETRY_STATUSES = frozenset({408, 429, 502, 503, 504})
 
 
 def escalation_body(fault: Fault) -> dict[str, Any]:
@@ -251,7 +252,7 @@ def escalation_body(fault: Fault) -> dict[str, Any]:
     return {"fault_id": fault.fault_id, "scope": scope, "evidence": fault.evidence}
 
 
-class FaultReporter:
+class FaultReporter(ControlPlanePoster):
     """Posts a fault to the control plane, which runs the escalation ladder before it answers.
 
     The answer waits for the cutover (each step bounded by its timeout), so the read timeout is long
@@ -262,28 +263,8 @@ class FaultReporter:
 
     def __init__(self, http: Any, base_url: str | None, *, token: str | None = None,
                  timeout_s: float = 120.0) -> None:
-        self.http = http
-        self.base_url = base_url.rstrip("/") if base_url else None
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.timeout_s = timeout_s
+        super().__init__(http, base_url, token=token, timeout_s=timeout_s)
 
     async def send(self, fault: Fault) -> tuple[str, dict[str, Any] | str | None]:
         """(outcome, the control plane's answer or why not)."""
-        import httpx
-
-        if self.http is None or self.base_url is None:
-            return "disabled", None
-        try:
-            response = await self.http.post(
-                f"{self.base_url}{ESCALATIONS_PATH}", json=escalation_body(fault), headers=self.headers,
-                timeout=httpx.Timeout(connect=2.0, read=self.timeout_s, write=2.0, pool=2.0))
-        except httpx.TransportError as exc:
-            return "retry", type(exc).__name__
-        if response.is_success:
-            try:
-                return "accepted", response.json()
-            except ValueError:
-                return "accepted", None
-        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return "retry", f"HTTP {response.status_code}: {response.text[:300]}"
-        return "refused", f"HTTP {response.status_code}: {response.text[:300]}"
+        return await self.post(ESCALATIONS_PATH, escalation_body(fault))
