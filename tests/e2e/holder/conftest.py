@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,6 +105,21 @@ def completion_tokens(engine_url: str, prompt: str | list[int], max_tokens: int,
     response = httpx.post(f"{engine_url}/v1/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]["token_ids"]
+
+
+def kill_mid_stream(engine: EngineProcess, prompt: str, max_tokens: int, *, after: int) -> list[int]:
+    """Stream a greedy completion from `engine` and SIGKILL it once `after` tokens arrived; the tokens it sent."""
+    committed: list[int] = []
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}
+    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+            if len(committed) >= after:
+                engine.kill(signal.SIGKILL)
+                break
+    return committed
 
 
 def prompt_ids(engine_url: str, prompt: str) -> list[int]:

@@ -10,7 +10,6 @@ place only to the same instance id under a newer generation.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 
@@ -22,6 +21,7 @@ from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
 from tests.e2e.holder.conftest import (
     PROMPT,
     completion_tokens,
+    kill_mid_stream,
     prompt_ids,
     wait_for,
     weights_origin,
@@ -43,16 +43,7 @@ def test_engine_killed_mid_stream_reattaches_and_continues_token_identically(fle
     generation = httpx.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"]
 
     # Mid-stream: read 9 tokens of a streamed request, then SIGKILL the engine.
-    committed: list[int] = []
-    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
-    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
-            if len(committed) >= 9:
-                engine.kill(signal.SIGKILL)
-                break
+    committed = kill_mid_stream(engine, PROMPT, MAX_TOKENS, after=9)
     assert engine.process.returncode == -signal.SIGKILL
     assert committed == expected[:len(committed)]
 

@@ -13,13 +13,12 @@ bench/holder.py carries the speed claims.
 
 from __future__ import annotations
 
-import json
 import signal
 
 import httpx
 import pytest
 
-from tests.e2e.holder.conftest import PROMPT, completion_tokens, prompt_ids, weights_origin
+from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, weights_origin
 
 pytestmark = pytest.mark.e2e
 
@@ -43,16 +42,7 @@ def test_standby_takes_over_a_killed_stream_token_identically_and_again_when_kil
     assert [t["tenant_id"] for t in holder.state()["tenants"]] == ["engine-a"]
     assert (engine.state_dir / "generation").read_text().strip() == str(generation)
 
-    committed: list[int] = []
-    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
-    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
-            if len(committed) >= 9:
-                engine.kill(signal.SIGKILL)
-                break
+    committed = kill_mid_stream(engine, PROMPT, MAX_TOKENS, after=9)
     assert engine.process.returncode == -signal.SIGKILL
 
     standby_pid = standby.process.pid
