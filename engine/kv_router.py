@@ -99,10 +99,11 @@ async def kv_checkpoint(request: Request, runtime: Runtime, serving: Serving) ->
     checkpointer, cache = runtime.checkpointer, runtime.prefix_cache
     if checkpointer is None or cache is None:
         raise KVCheckpointStoreAbsent("this engine has no checkpoint store (--kv-checkpoint-store)")
+    token_ids = serving.checked_token_ids(body.token_ids, "token_ids")
     size = checkpointer.block_tokens
-    full = body.token_ids[:len(body.token_ids) // size * size]
+    full = token_ids[:len(token_ids) // size * size]
     if not full:
-        raise KVBlocksAbsent(f"a prefix of {len(body.token_ids)} tokens holds no full block of {size}")
+        raise KVBlocksAbsent(f"a prefix of {len(token_ids)} tokens holds no full block of {size}")
     computed = 0
     if cache.cached_blocks(full) < len(full) // size:
         computed = len(full) - await serving.prefill(full, f"kvckpt-{uuid.uuid4().hex}")

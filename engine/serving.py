@@ -88,11 +88,16 @@ class OpenAIServing:
             raise BadRequest("prompt must not be empty", param="prompt")
         if isinstance(prompt, str):
             return self._encode(prompt, "prompt")
+        return self.checked_token_ids(prompt, "prompt")
+
+    def checked_token_ids(self, token_ids: list[int], param: str) -> list[int]:
+        """Token ids a client sent, refused (400) unless every one is in the vocabulary: an id past it would
+        fail inside the model, and a negative one would index the embedding from its end."""
         vocab = self.runtime.model.shape.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
+        bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
-            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
-        return list(prompt)
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param)
+        return list(token_ids)
 
     def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
         if self.runtime.chat_template is None:

@@ -104,3 +104,16 @@ def test_a_corrupt_bundle_a_huge_one_and_an_unknown_prefix_are_refused_typed(eng
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "kv_blocks_absent"
     bad = httpx.post(f"{source.url}/admin/kv/export", json={"token_ids": []}, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
+
+
+def test_a_checkpoint_of_token_ids_outside_the_vocabulary_is_refused_and_writes_nothing(engine_factory, tmp_path):
+    store = tmp_path / "kv"
+    engine = engine_factory("kv-checkpointer", extra_args=[*ADMIN, "--kv-checkpoint-store", f"file://{store}"])
+    for bad in (10**9, -1):  # past the embedding; and a negative id, which would index it from its end
+        response = httpx.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 20 + [bad] * 12},
+                              timeout=30)
+        assert (response.status_code, response.json()["error"]["param"]) == (400, "token_ids"), bad
+        assert "outside the vocabulary" in response.json()["error"]["message"]
+    assert not store.exists() or not any(store.rglob("*"))
+    written = httpx.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 32}, timeout=30)
+    assert written.status_code == 200, written.text
