@@ -63,6 +63,7 @@ from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
 from warm_pool.report import ReportSender
 from warm_pool.settings import AgentSettings, ExternalEngine
 from warm_pool.states import InstanceState, PoolEvent, transition
+from warm_pool.version_roll import Member, RollDecision, decide, infer_previous
 
 log = get_logger(__name__)
 
@@ -171,6 +172,9 @@ class Agent:
         self.rollback_reporter = rollback_reporter or CanaryRollbackReporter(None, None)
         self.rollback_outcomes: dict[tuple[str, str, int], tuple[str, object]] = {}  # alias revision → outcome
         self._rollback_task: asyncio.Task | None = None
+        self._desired_seen: str | None = None  # the pool's desired version as of the last reconcile
+        self.previous_version: str | None = None  # the one before it: the pool keeps a share warm on it
+        self._covered_since: float | None = None  # the desired version serves the plan's count since (monotonic)
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -494,8 +498,9 @@ class Agent:
                 log.warning("serving instance ejected; demoted to warm", instance=instance.instance_id,
                             reason=instance.reason)
         mine = [i for i in self.instances.values() if i.origin == "pool"]
+        previous = self._track_versions(desired, mine)
         target = sum(z.serving for z in pool.zones.values())
-        serving = [i for i in mine if i.state is InstanceState.SERVING]
+        serving = [i for i in mine if i.state is InstanceState.SERVING and i.version == desired]
         while len(serving) < target:
             warm = [i for i in mine if i.state is InstanceState.WARM and i.version == desired
                     and self._admitted(i)]
@@ -509,11 +514,56 @@ class Agent:
                 break
             serving.append(chosen)
         await self._rebalance(mine, desired)
+        roll = await self._roll(mine, desired, previous, covered=len(serving) >= target)
         for zone, zone_target in pool.zones.items():
             present = [i for i in mine if i.zone == zone and i.version == desired
                        and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
             for _ in range(zone_target.serving + zone_target.warm - len(present)):
                 await self._start(zone, desired)
+            for _ in range(roll.start_previous.get(zone, 0)):
+                await self._start(zone, previous)
+
+    def _track_versions(self, desired: str | None, mine: list[Instance]) -> str | None:
+        """The previous version: the desired one before the alias last moved (or, for an agent that did not see
+        it move, the other version most of the pool runs); None when it is the desired one or unknown."""
+        pool = self.settings.pool
+        if desired is None or pool is None:
+            return None
+        if self._desired_seen is not None and desired != self._desired_seen:
+            log.info("pool version rolls", desired=desired, previous=self._desired_seen)
+            self.previous_version, self._covered_since = self._desired_seen, None
+        self._desired_seen = desired
+        if self.previous_version is None or self.previous_version not in pool.versions:
+            self.previous_version = infer_previous(_members(mine), desired=desired, known=pool.versions)
+        return self.previous_version if self.previous_version != desired else None
+
+    async def _roll(self, mine: list[Instance], desired: str | None, previous: str | None, *,
+                    covered: bool) -> RollDecision:
+        """Instances of other versions: keep the previous one's share warm, retire the rest (warm_pool/version_roll.py).
+
+        The old serving set keeps its leases (old_generation: established sessions finish) until the desired
+        version serves the plan's count, and `old_generation_grace` longer."""
+        pool = self.settings.pool
+        if pool is None or desired is None:
+            return RollDecision()
+        now = self.clock.now()
+        if not covered:
+            self._covered_since = None
+        elif self._covered_since is None:
+            self._covered_since = now
+        may_go = covered and now - (self._covered_since or now) >= pool.old_generation_grace.total_seconds()
+        roll = decide(_members(mine), desired=desired, previous=previous, old_serving_may_go=may_go,
+                      previous_share={z: t.warm_previous for z, t in pool.zones.items()})
+        for instance_id in roll.demote:
+            instance = self.instances[instance_id]
+            await self._release(instance)
+            instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DEMOTED)
+            self.emit("pool.demoted", instance, f"{instance.zone}: serving → warm: {desired} serves the plan; "
+                      f"{instance.version} stays warm for a rollback", state="warm", changes_routing=True)
+        for instance_id in roll.retire:
+            await self._retire(self.instances[instance_id], f"{desired} serves the pool; {previous or 'no'} "
+                               f"version keeps a warm share")
+        return roll
 
     async def adopt_pool(self) -> None:
         """Take back the pool instances a previous agent of this region left running (the driver finds them).
@@ -554,7 +604,8 @@ class Agent:
         pool = self.settings.pool
         if pool is None:
             return
-        count = {z: sum(1 for i in mine if i.zone == z and i.state is InstanceState.SERVING) for z in pool.zones}
+        count = {z: sum(1 for i in mine if i.zone == z and i.state is InstanceState.SERVING and i.version == desired)
+                 for z in pool.zones}
         short = [z for z, t in pool.zones.items() if count[z] < t.serving]
         over = sorted((z for z, t in pool.zones.items() if count[z] > t.serving),
                       key=lambda z: count[z] - pool.zones[z].serving, reverse=True)
@@ -563,7 +614,8 @@ class Agent:
                     and self._admitted(i)]
             if not warm or not over:
                 continue
-            victim = next(i for i in mine if i.zone == over[0] and i.state is InstanceState.SERVING)
+            victim = next(i for i in mine if i.zone == over[0] and i.state is InstanceState.SERVING
+                          and i.version == desired)
             if not await self._promote(warm[0], zone):
                 return
             await self._retire(victim, f"{zone} serves its own share again")
@@ -576,10 +628,11 @@ class Agent:
         only once; demoting would now work and save the load (docs/warm_pool.md, limits). The drain
         (SIGTERM: stop taking requests, finish or hand back in-flight ones) runs in the background.
         """
+        was = instance.state or InstanceState.SERVING
         await self._release(instance)
-        instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DRAIN)
-        self.emit("pool.stopped", instance, f"{instance.zone}: serving → draining: {reason}", state="draining",
-                  changes_routing=True)
+        instance.state = transition(was, PoolEvent.DRAIN)
+        self.emit("pool.stopped", instance, f"{instance.zone}: {was} → draining: {reason}", state="draining",
+                  changes_routing=was is InstanceState.SERVING)
         if self.driver is not None:
             task = asyncio.create_task(self.driver.stop(instance.instance_id, graceful=True),
                                        name=f"drain-{instance.instance_id}")
@@ -723,7 +776,8 @@ class Agent:
         self.shipper.emit(DataPlaneEvent(
             kind=kind, routing_tier="l7", actor=self.actor, region=self.settings.region,  # type: ignore[arg-type]
             instance_id=instance.instance_id, generation=instance.lease.generation if instance.lease else None,
-            reason=reason[:2000], at=self.clock.utcnow(), detail={"zone": instance.zone, **detail}))
+            reason=reason[:2000], at=self.clock.utcnow(),
+            detail={"zone": instance.zone, "version": instance.version, **detail}))
 
     def export_metrics(self) -> None:
         self.metrics.leases.set(sum(1 for i in self.instances.values() if i.lease is not None))
@@ -811,6 +865,10 @@ class Agent:
             await asyncio.gather(*self._draining, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
+
+
+def _members(instances: list[Instance]) -> list[Member]:
+    return [Member(i.instance_id, i.zone, i.version, i.state) for i in instances if i.state is not None]
 
 
 def _routing_class(verdict: Verdict | None) -> str:

@@ -36,6 +36,8 @@ class ZoneTarget(BaseModel):
 
     serving: int = Field(ge=0)
     warm: int = Field(ge=0)
+    warm_previous: int = Field(0, ge=0, description="warm on the previous version, beyond zone loss: a rollback "
+                               "promotes them (the plan's warm_previous)")
 
 
 class KubernetesPoolConfig(BaseModel):
@@ -101,6 +103,9 @@ class PoolSettings(BaseModel):
     engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
     kubernetes: KubernetesPoolConfig | None = Field(None, description="kubernetes: the driver's settings")
     start_timeout: Seconds = Field(timedelta(seconds=180), gt=timedelta(0))
+    old_generation_grace: Seconds = Field(
+        timedelta(seconds=30), ge=timedelta(0), description="after a promotion, how long the old version's serving "
+        "instances keep their leases (no new sessions; established ones finish) once the new version serves the plan")
 
     @model_validator(mode="after")
     def _default_is_known(self) -> PoolSettings:

@@ -1,0 +1,163 @@
+"""A promotion rolls the pool to the new version and keeps the plan's share warm on the previous one; a rollback
+is then a routing change (blue/green), not a load. Virtual time, scripted engines, a fake driver."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from common.clock import ManualClock
+from contract.snapshot import RoutingSnapshot
+from tests.unit.warm_pool.test_pool_agent import RECORD, Fleet, make_agent, settle
+from warm_pool.settings import AgentSettings
+from warm_pool.states import InstanceState
+from warm_pool.version_roll import Member, decide, infer_previous
+
+pytestmark = pytest.mark.unit
+
+S = InstanceState
+GRACE = 3.0  # pool.old_generation_grace, seconds
+
+
+class Snapshots:
+    """The agent's SnapshotClient as far as it reads it: the current snapshot."""
+
+    def __init__(self) -> None:
+        self.current: RoutingSnapshot | None = None
+
+    def point(self, version: str, revision: int) -> None:
+        self.current = RoutingSnapshot.model_validate({"version": revision, "models": {"m": {
+            "aliases": {"prod": {"version": version, "revision": revision}},
+            "versions": {v: {"version": v, "fingerprint": "f", "location": "/x"} for v in ("v1", "v2")}}}})
+
+
+def settings(tmp_path: Path, warm_previous: int = 1) -> dict:
+    zone = {"serving": 1, "warm": 1, "warm_previous": warm_previous}
+    return {"pool": {"model": "m", "versions": {"v1": str(tmp_path), "v2": str(tmp_path)}, "state_dir": str(tmp_path),
+                     "zones": {"z1": zone, "z2": zone}, "old_generation_grace": GRACE}}
+
+
+def layout(agent) -> Counter:
+    return Counter((i.zone, i.version, i.state) for i in agent.instances.values() if i.origin == "pool")
+
+
+async def rolled_pool(tmp_path: Path, warm_previous: int = 1):
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, shipper = make_agent(fleet, clock, **settings(tmp_path, warm_previous))
+    agent.canary_records["v2"] = RECORD
+    agent.snapshots = snapshots = Snapshots()  # type: ignore[assignment]
+    snapshots.point("v1", 1)
+    await settle(agent, clock, 4)
+    assert layout(agent) == Counter({(z, "v1", s): 1 for z in ("z1", "z2") for s in (S.SERVING, S.WARM)})
+    return clock, fleet, agent, registry, shipper, snapshots
+
+
+async def serving_versions(registry) -> Counter:
+    return Counter(lease.version for lease in await registry.live())
+
+
+async def test_a_promotion_rolls_serving_to_the_new_version_and_keeps_the_previous_share_warm(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path)
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 4)  # v2 loads (cold → warm) and takes the serving share
+    assert await serving_versions(registry) == Counter({"v2": 2, "v1": 2})  # v1 finishes its established sessions
+    assert all(i.verdict.value == "old_generation" for i in agent.instances.values()
+               if i.version == "v1" and i.state is S.SERVING)
+
+    await settle(agent, clock, 8)  # past the grace: the old serving set goes, the previous share stays warm
+    assert await serving_versions(registry) == Counter({"v2": 2})
+    assert layout(agent) == Counter({**{(z, "v2", s): 1 for z in ("z1", "z2") for s in (S.SERVING, S.WARM)},
+                                     **{(z, "v1", S.WARM): 1 for z in ("z1", "z2")}})
+    stopped = [e for e in shipper.buffer if e.kind == "pool.stopped"]
+    assert len(stopped) == 2 and all(e.detail["version"] == "v1" and e.detail["changes_routing"] for e in stopped)
+    assert Counter(i.version for i in fleet.engines.values()) == Counter({"v2": 4, "v1": 2})
+
+
+async def test_a_rollback_to_the_previous_version_promotes_its_warm_share_at_once(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path)
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 12)
+    started = len(agent.driver.started)
+    before = len([e for e in shipper.buffer if e.kind == "pool.promoted"])
+
+    snapshots.point("v1", 3)  # roll back
+    await settle(agent, clock)  # one tick: the warm v1 share is leased, nothing had to load
+    assert (await serving_versions(registry))["v1"] == 2
+    promoted = [e for e in shipper.buffer if e.kind == "pool.promoted"][before:]
+    assert [e.detail["version"] for e in promoted] == ["v1", "v1"] and all(e.routing_tier == "l7" for e in promoted)
+    assert all(s.version == "v1" for s in agent.driver.started[started:])  # backfill only, after the promotion
+
+    await settle(agent, clock, 10)  # v2 is now the previous version: its share stays warm
+    assert await serving_versions(registry) == Counter({"v1": 2})
+    assert layout(agent) == Counter({**{(z, "v1", s): 1 for z in ("z1", "z2") for s in (S.SERVING, S.WARM)},
+                                     **{(z, "v2", S.WARM): 1 for z in ("z1", "z2")}})
+
+
+async def test_without_a_previous_share_the_old_version_is_retired_entirely(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path, warm_previous=0)
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 12)
+    assert await serving_versions(registry) == Counter({"v2": 2})
+    assert layout(agent) == Counter({(z, "v2", s): 1 for z in ("z1", "z2") for s in (S.SERVING, S.WARM)})
+    assert Counter(i.version for i in fleet.engines.values()) == Counter({"v2": 4})
+
+
+async def test_old_serving_instances_stay_until_the_new_version_covers_the_plan(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path)
+    original_start = agent.driver.start
+
+    async def v2_never_answers(**kwargs):
+        instance = await original_start(**kwargs)
+        if kwargs["version"] == "v2":
+            fleet.engines[instance.instance_id].live = False
+        return instance
+
+    agent.driver.start = v2_never_answers
+    agent.driver.alive = lambda instance_id: instance_id in fleet.engines  # loading, not exited
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 20)  # long past the grace, but nothing of v2 can serve yet
+    assert await serving_versions(registry) == Counter({"v1": 2})
+
+
+def test_the_previous_share_and_the_grace_are_typed_settings(tmp_path: Path):
+    pool = AgentSettings(region="r1", **settings(tmp_path)).pool
+    assert pool.zones["z1"].warm_previous == 1 and pool.old_generation_grace == timedelta(seconds=GRACE)
+    with pytest.raises(ValueError, match="warm_previous"):
+        AgentSettings(region="r1", **{"pool": {**settings(tmp_path)["pool"],
+                                               "zones": {"z1": {"serving": 1, "warm": 0, "warm_previous": -1}}}})
+
+
+def m(instance_id: str, version: str, state: S, zone: str = "z1") -> Member:
+    return Member(instance_id, zone, version, state)
+
+
+@pytest.mark.parametrize(("name", "members", "previous", "share", "may_go", "demote", "retire", "start"), [
+    ("nothing old yet: the previous share is started", [m("a", "v2", S.SERVING)], "v1", {"z1": 1}, True, [], [], {"z1": 1}),
+    ("old serving waits while the new version does not cover the plan",
+     [m("a", "v1", S.SERVING), m("b", "v1", S.SERVING)], "v1", {"z1": 1}, False, [], [], {}),
+    ("then one takes the share warm, the other is retired",
+     [m("a", "v1", S.SERVING), m("b", "v1", S.SERVING)], "v1", {"z1": 1}, True, ["a"], ["b"], {}),
+    ("an already warm one keeps the share before a serving one is demoted",
+     [m("a", "v1", S.SERVING), m("w", "v1", S.WARM)], "v1", {"z1": 1}, True, [], ["a"], {}),
+    ("warm beyond the share and other versions are retired",
+     [m("a", "v1", S.WARM), m("b", "v1", S.WARM), m("c", "v0", S.WARM)], "v1", {"z1": 1}, False, [], ["b", "c"], {}),
+    ("a loading one counts toward the share and is never retired while cold",
+     [m("a", "v1", S.COLD), m("b", "v0", S.COLD)], "v1", {"z1": 2}, True, [], [], {"z1": 1}),
+    ("the share is per zone", [m("a", "v1", S.WARM, "z1")], "v1", {"z1": 1, "z2": 1}, True, [], [], {"z2": 1}),
+    ("no previous version: every old one goes, nothing is started",
+     [m("a", "v1", S.SERVING), m("b", "v1", S.WARM)], None, {"z1": 1}, True, [], ["b", "a"], {}),
+    ("the previous version is the desired one again: nothing is old",
+     [m("a", "v2", S.WARM)], "v2", {"z1": 1}, True, [], [], {}),
+])
+def test_roll_decisions(name, members, previous, share, may_go, demote, retire, start) -> None:
+    roll = decide(members, desired="v2", previous=previous, previous_share=share, old_serving_may_go=may_go)
+    assert (list(roll.demote), list(roll.retire), dict(roll.start_previous)) == (demote, retire, start), name
+
+
+def test_the_previous_version_an_agent_did_not_see_is_the_one_most_of_the_pool_runs() -> None:
+    members = [m("a", "v1", S.WARM), m("b", "v1", S.SERVING), m("c", "v0", S.WARM), m("d", "vX", S.WARM)]
+    assert infer_previous(members, desired="v2", known={"v0", "v1", "v2"}) == "v1"
+    assert infer_previous([m("a", "v2", S.WARM)], desired="v2", known={"v1", "v2"}) is None
