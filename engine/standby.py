@@ -23,8 +23,9 @@ takeover or, with the holder gone, a load from disk that says so.
     activate(serve_args) ──stdin──────► one JSON line: `engine serve` arguments → serve
     (dead or stdin closed)             EOF on stdin (supervisor gone): exit 0, nothing served
 
-The supervisor's side of this module imports only the standard library, so a
-supervisor without torch (a pool driver, the bench) can use it.
+The supervisor's side (`StandbyEngine`) lives in `contract/standby.py`, standard
+library only, so a supervisor without torch (the pool driver, the bench) uses it
+without importing the engine; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -32,82 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
+from contract.standby import StandbyEngine
 
-@dataclass
-class StandbyEngine:
-    """The supervisor's handle on one standby process: spawn it early, `activate` it when an engine dies."""
-
-    log_path: Path
-    ready_file: Path
-    torch_threads: int | None = None
-    popen_kwargs: dict[str, Any] = field(default_factory=dict)
-    process: subprocess.Popen | None = None
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    def spawn(self) -> None:
-        self.ready_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "engine.standby", "--ready-file", str(self.ready_file)]
-        if self.torch_threads:
-            cmd += ["--torch-threads", str(self.torch_threads)]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it after activation too
-        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                        **self.popen_kwargs)
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def warm(self) -> bool:
-        """Imports and warm-up done: activating now skips the interpreter's start entirely."""
-        return self.alive and self.ready_file.exists()
-
-    def activate(self, serve_args: list[str]) -> subprocess.Popen | None:
-        """Hand over the `engine serve` arguments; the process, now the engine, or None if the standby is dead.
-
-        A standby still importing is activated all the same: it reads the
-        line once its imports finish, which is still sooner than a cold start.
-        The handle is spent either way; spawn a new one for the next crash.
-        """
-        process, self.process = self.process, None
-        self.ready_file.unlink(missing_ok=True)
-        if process is None or process.poll() is not None or process.stdin is None:
-            self._close_log()
-            return None
-        try:
-            process.stdin.write(json.dumps({"serve_args": serve_args}).encode() + b"\n")
-            process.stdin.close()
-        except (BrokenPipeError, OSError):  # died between poll() and write
-            process.wait()
-            self._close_log()
-            return None
-        self._close_log()  # the child holds its own descriptor of the log
-        return process
-
-    def close(self) -> None:
-        """Retire an unused standby: EOF on its stdin makes it exit without serving."""
-        process, self.process = self.process, None
-        self.ready_file.unlink(missing_ok=True)
-        if process is not None and process.poll() is None and process.stdin is not None:
-            try:
-                process.stdin.close()
-                process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                process.kill()
-                process.wait()
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+__all__ = ["StandbyEngine", "main", "warm_up"]
 
 
 def warm_up(torch_threads: int | None) -> None:
