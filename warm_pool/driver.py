@@ -12,6 +12,25 @@ scaling one Deployment per region × zone × version and listing its pods;
 the agent does not know which driver it has. Instances the pool starts never register
 their own leases: the agent holds them, so promotion from warm to serving is
 a lease (a routing change), not a load.
+
+Standbys (LocalDriver, `standby=True`, off by default). An engine attached to
+a memory holder (`--holder` in `engine_args`) re-maps its weights in ~0.1 s,
+but a new interpreter spends ~2.8 s importing torch and the engine first
+(docs/benchmarks.md). With standbys on, the driver keeps one warm standby
+process (contract/standby.py, `python -m engine.standby`) per holder-backed
+instance it runs, and `start` hands the next one the `engine serve`
+arguments instead of spawning an interpreter: the instance the agent asked
+for is up in the holder's attach + self-test time. `refresh` (each agent
+tick) retires standbys the pool no longer needs and spawns missing ones one
+at a time — a warm-up is a whole interpreter start, so never two at once and
+never in `start` itself, where it would compete with the engine it starts.
+
+Why off by default: each standby is an idle interpreter with torch imported
+(~180 MiB anonymous memory, no CPU while it waits), one per holder-backed
+instance; an engine without a holder gains 2.8 s of a 4+ s cold load and
+gets none. A standby that died, or none warm yet, means a new interpreter:
+never slower than without standbys (a standby still importing is used, and
+reads its arguments when its imports finish).
 """
 
 from __future__ import annotations
@@ -26,6 +45,7 @@ from typing import IO, Protocol
 
 from common.logs import get_logger
 from common.ports import free_port
+from contract.standby import StandbyEngine
 from warm_pool.settings import PoolSettings
 
 log = get_logger(__name__)
@@ -61,38 +81,98 @@ class PoolDriver(Protocol):
 class _Process:
     instance: PoolInstance
     popen: subprocess.Popen
-    log_file: IO[bytes] = field(repr=False)
+    log_file: IO[bytes] | None = field(repr=False)  # None: an activated standby, which holds its own
+    holder_backed: bool = False
+    from_standby: bool = False
+
+
+def uses_holder(engine_args: list[str]) -> bool:
+    """Whether `engine serve` with these flags attaches to a memory holder (`--holder URL` / `--holder=URL`)."""
+    return any(arg == "--holder" or arg.startswith("--holder=") for arg in engine_args)
 
 
 class LocalDriver:
     """`lifeline engine serve` processes on this machine, one port each (embedded default, demo, tests)."""
 
     def __init__(self, *, region: str, versions: dict[str, Path], state_dir: Path,
-                 engine_args: list[str] | None = None, stop_timeout: float = 10.0) -> None:
+                 engine_args: list[str] | None = None, stop_timeout: float = 10.0, standby: bool = False) -> None:
         self.region = region
         self.versions = versions
         self.state_dir = state_dir
         self.engine_args = engine_args or []
         self.stop_timeout = stop_timeout
+        self.standby = standby
         self.processes: dict[str, _Process] = {}
+        self.standbys: list[StandbyEngine] = []  # spawned, not yet activated; the oldest first
+        self._standby_seq = 0
 
     async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance:
         port = free_port()
         directory = self.state_dir / instance_id
         directory.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "lifeline.cli", "engine", "serve", "--model", str(self.versions[version]),
-               "--served-model-name", version, "--port", str(port), "--instance-id", instance_id,
-               "--zone", zone, "--region", self.region, "--state-dir", str(directory),
-               "--torch-threads", "1", *self.engine_args]
-        log_file = open(directory / "engine.log", "ab")  # noqa: SIM115 - closed in stop()
-        popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        serve_args = ["--model", str(self.versions[version]), "--served-model-name", version, "--port", str(port),
+                      "--instance-id", instance_id, "--zone", zone, "--region", self.region,
+                      "--state-dir", str(directory), "--torch-threads", "1", *self.engine_args]
+        holder_backed = uses_holder(self.engine_args)
+        popen = self._activate_standby(serve_args, directory) if self.standby and holder_backed else None
+        log_file = None
+        if popen is None:
+            cmd = [sys.executable, "-m", "lifeline.cli", "engine", "serve", *serve_args]
+            log_file = open(directory / "engine.log", "ab")  # noqa: SIM115 - closed in stop()
+            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         instance = PoolInstance(instance_id, zone, version, f"http://127.0.0.1:{port}")
-        self.processes[instance_id] = _Process(instance, popen, log_file)
-        log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port)
+        self.processes[instance_id] = _Process(instance, popen, log_file, holder_backed, log_file is None)
+        log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port,
+                 from_standby=log_file is None)
         return instance
 
+    def _activate_standby(self, serve_args: list[str], directory: Path) -> subprocess.Popen | None:
+        """The process of the first standby that takes `serve_args` (warm ones first), or None: start cold."""
+        for standby in sorted(self.standbys, key=lambda s: not s.warm):
+            self.standbys.remove(standby)
+            log_path, warm = standby.log_path, standby.warm
+            popen = standby.activate(serve_args)
+            if popen is None:
+                log.warning("pool standby was dead; trying the next", log=str(log_path))
+                continue
+            engine_log = directory / "engine.log"
+            if not engine_log.exists():  # same filesystem: the standby keeps writing through its descriptor
+                log_path.replace(engine_log)
+            log.info("pool standby activated", pid=popen.pid, warm=warm)
+            return popen
+        return None
+
+    def standbys_wanted(self) -> int:
+        """One per holder-backed instance this driver runs (its replacement, should it die), with standbys on."""
+        if not self.standby:
+            return 0
+        return sum(1 for p in self.processes.values() if p.holder_backed)
+
     async def refresh(self) -> None:
-        """Nothing to re-read: `alive` asks the operating system each time."""
+        """Keep the standbys: drop dead ones, retire the surplus, spawn one missing when the others are warm.
+
+        Nothing else to re-read: `alive` asks the operating system each time.
+        """
+        self.standbys = [s for s in self.standbys if s.alive]
+        wanted = self.standbys_wanted()
+        while len(self.standbys) > wanted:
+            surplus = min(self.standbys, key=lambda s: s.warm)  # the least advanced goes first
+            self.standbys.remove(surplus)
+            await asyncio.to_thread(surplus.close)
+        if len(self.standbys) < wanted and all(s.warm for s in self.standbys):
+            self._spawn_standby()
+
+    def _spawn_standby(self) -> StandbyEngine:
+        self._standby_seq += 1
+        directory = self.state_dir / "standbys"
+        standby = StandbyEngine(directory / f"standby-{self._standby_seq}.log",
+                                directory / f"standby-{self._standby_seq}.ready", torch_threads=1,
+                                popen_kwargs={"start_new_session": True})
+        standby.spawn()
+        self.standbys.append(standby)
+        assert standby.process is not None  # noqa: S101 - spawn() sets it
+        log.info("pool standby spawned", pid=standby.process.pid, wanted=self.standbys_wanted())
+        return standby
 
     async def adopt(self) -> list[PoolInstance]:
         """None: a previous agent's engine processes are not its children, so they cannot be stopped or watched
@@ -120,9 +200,13 @@ class LocalDriver:
             else:
                 process.popen.kill()
                 await asyncio.to_thread(process.popen.wait, 5)
-        process.log_file.close()
+        if process.log_file is not None:
+            process.log_file.close()
 
     async def close(self) -> None:
+        standbys, self.standbys = self.standbys, []
+        for standby in standbys:
+            await asyncio.to_thread(standby.close)
         for instance_id in list(self.processes):
             await self.stop(instance_id, graceful=False)
 
