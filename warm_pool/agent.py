@@ -36,6 +36,7 @@ snapshot, on the agent's events).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ log = get_logger(__name__)
 Origin = Literal["registry", "external", "pool"]
 KEEPS_LEASE = frozenset({Verdict.OK, Verdict.OVERLOADED, Verdict.OLD_GENERATION})
 WARM_FAILURES_TO_REPLACE = 3  # consecutive failed health probes before a warm instance is replaced
+PROBE_RATE_WINDOW_S = 60.0  # lifeline_agent_inference_probe_rate_per_second averages over this
 
 
 @dataclass
@@ -111,6 +113,8 @@ class AgentMetrics:
                                 registry=self.registry)
         self.budget = Gauge("lifeline_agent_inference_probe_budget_per_second", "inference probes/s the region may "
                             "spend", registry=self.registry)
+        self.probe_rate = Gauge("lifeline_agent_inference_probe_rate_per_second", "inference probes/s sent over the "
+                                f"last {PROBE_RATE_WINDOW_S:g} s, admission canaries too", registry=self.registry)
         self.instances = Gauge("lifeline_agent_pool_instances", "pool instances", ["zone", "state"],
                                registry=self.registry)
         self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
@@ -175,6 +179,7 @@ class Agent:
         self._desired_seen: str | None = None  # the pool's desired version as of the last reconcile
         self.previous_version: str | None = None  # the one before it: the pool keeps a share warm on it
         self._covered_since: float | None = None  # the desired version serves the plan's count since (monotonic)
+        self._canaries_sent: collections.deque[float] = collections.deque()  # when, within PROBE_RATE_WINDOW_S
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -330,9 +335,14 @@ class Agent:
         budgeted = [i for i in self.instances.values() if self.canary_for(i.version) is not None]
         self.metrics.budget.set(self.budget.rate(len(budgeted)))
         due = set(self.budget.due([i.instance_id for i in budgeted]))
+        now = self.clock.now()
         for instance in admission + [i for i in routine if i.instance_id in due]:
             instance.canary_task = asyncio.create_task(self._run_canary(instance),
                                                        name=f"canary-{instance.instance_id}")
+            self._canaries_sent.append(now)
+        while self._canaries_sent and self._canaries_sent[0] <= now - PROBE_RATE_WINDOW_S:
+            self._canaries_sent.popleft()
+        self.metrics.probe_rate.set(len(self._canaries_sent) / PROBE_RATE_WINDOW_S)
 
     def _needs_admission(self, instance: Instance) -> bool:
         """An admission canary (at once, outside the budget): a loading instance, or one the agent would lease

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from common.clock import ManualClock
+from contract.lease import Registration
 from warm_pool.budget import ProbeBudget
 
 pytestmark = pytest.mark.unit
@@ -87,3 +88,34 @@ def test_a_tighter_budget_is_configurable() -> None:
 def test_budget_refuses_a_nonsense_rate() -> None:
     with pytest.raises(ValueError, match="per_instance_per_s"):
         ProbeBudget(ManualClock(), per_instance_per_s=0)
+
+
+async def test_the_agent_keeps_the_budget_with_30_engines_and_shows_its_probe_rate() -> None:
+    """The whole agent (not the bucket alone): 30 engines for 75 s; every inference probe reaches an
+    engine, and the metrics say the rate the agent spends and the rate it may."""
+    from tests.unit.warm_pool.test_pool_agent import Fleet, ScriptedEngine, make_agent, settle
+
+    clock, fleet = ManualClock(), Fleet()
+    agent, registry, _ = make_agent(fleet, clock)
+    for instance_id in INSTANCES:  # engines that renew their own leases: no admission canary, only the budget's
+        fleet.engines[instance_id] = ScriptedEngine(instance_id)
+        await registry.register(Registration(instance_id, f"http://{instance_id}", "v1", "z1", "r1"))
+    seconds, step = 75, 1.0
+    sent: list[tuple[float, int]] = []
+    for _ in range(int(seconds / step)):
+        for instance_id in INSTANCES:  # they renew their own leases
+            await registry.renew(instance_id, registry.leases[instance_id].generation)
+        await settle(agent, clock, step=step)
+        sent.append((clock.now(), sum(e.canaries for e in fleet.engines.values())))
+
+    metric = agent.metrics.registry.get_sample_value
+    total = sum(e.canaries for e in fleet.engines.values())
+    assert sum(metric("lifeline_agent_inference_probes_total", {"verdict": v}) or 0 for v in ("ok", "wrong_output",
+               "timeout", "error", "overloaded")) == total
+    assert metric("lifeline_agent_inference_probe_budget_per_second", {}) == pytest.approx(30 * 0.1)
+    assert total <= 30 * 0.1 * (seconds + 1)
+    for (t0, n0), (t1, n1) in zip(sent, sent[10:]):  # every 10 s window
+        assert n1 - n0 <= 30 * 0.1 * (t1 - t0 + 1)
+    rate = metric("lifeline_agent_inference_probe_rate_per_second", {})
+    assert rate is not None and 30 * 0.1 * 0.7 <= rate <= 30 * 0.1 * (60 + 1) / 60
+    assert all(e.canaries >= 1 for e in fleet.engines.values())
