@@ -49,18 +49,20 @@ def _drill_dispatch(settings: ControlPlaneSettings, clock: Clock) -> Callable[[i
     return dispatch
 
 
-def _cutover_wiring(settings: ControlPlaneSettings) -> tuple[list[object], object | None]:
-    """The tiers' drivers and the cutover policy from `cutover_drivers_file`; a bad file stops start-up naming its key.
+def _cutover_wiring(settings: ControlPlaneSettings) -> tuple[list[object], object | None, object | None]:
+    """The tiers' drivers, the cutover policy and the capacity plans from `cutover_drivers_file`.
 
-    The drivers poll real routing systems, so they time their timeouts and time to effect on the system
-    clock, whatever clock the app is given. No `[policy]` table: None (the code defaults).
+    A bad file stops start-up naming its key. The drivers poll real routing systems, so they time their
+    timeouts and time to effect on the system clock, whatever clock the app is given. No `[policy]`
+    table: None (the code defaults); no `[[capacity.plans]]`: None (`assertion.capacity` is skipped).
     """
     if settings.cutover_drivers_file is None:
-        return [], None
+        return [], None, None
     from cutover.driver_config import build_drivers, load
 
     config = load(settings.cutover_drivers_file)
-    return list(build_drivers(config, clock=SystemClock())), config.policy.build() if config.policy else None
+    return (list(build_drivers(config, clock=SystemClock())), config.policy.build() if config.policy else None,
+            config.capacity.build() if config.capacity else None)
 
 
 def create_app(
@@ -100,7 +102,9 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
-    app.state.cutover_drivers, app.state.cutover_policy = _cutover_wiring(settings)
+    # the cutover tiers' drivers, policy and capacity plans (cutover/driver_config.py)
+    wiring = _cutover_wiring(settings)
+    app.state.cutover_drivers, app.state.cutover_policy, app.state.cutover_capacity = wiring
     app.state.metrics = ControlPlaneMetrics(collectors=[build_replication_collector(
         session_factory=app.state.read_session_factory, clock=app.state.clock,
         s3_endpoint_url=settings.s3_endpoint_url)])  # replication lag and RPO_context, at scrape time

@@ -3,8 +3,9 @@
 Like `lifeline catalog`, these talk to the database through the service
 and flows, not to the API: a cutover or its rollback must still be
 possible when the control-plane API is what is down. The CLI acts with the
-built-in l7 tier (the snapshot); other tiers' drivers are configured in the
-control-plane process. Whoever can run this holds the database
+tiers the served control plane has: the snapshot's l7 and mesh, and the
+drivers, policy and capacity plans of `LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE`
+(cutover/driver_config.py). Whoever can run this holds the database
 credentials, so break-glass needs only `--reason` here; every mutation is
 audited as `cli:<user>` and writes the same events as the API.
 
@@ -71,9 +72,11 @@ def _run(settings: ControlPlaneSettings, *, action: str, target: str, work: Call
         typer.echo(f"error: bad configuration: {exc}", err=True)
         raise typer.Exit(2) from None
     policy = config.policy.build() if config is not None and config.policy is not None else CutoverPolicy()
+    capacity = config.capacity.build() if config is not None and config.capacity is not None else None
     with audited_command(settings, action=action, target=target), cli_database(settings) as factory:
         read_factory = build_session_factory(factory.kw["bind"], read_only=True)
-        runtime = CutoverRuntime(factory=factory, clock=clock, record_unconfigured=True, policy=policy, drivers=[
+        runtime = CutoverRuntime(factory=factory, clock=clock, record_unconfigured=True, policy=policy,
+                                 capacity=capacity, drivers=[
             SnapshotL7Driver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
             SnapshotMeshDriver(factory, read_factory=read_factory, clock=clock, sleep=time.sleep),
             *configured])

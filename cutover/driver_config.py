@@ -29,6 +29,11 @@ The l7 and mesh tiers through Lifeline's own snapshot are always there.
     [policy.step_timeouts]
     dns = 120                       #   Route 53 can take a minute to be INSYNC
 
+    [[capacity.plans]]              assertion.capacity: the warm-pool plan of each region
+    region = "eu"; zones = ["eu-a", "eu-b"]     #   `lifeline pool plan`'s inputs, by their names
+    demand_seqs = 300; demand_tokens_per_s = 9000; context_tokens = 1500
+    instance_seqs = 16; instance_tokens_per_s = 800; instance_prefill_tokens_per_s = 8000
+
     [istio]                         mesh: Istio VirtualService weights
     kubeconfig = "/etc/lifeline/kubeconfig"     #   or host + token_file (+ ca_file)
     [[istio.routes]]
@@ -56,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, FilePath, StringConstraints, 
 
 from common.clock import Clock
 from controlplane.types import Name
+from cutover.capacity import CapacityConfig
 from cutover.models import CutoverTier, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.tiers import Scope, ScopedTierDriverAdapter, StepDriver, TierDriverAdapter
@@ -224,6 +230,7 @@ class CutoverDriversConfig(_Config):
     anycast: AnycastConfig | None = None
     dns: DnsConfig | None = None
     istio: IstioConfig | None = None
+    capacity: CapacityConfig | None = None
 
     def configured_tiers(self) -> list[CutoverTier]:
         tiers = {CutoverTier.L7, CutoverTier.MESH}  # the snapshot's, always

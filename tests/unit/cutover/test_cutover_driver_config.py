@@ -172,3 +172,61 @@ def test_the_policy_table_sets_the_workflows_tunables_and_per_tier_step_timeouts
 def test_a_bad_policy_names_its_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(CutoverDriverConfigError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
         load(_write(tmp_path, text))
+
+
+# ------------------------------------------------------------------ capacity: the warm-pool plan per region
+
+CAPACITY = """
+[[capacity.plans]]
+region = "eu"
+zones = ["eu-a", "eu-b"]
+demand_seqs = 300
+demand_tokens_per_s = 100
+context_tokens = 100
+instance_seqs = 10
+instance_tokens_per_s = 1000
+instance_prefill_tokens_per_s = 10000
+[[capacity.plans]]
+region = "us"
+zones = "us-a"
+tier = "cold"
+demand_seqs = 100
+demand_tokens_per_s = 100
+context_tokens = 100
+instance_seqs = 10
+instance_tokens_per_s = 1000
+instance_prefill_tokens_per_s = 10000
+"""
+
+
+def test_capacity_plans_give_the_assertion_the_warm_pool_plans_figures(tmp_path: Path) -> None:
+    from contract.capacity import PlanInputs, plan_inputs
+
+    config = load(_write(tmp_path, CAPACITY))
+    assert config.capacity is not None
+    capacity = config.capacity.build()
+    us = plan_inputs(PlanInputs(region="us", zones=["us-a"], tier="cold", demand_seqs=100, demand_tokens_per_s=100,
+                                context_tokens=100, instance_seqs=10, instance_tokens_per_s=1000,
+                                instance_prefill_tokens_per_s=10000))
+    # eu out: only us's serving + warm instances are left, for both regions' demand
+    assert capacity.capacity_after([EU]) == ((us.serving + us.warm) * 10, 400)
+    everything, _ = capacity.capacity_after([])
+    less, _ = capacity.capacity_after([EU_A])
+    assert 0 < less < everything
+    assert load(_write(tmp_path, "")).capacity is None
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [
+    ("instance_seqs = 10\ninstance_tokens_per_s = 1000\ninstance_prefill_tokens_per_s = 10000\n[[",
+     "instance_seqs = 0\ninstance_tokens_per_s = 1000\ninstance_prefill_tokens_per_s = 10000\n[[",
+     "capacity.plans.0: Value error, instance_seqs must be"),
+    ('zones = ["eu-a", "eu-b"]', 'zones = ["eu-a"]', "capacity.plans.0: Value error, zones:"),
+    ('region = "us"', 'region = "eu"', "capacity.plans: Value error, one plan per region"),
+    ('tier = "cold"', 'tier = "cold"\ncolour = "blue"', "capacity.plans.1.colour: Extra inputs"),
+    ('region = "us"', 'region = "u s"', "capacity.plans.1.region"),
+])
+def test_a_bad_capacity_plan_stops_start_up_naming_the_key(tmp_path: Path, old: str, new: str, key: str) -> None:
+    assert old in CAPACITY
+    with pytest.raises(CutoverDriverConfigError) as refused:
+        load(_write(tmp_path, CAPACITY.replace(old, new, 1)))
+    assert key in str(refused.value)
