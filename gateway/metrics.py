@@ -23,8 +23,10 @@ class GatewayMetrics:
         self.session_turns = Counter("lifeline_gateway_session_turns", "Session turns answered", ["session_class"], registry=r)
         self.session_context_tokens = Counter("lifeline_gateway_session_context_tokens", "Context tokens session turns carried (the prompt up to the last answer)", ["session_class"], registry=r)
         self.session_context_recomputed = Histogram(
-            "lifeline_gateway_session_context_recomputed_tokens", "Context tokens a session turn prefilled again (context - engine cached_tokens)",
-            ["session_class"], buckets=(0, 16, 64, 256, 1024, 4096, 16384), registry=r,
+            "lifeline_gateway_session_context_recomputed_tokens",
+            "Context tokens a session turn prefilled again (context - engine cached_tokens); continuity=elsewhere: "
+            "the previous turn was not recorded in this region (a failover)",
+            ["session_class", "continuity"], buckets=(0, 16, 64, 256, 1024, 4096, 16384), registry=r,
         )
         self.session_checkpoints = Counter("lifeline_gateway_session_checkpoints", "Session KV checkpoints asked of engines, by outcome", ["session_class", "outcome"], registry=r)
         self.session_checkpointed_tokens = Counter("lifeline_gateway_session_checkpointed_tokens", "Context positions session checkpoints hold", ["session_class"], registry=r)

@@ -20,7 +20,13 @@ Per turn:
 - *context_recomputed_tokens* = context − cached (at least 0): the context the
   turn re-prefilled. After a region loss it is the RPO_context actually paid;
   it is on the response (`lifeline.session`), in the log (`session turn`) and
-  in `lifeline_gateway_session_context_recomputed_tokens`.
+  in `lifeline_gateway_session_context_recomputed_tokens{continuity}`.
+- *continuity*: `here` when this region's session store holds the previous
+  turn's record, `elsewhere` when it does not yet the prompt carries context
+  (the previous turn was served in another region — a failover — or its
+  record was lost). Every turn re-prefills its context's last partial block,
+  fault or not; summed over `continuity="elsewhere"` the histogram is what
+  faults cost, not that ordinary remainder.
 
 After the turn (in the background, never delaying the client's last event) the
 record is updated and, when `checkpoint_due`, the engine that served the last
@@ -95,13 +101,18 @@ class SessionTurn:
         return (self.record.turns if self.record else 0) + 1
 
     @property
+    def continuity(self) -> str:
+        return "elsewhere" if self.record is None and self.context_tokens > 0 else "here"
+
+    @property
     def context_recomputed_tokens(self) -> int | None:
         return None if self.cached_tokens is None else max(0, self.context_tokens - self.cached_tokens)
 
     def figures(self) -> dict[str, Any]:
         return {"id": self.session_id, "class": self.session_class, "turn": self.turn,
                 "mode": self.policy.mode if self.policy else None, "context_tokens": self.context_tokens,
-                "cached_tokens": self.cached_tokens, "context_recomputed_tokens": self.context_recomputed_tokens}
+                "cached_tokens": self.cached_tokens, "context_recomputed_tokens": self.context_recomputed_tokens,
+                "continuity": self.continuity}
 
 
 def session_id_of(headers: Mapping[str, str], body: GatewaySampling) -> str | None:
@@ -200,8 +211,8 @@ class SessionKeeper:
         self.metrics.session_turns.labels(session_class=turn.session_class).inc()
         self.metrics.session_context_tokens.labels(session_class=turn.session_class).inc(turn.context_tokens)
         if turn.context_recomputed_tokens is not None:
-            self.metrics.session_context_recomputed.labels(session_class=turn.session_class).observe(
-                turn.context_recomputed_tokens)
+            self.metrics.session_context_recomputed.labels(
+                session_class=turn.session_class, continuity=turn.continuity).observe(turn.context_recomputed_tokens)
         log.info("session turn", **turn.figures(), policy_revision=turn.policy.revision if turn.policy else None)
         key = (turn.model, turn.session_id)
         task = asyncio.create_task(self._record(turn, engine_url, answer_ids, answer_text),

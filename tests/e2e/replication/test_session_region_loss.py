@@ -165,7 +165,9 @@ def test_sessions_continue_at_the_standby_with_the_declared_rpo_context_after_th
         assert support["context_recomputed_tokens"] > chat["context_recomputed_tokens"]
         assert system["context_recomputed_tokens"] == system["context_tokens"]  # rebuildable: all of it
         recomputed = sum(m["context_recomputed_tokens"] for m in measured.values())
-        assert standby_gw.metric("lifeline_gateway_session_context_recomputed_tokens_sum") == recomputed
+        assert all(m["continuity"] == "elsewhere" for m in measured.values())  # the standby never saw them
+        assert standby_gw.metric("lifeline_gateway_session_context_recomputed_tokens_sum",
+                                 {"continuity": "elsewhere"}) == recomputed
 
         # Another block size reads the same standby store: a miss, never a misuse; the same tokens.
         other = engine_factory("standby-block8", extra_args=["--kv-block-tokens", "8", "--kv-checkpoint-store",

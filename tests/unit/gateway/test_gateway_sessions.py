@@ -14,7 +14,7 @@ from contract.snapshot import ReplicationPolicyEntry
 from gateway.engine_client import EngineToken
 from gateway.errors import BadRequest
 from gateway.schemas import CompletionRequest
-from gateway.sessions import SessionKeeper
+from gateway.sessions import SessionKeeper, SessionTurn
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
 
 pytestmark = pytest.mark.unit
@@ -48,6 +48,16 @@ def record(**fields) -> SessionRecord:
 ])
 def test_checkpoint_due_follows_the_policys_key_points(entry, state, now, due):
     assert checkpoint_due(entry, record(**state), now=now) is due
+
+
+@pytest.mark.parametrize("previous, context, continuity", [
+    (None, 0, "here"),  # a session's first turn
+    (record(turns=2, context_tokens=40), 40, "here"),
+    (None, 40, "elsewhere"),  # the prompt carries context this region never recorded: a failover
+])
+def test_a_turn_whose_previous_turn_this_region_never_recorded_is_counted_elsewhere(previous, context, continuity):
+    turn = SessionTurn("s", "chat", "m", policy(), previous, context, lambda ids, _: ids, cached_tokens=0)
+    assert (turn.continuity, turn.figures()["continuity"]) == (continuity, continuity)
 
 
 class FakeEngineAdmin:
@@ -112,7 +122,9 @@ async def test_a_critical_session_is_checkpointed_after_every_turn_and_measures_
     assert (stored.turns, stored.checkpointed_turn, stored.checkpointed_tokens, stored.context_tokens) == (2, 2, 8, 9)
     assert stored.checkpoint_key == "kv/r/manifests/h8.json"
     histogram = h.metrics.registry.get_sample_value
-    assert histogram("lifeline_gateway_session_context_recomputed_tokens_sum", {"session_class": "chat"}) == 1
+    assert (first["continuity"], second["continuity"]) == ("here", "here")
+    assert histogram("lifeline_gateway_session_context_recomputed_tokens_sum",
+                     {"session_class": "chat", "continuity": "here"}) == 1
     assert histogram("lifeline_gateway_session_checkpoints_total", {"session_class": "chat", "outcome": "written"}) == 2
 
 
