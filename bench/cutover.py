@@ -17,6 +17,12 @@ Lifeline's own snapshot for l7 and mesh. The snapshot rows verify by the
 snapshot version alone (no gateway reports here): gateways' poll interval
 comes on top (bench/snapshot_propagation.py measures that).
 
+One row is a whole cross-tier cutover: a zonal shift of zone-a
+(`cutover.zonal_shift.start` → its cutover `completed`: the snapshot's l7
+drain, the snapshot's mesh weights to 0, then ExaBGP's withdrawal verified
+at BIRD, in that order), cancelled (rolled back, timed) before the next.
+It is judged by its slowest tier's band (anycast: seconds).
+
 For DNS a client sees the new answer only once its cached copy expires:
 "client sees it by" adds the replaced answer's TTL (60 s, the short
 external record of the dual TTL), which is what the seed's DNS band is about.
@@ -42,7 +48,7 @@ from bench.cutover_drivers import _pct, anycast_driver, bind_driver, haproxy_dri
 from bench.docs import replace_section
 from common.clock import SystemClock
 from controlplane.db import build_engine, build_session_factory, session_scope
-from cutover import flows
+from cutover import flows, zonal_shift
 from cutover import service as cutover_service
 from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy
@@ -124,6 +130,34 @@ def run_row(factory: Any, reads: Any, tier: CutoverTier, system: str, scope: Sco
     return Row(tier, system, scope, execute_s, effect_s, rollback_s, ttl)
 
 
+def run_zonal_shift(factory: Any, reads: Any, drivers: list[StepDriver], runs: int) -> Row:
+    """`zonal_shift.start` of zone-a until its cutover completed (every tier's step verified), then `cancel`."""
+    runtime = CutoverRuntime(factory=factory, clock=SystemClock(), drivers=drivers, policy=POLICY,
+                             read_factory=reads)
+    execute_s, effect_s, rollback_s = [], [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        shift = zonal_shift.start(runtime, region=ZONE_A.region, zone=ZONE_A.name, expires_in=timedelta(hours=1),
+                                  reason="bench", actor="bench")
+        execute_s.append(time.perf_counter() - started)
+        with session_scope(reads) as session:
+            cutover = cutover_service.get_or_raise(session, cutover_id=shift.cutover_id)
+            tiers = [s.tier for s in cutover.steps]
+            effect_s.append(sum(float((s.evidence or {}).get("time_to_effect_s", 0.0)) for s in cutover.steps))
+            if cutover.state != "completed" or tiers != ["l7", "mesh", "anycast"]:
+                raise SystemExit(f"zonal shift #{shift.id}: cutover #{cutover.id} ended {cutover.state} with "
+                                 f"steps {tiers}: {cutover.failure}")
+        started = time.perf_counter()
+        ended = zonal_shift.cancel(runtime, shift_id=shift.id, actor="bench", reason="bench: next run")
+        rollback_s.append(time.perf_counter() - started)
+        if ended.end_reason != "cancelled":
+            raise SystemExit(f"zonal shift #{shift.id} did not end by cancel: {ended.end_reason}")
+    return Row(CutoverTier.ANYCAST, ZONAL_SHIFT_SYSTEM, ZONE_A, execute_s, effect_s, rollback_s, None)
+
+
+ZONAL_SHIFT_SYSTEM = "zonal shift: l7 + mesh (snapshot), then ExaBGP → BIRD (3 steps)"
+
+
 # ---------------------------------------------------------------- the tiers' drivers
 
 
@@ -151,6 +185,9 @@ def snapshot_mesh(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDrive
 
     clock = SystemClock()
     with session_scope(factory) as session:
+        if session.query(MeshRouteRecord).filter_by(model="m").count():  # the zonal-shift row reuses it
+            yield SnapshotMeshDriver(factory, read_factory=reads, clock=clock, poll_interval_s=0.005)
+            return
         session.add(MeshRouteRecord(model="m", region=ANY, cohort=ANY, revision=1, reason="bench", updated_by="bench",
                                     updated_at=clock.utcnow(), destinations=[
                                         {"version": "v1", "zone": "zone-a", "weight": 50},
@@ -218,7 +255,9 @@ def report(runs: int, rows: list[Row]) -> str:
         "`flows.execute` of a planned cutover until `completed` (claim, safety rules, before-state committed, write, "
         "verification at the real system, step event, final re-read of every step); *driver* is the step's own "
         "write → verified (`time_to_effect_s` in its evidence); *client sees it by* adds the TTL clients may still "
-        "cache (DNS: the replaced answer's 60 s). The seed's band is beaten when that p99 is under its upper edge.",
+        "cache (DNS: the replaced answer's 60 s). The seed's band is beaten when that p99 is under its upper edge. "
+        "The zonal shift row is one cutover across three tiers: *cutover* is `zonal_shift.start` until its cutover "
+        "is completed, *driver* its three steps' write → verified summed, *rollback* its `cancel`.",
         "",
         "| tier | system | runs | driver p50 ms | cutover p50 ms | cutover p99 ms | rollback p50 ms "
         "| client sees it by (p99) | seed band | beats it |",
@@ -229,8 +268,9 @@ def report(runs: int, rows: list[Row]) -> str:
         client = p99 + (r.client_cache_ttl_s or 0)
         band, edge = BANDS[r.tier]
         shown = f"{client:.1f} s" if r.client_cache_ttl_s else f"{client * ms:.1f} ms"
+        tier = "l7 → mesh → anycast" if r.system == ZONAL_SHIFT_SYSTEM else r.tier.value
         lines.append(
-            f"| {r.tier.value} | {r.system} | {len(r.execute_s)} | {statistics.median(r.effect_s) * ms:.1f} "
+            f"| {tier} | {r.system} | {len(r.execute_s)} | {statistics.median(r.effect_s) * ms:.1f} "
             f"| {statistics.median(r.execute_s) * ms:.1f} | {p99 * ms:.1f} | {statistics.median(r.rollback_s) * ms:.1f} "
             f"| {shown} | {band} | {'yes' if client < edge else 'no'} |")
     lines += [
@@ -248,8 +288,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md")
-    parser.add_argument("--only", choices=[t.value for t in CutoverTier], action="append",
-                        help="run only these tiers (repeatable)")
+    parser.add_argument("--only", choices=[*(t.value for t in CutoverTier), "zonal-shift"], action="append",
+                        help="run only these tiers, or the zonal-shift row (repeatable)")
     args = parser.parse_args()
     if args.runs < 20:
         parser.error("--runs must be at least 20 (p99 over fewer is meaningless)")
@@ -264,6 +304,13 @@ def main() -> None:
                     driver = stack.enter_context(setup(factory, reads, Path(tmp) / str(index)))
                     rows.append(run_row(factory, reads, tier, system, scope, driver, args.runs))
                 print(f"{tier.value}: {system}: done", flush=True)
+            if not args.only or "zonal-shift" in args.only:
+                with ExitStack() as stack:
+                    drivers = [stack.enter_context(setup(factory, reads, Path(tmp) / f"shift-{name}"))
+                               for name, setup in (("l7", snapshot_l7), ("mesh", snapshot_mesh),
+                                                   ("anycast", anycast))]
+                    rows.append(run_zonal_shift(factory, reads, drivers, args.runs))
+                print(f"zonal shift: {ZONAL_SHIFT_SYSTEM}: done", flush=True)
         finally:
             engine.dispose()
     table = report(args.runs, rows)

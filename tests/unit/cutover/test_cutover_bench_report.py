@@ -22,3 +22,12 @@ def test_the_table_judges_each_tier_by_its_band_and_adds_the_dns_ttl() -> None:
     assert [r.split(" | ")[-1] for r in rows] == ["yes |", "no |", "yes |", "no |"]
     assert "| 60.1 s |" in rows[2] and "| 600.1 s |" in rows[3]
     assert "| 50.0 | 50.0 |" in rows[0]  # cutover p50 and p99 in ms
+
+
+def test_the_zonal_shift_row_names_its_three_tiers_and_is_judged_by_the_slowest_band() -> None:
+    from bench.cutover import ZONAL_SHIFT_SYSTEM
+
+    shift = Row(CutoverTier.ANYCAST, ZONAL_SHIFT_SYSTEM, ZONE_A, [2.0] * 20, [0.01] * 20, [1.0] * 20, None)
+    (row,) = [line for line in report(20, [shift]).splitlines() if ZONAL_SHIFT_SYSTEM in line]
+    assert row.startswith("| l7 → mesh → anycast | ")
+    assert row.endswith("| seconds | yes |")  # 2 s is beyond l7's and mesh's bands, inside anycast's
