@@ -14,9 +14,12 @@ requests the dead engine had in flight (the gateway continues those).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +63,75 @@ class RegionView(BaseModel):
     tensors: list[TensorSpec]
 
 
+# Where the holder keeps the weights tenants compute on: "cpu" (the region file itself) or a CUDA device.
+DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
+
+
+def normalize_device(device: str) -> str:
+    """'cpu', or 'cuda:N' ('cuda' is device 0); ValueError for anything else."""
+    if not re.fullmatch(DEVICE_PATTERN, device):
+        raise ValueError(f"device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+    return "cuda:0" if device == "cuda" else device
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode("ascii")
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value, validate=True)
+
+
+class CudaIpcHandle(BaseModel):
+    """A CUDA allocation exported by the holder: the fields of torch's `UntypedStorage._share_cuda_()`.
+
+    The tenant hands them back to `UntypedStorage._new_shared_cuda(*handle.share_args())`,
+    which opens the allocation (`cudaIpcOpenMemHandle`) in its own process: a view of the
+    holder's device memory, nothing copied. Bytes travel base64-encoded; `share_args` gives
+    back exactly the tuple `_share_cuda_` returned (tested on CPU, tests/unit/holder).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_index: int = Field(ge=0)
+    handle: str  # base64 of the cudaIpcMemHandle_t bytes
+    storage_size_bytes: int = Field(ge=0)
+    storage_offset_bytes: int = Field(ge=0)
+    ref_counter_handle: str  # base64 of the name of torch's shared reference counter
+    ref_counter_offset: int = Field(ge=0)
+    event_handle: str | None  # base64 of the cudaIpcEventHandle_t, when the producer recorded one
+    event_sync_required: bool
+
+    @classmethod
+    def from_share_args(cls, args: tuple[Any, ...]) -> CudaIpcHandle:
+        device, handle, size, offset, ref_handle, ref_offset, event_handle, event_sync = args
+        return cls(device_index=int(device), handle=_b64(handle), storage_size_bytes=int(size),
+                   storage_offset_bytes=int(offset), ref_counter_handle=_b64(ref_handle),
+                   ref_counter_offset=int(ref_offset), event_handle=_b64(event_handle),
+                   event_sync_required=bool(event_sync))
+
+    def share_args(self) -> tuple[Any, ...]:
+        return (self.device_index, _unb64(self.handle), self.storage_size_bytes, self.storage_offset_bytes,
+                _unb64(self.ref_counter_handle), self.ref_counter_offset, _unb64(self.event_handle),
+                self.event_sync_required)
+
+
+class DeviceCopy(BaseModel):
+    """The sealed region's bytes on a CUDA device, same layout (the region's `TensorSpec` offsets).
+
+    Not in the ledger: a device allocation dies with the holder process, so a
+    restarted holder uploads again from the region file it adopted (checked
+    against its seal), never from unverified device memory.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str = Field(pattern=DEVICE_PATTERN)
+    size: int = Field(ge=0)  # = region.size
+    region_checksum: str  # the seal of the region file it was copied from
+    ipc: CudaIpcHandle
+
+
 class WeightsDescription(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +140,7 @@ class WeightsDescription(BaseModel):
     config_sha256: str  # of config.json: a tenant refuses weights for another architecture
     dtype: str
     region: RegionView
+    device_copy: DeviceCopy | None = None  # with the holder's `device: cuda[:N]`: open it through CUDA IPC
 
 
 class AttachRequest(BaseModel):

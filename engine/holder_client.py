@@ -7,6 +7,12 @@ mapped copy-on-write (`MAP_PRIVATE`): reads share the holder's pages, and a
 tenant that writes into a weight (a fault drill, a bug) gets a private copy of
 that page instead of corrupting every other tenant's weights.
 
+On a GPU (`holder serve --device cuda[:N]`) the holder also keeps the region's
+bytes in one device allocation and exports its CUDA IPC handle in the
+description; `map_device_weights` opens it and builds the same views there.
+The reference engine computes on CPU and keeps using `map_weights`; a CUDA
+tenant uses `map_device_weights` with the same attach, lease and confirm.
+
 `HolderTenancy` keeps the tenant's lease: a heartbeat every
 `heartbeat_interval_s` (1 s) from a daemon thread, `confirm` once the
 self-test passed (the holder then ends a takeover), `release` on a clean
@@ -85,6 +91,37 @@ def map_weights(description: WeightsDescription) -> dict[str, torch.Tensor]:
     for spec in region.tensors:
         array = mapped[spec.offset:spec.offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
         weights[spec.name] = torch.from_numpy(array)
+    return weights
+
+
+def map_device_weights(description: WeightsDescription, device: str) -> dict[str, torch.Tensor]:
+    """One tensor per weight, each a view into the holder's device allocation opened through CUDA IPC.
+
+    The holder must hold a device copy on this very device (`holder serve --device`);
+    anything else is `HolderUnavailable` (a miss: the caller loads as it would without
+    the holder). Opening the handle maps the holder's allocation into this process
+    (`cudaIpcOpenMemHandle`); the views are offsets into it, nothing is copied. A
+    process cannot open its own export: the holder and the tenant are always two processes.
+    """
+    copy = description.device_copy
+    if copy is None:
+        raise HolderUnavailable("the holder keeps no device copy of its weights (holder serve --device cuda)")
+    if copy.device != device:
+        raise HolderUnavailable(f"the holder's device copy is on {copy.device}; this tenant computes on {device}")
+    if copy.region_checksum != description.region.checksum or copy.size != description.region.size:
+        raise HolderUnavailable("the holder's device copy does not match its sealed region")
+    if not torch.cuda.is_available():
+        raise HolderUnavailable(f"the holder's weights are on {copy.device}, but this process sees no CUDA device")
+    try:
+        storage = torch.UntypedStorage._new_shared_cuda(*copy.ipc.share_args())
+    except RuntimeError as exc:
+        raise HolderUnavailable(f"cannot open the holder's CUDA IPC handle: {exc}") from None
+    buffer = torch.empty((0,), dtype=torch.uint8, device=copy.device)
+    buffer.set_(storage, 0, (copy.size,), (1,))
+    weights = {}
+    for spec in description.region.tensors:
+        raw = buffer[spec.offset:spec.offset + spec.nbytes]
+        weights[spec.name] = raw.view(getattr(torch, spec.dtype)).view(spec.shape)
     return weights
 
 

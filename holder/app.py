@@ -39,9 +39,10 @@ def create_app(settings: HolderSettings, *, clock: Clock | None = None) -> FastA
         app.state.holder = holder
         await asyncio.to_thread(holder.open)
         weights = await asyncio.to_thread(holder.ensure_weights)
+        weights = await asyncio.to_thread(holder.ensure_device_copy)  # a no-op with device: cpu
         await asyncio.to_thread(holder.ensure_kv_pool)
         log.info("holder ready", epoch=holder.epoch, region=weights.region.region_id, bytes=weights.region.size,
-                 shm_dir=str(holder.shm_dir))
+                 shm_dir=str(holder.shm_dir), device=settings.device)
         watcher = asyncio.create_task(_watch_leases(holder))
         try:
             yield

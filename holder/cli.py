@@ -36,6 +36,7 @@ def serve(
     heartbeat_interval: Annotated[float | None, _opt("heartbeat_interval")] = None,
     kv_blocks: Annotated[int | None, _opt("kv_blocks")] = None,
     kv_block_tokens: Annotated[int | None, _opt("kv_block_tokens")] = None,
+    device: Annotated[str | None, _opt("device")] = None,
     log_level: Annotated[str | None, _opt("log_level")] = None,
 ) -> None:
     """Hold a model's weights in shared memory for engines to attach to; keep a ledger of every allocation."""

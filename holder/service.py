@@ -93,6 +93,7 @@ class MemoryHolder:
         self.kv: KVPoolDescription | None = None
         self._kv_bytes: np.memmap | None = None  # the pool, read-only: the holder only checksums blocks
         self.replay: ReplayReport | None = None
+        self._device_mirror: Any = None  # holder.device.DeviceMirror with a CUDA device: keeps the export alive
         self._last_heartbeat: dict[str, float] = {}  # tenant id → clock.now() of its last renewal
         self._announced_frozen: set[tuple[str, int]] = set()  # log dedup only, never consulted for decisions
 
@@ -165,6 +166,23 @@ class MemoryHolder:
                     return self.weights
             region = self._reserve_weights(model_dir, meta)
             self.weights = self._describe(region)
+            return self.weights
+
+    def ensure_device_copy(self) -> WeightsDescription:
+        """With `device: cuda[:N]`, the sealed weights region uploaded to that device and exported (holder/device.py).
+
+        Raises DeviceUnavailable (naming the setting) when the device is not there: start-up stops.
+        """
+        from holder.device import DeviceMirror
+
+        with self._lock:
+            weights = self.ready_weights()
+            if self.settings.device == "cpu" or weights.device_copy is not None:
+                return weights
+            self._device_mirror = DeviceMirror(self.settings.device)
+            region = weights.region
+            copy = self._device_mirror.upload(Path(region.path), region.size, region.checksum)
+            self.weights = weights.model_copy(update={"device_copy": copy})
             return self.weights
 
     # -- the KV pool -------------------------------------------------------------------

@@ -7,10 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.durations import Seconds
+from contract.holder import normalize_device
 
 
 class HolderSettings(BaseSettings):
@@ -26,7 +27,14 @@ class HolderSettings(BaseSettings):
     heartbeat_interval: Seconds = Field(timedelta(seconds=1), description="how often tenants are told to renew")
     kv_blocks: int = Field(0, ge=0, description="KV blocks in the pool (0: hold weights only)")
     kv_block_tokens: int = Field(16, ge=1, description="token positions per KV block")
+    device: str = Field("cpu", description="cpu, or cuda[:N]: also hold the weights on that device and export "
+                        "them to tenants through CUDA IPC")
     log_level: str = "info"
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return normalize_device(value)
 
     @model_validator(mode="after")
     def _check(self) -> HolderSettings:
