@@ -12,6 +12,10 @@ path, so a new call in a driver fails loudly):
     POST   /apis/apps/v1/namespaces/{ns}/deployments            201 | 409 AlreadyExists
     PUT    /apis/apps/v1/namespaces/{ns}/deployments/{name}     200 | 409 Conflict (stale resourceVersion)
     GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,…     PodList (equality selectors only)
+    GET    /api/v1/namespaces/{ns}/pods?watch=1&resourceVersion=N&timeoutSeconds=T
+                                                                a watch: ADDED / MODIFIED / DELETED events after
+                                                                N, one JSON object a line, chunked, until T;
+                                                                410 Gone (an ERROR event) when N is compacted
     PATCH  /api/v1/namespaces/{ns}/pods/{name}                  strategic merge of metadata; a resourceVersion
                                                                 in the body is a precondition (409 if stale)
     DELETE /api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=N
@@ -32,6 +36,11 @@ Behaviour emulated, and its source in Kubernetes:
   being deleted gracefully keep a `deletionTimestamp` until
   `finish_terminations()` and no longer count toward the replicas, so the
   controller replaces them at once, as it does;
+- watches on pods, as the API server streams them: every change to a pod
+  is an event with the pod's new resourceVersion (a deletion too), kept in
+  a log a watch replays from its `resourceVersion`; `expire_watches()` is
+  etcd's compaction: open watches end and a watch from before it gets an
+  ERROR event with a 410 `Expired` Status, so the client must list again;
 - pods start Running with an IP and not Ready; `set_ready()` is the kubelet's
   readiness probe passing; `kill_pod()` is a node lost;
 - every body received is validated by `kubernetes_validate` (strict) for
@@ -50,7 +59,7 @@ Behaviour emulated, and its source in Kubernetes:
   `interfere_virtual_service(n)` is another writer landing before each of
   the next n PUTs.
 
-Not emulated: watches, field selectors, set-based label selectors,
+Not emulated: watches of other kinds, bookmarks, field selectors, set-based label selectors,
 server-side apply, JSON patch, admission, scheduling.
 """
 
@@ -114,6 +123,12 @@ class KubeApiEmulator:
         self._vs_interference: list[Callable[[dict[str, Any]], None]] = []
         self._istiod_paused = False
         self._server: ThreadingHTTPServer | None = None
+        self._changed = threading.Condition(self._lock)  # a pod event was logged, or watches expired
+        self._pod_events: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, type, namespace, pod as served)
+        self._compacted_to = 0  # a watch from a resourceVersion below this gets 410 Gone
+        self._watch_epoch = 0  # bumped by expire_watches(): open watches end
+        self._latest = 0  # the last resourceVersion written (a list is consistent as of it)
+        self.watches = 0  # watch requests served
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -147,6 +162,9 @@ class KubeApiEmulator:
         return self
 
     def stop(self) -> None:
+        with self._lock:
+            self._watch_epoch += 1
+            self._changed.notify_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -169,18 +187,29 @@ class KubeApiEmulator:
             pod = self.pods[(namespace, pod_name)]
             pod["status"]["conditions"] = [_condition("Ready", ready), _condition("ContainersReady", ready)]
             self._bump(pod)
+            self._pod_event("MODIFIED", pod)
 
     def kill_pod(self, pod_name: str, namespace: str = "default") -> None:
         """The node is gone: the pod vanishes without a grace period, and its ReplicaSet replaces it."""
         with self._lock:
-            owner = self.pods.pop((namespace, pod_name))["metadata"]["labels"].get("_owner")
+            pod = self.pods.pop((namespace, pod_name))
+            self._pod_event("DELETED", pod)
+            owner = pod["metadata"]["labels"].get("_owner")
             self._reconcile_owner(namespace, owner)
 
     def finish_terminations(self) -> None:
         """Every pod being deleted gracefully has exited."""
         with self._lock:
             for key in [k for k, pod in self.pods.items() if pod["metadata"].get("deletionTimestamp")]:
-                del self.pods[key]
+                self._pod_event("DELETED", self.pods.pop(key))
+
+    def expire_watches(self) -> None:
+        """etcd compacted its history: open watches end, and one resumed from before now is 410 Gone."""
+        with self._lock:
+            self._latest = self._compacted_to = next(self._revision)  # etcd's compaction is a revision too
+            self._pod_events.clear()
+            self._watch_epoch += 1
+            self._changed.notify_all()
 
     def pods_of(self, deployment: str, namespace: str = "default") -> list[dict[str, Any]]:
         with self._lock:
@@ -227,6 +256,10 @@ class KubeApiEmulator:
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        if handler.command == "GET" and query.get("watch") in ("1", "true", "True") and \
+                (match := _PODS.match(parts.path)) and match["name"] is None:
+            self._serve_watch(handler, match["ns"], query)
+            return
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
@@ -346,9 +379,10 @@ class KubeApiEmulator:
             pod["metadata"]["_seq"] = seq
             self._bump(pod)
             self.pods[(ns, pod_name)] = pod
+            self._pod_event("ADDED", pod)
         if len(active) > want:
             for key, _ in sorted(active, key=_deletion_rank)[: len(active) - want]:
-                del self.pods[key]
+                self._pod_event("DELETED", self.pods.pop(key))
         replicas = [p for key, p in self.pods.items() if key[0] == ns and p["metadata"]["labels"]["_owner"] == name
                     and not p["metadata"].get("deletionTimestamp")]
         deployment["status"] = {"replicas": len(replicas), "readyReplicas": sum(_ready(p) for p in replicas),
@@ -403,7 +437,7 @@ class KubeApiEmulator:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
         items = [_public(p) for (pns, _), p in sorted(self.pods.items(), key=lambda kv: kv[1]["metadata"]["_seq"])
                  if pns == ns and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
-        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": str(self._last())},
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": str(self._latest)},
                 "items": items}
 
     def _pod(self, ns: str, name: str) -> dict[str, Any]:
@@ -423,6 +457,7 @@ class KubeApiEmulator:
             merged = {**pod["metadata"].get(section, {}), **meta.get(section, {})}
             pod["metadata"][section] = {k: v for k, v in merged.items() if v is not None}
         self._bump(pod)
+        self._pod_event("MODIFIED", pod)
         return _public(pod)
 
     def _delete_pod(self, ns: str, name: str, grace: int | None) -> dict[str, Any]:
@@ -430,20 +465,85 @@ class KubeApiEmulator:
         self.deleted.append((name, grace))
         if grace == 0:
             del self.pods[(ns, name)]
+            self._pod_event("DELETED", pod)
         else:
             pod["metadata"].setdefault("deletionTimestamp", _now())
             pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace is None else grace
             self._bump(pod)
+            self._pod_event("MODIFIED", pod)
         self._reconcile_owner(ns, pod["metadata"]["labels"].get("_owner"))
         return _public(pod)
 
+    # -- pod watches ----------------------------------------------------------------------------------
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        """Log a change for watches (a deletion is a write too: it gets a resourceVersion of its own)."""
+        if kind == "DELETED":
+            pod = copy.deepcopy(pod)
+            self._bump(pod)
+        self._pod_events.append((int(pod["metadata"]["resourceVersion"]), kind, pod["metadata"]["namespace"],
+                                 {**_public(pod), "_labels": dict(pod["metadata"].get("labels", {}))}))
+        self._changed.notify_all()
+
+    def _serve_watch(self, handler: BaseHTTPRequestHandler, ns: str, query: dict[str, str]) -> None:
+        """Stream the events after `resourceVersion` until `timeoutSeconds` (chunked, one JSON event a line)."""
+        wanted = dict(term.split("=", 1) for term in query.get("labelSelector", "").split(",") if term)
+        since = int(query.get("resourceVersion") or 0)
+        timeout = min(float(query.get("timeoutSeconds") or 60), 300.0)
+        with self._lock:
+            self.watches += 1
+            self.requests.append(EmulatedRequest("GET", handler.path.split("?")[0], 200, None))
+            epoch = self._watch_epoch
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(event: dict[str, Any]) -> None:
+            line = json.dumps(event).encode() + b"\n"
+            handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            handler.wfile.flush()
+
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, lambda: (deadline.set(), self._notify()))
+        timer.daemon = True
+        timer.start()
+        try:
+            while True:
+                with self._lock:
+                    if since and since < self._compacted_to:
+                        events = [{"type": "ERROR", "object": {
+                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 410,
+                            "reason": "Expired", "message": f"too old resource version: {since} "
+                                                            f"({self._compacted_to})"}}]
+                        done = True
+                    else:
+                        events = [{"type": kind, "object": {k: v for k, v in pod.items() if k != "_labels"}}
+                                  for rv, kind, pns, pod in self._pod_events if rv > since and pns == ns
+                                  and all(pod["_labels"].get(k) == v for k, v in wanted.items())]
+                        since = max([since, *(rv for rv, *_ in self._pod_events)])
+                        done = deadline.is_set() or epoch != self._watch_epoch
+                        if not events and not done:
+                            self._changed.wait()
+                            continue
+                for event in events:
+                    send(event)
+                if done:
+                    break
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionError):
+            handler.close_connection = True
+        finally:
+            timer.cancel()
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._changed.notify_all()
+
     # -- bookkeeping ----------------------------------------------------------------------------------
     def _bump(self, obj: dict[str, Any]) -> None:
-        obj["metadata"]["resourceVersion"] = str(next(self._revision))
-
-    def _last(self) -> int:
-        objects = [*self.pods.values(), *self.deployments.values(), *self.virtual_services.values()]
-        return max((int(o["metadata"]["resourceVersion"]) for o in objects), default=0)
+        self._latest = next(self._revision)
+        obj["metadata"]["resourceVersion"] = str(self._latest)
 
 
 class _QuietServer(ThreadingHTTPServer):

@@ -5,7 +5,8 @@
                               label it lifeline.dev/instance=<id>; its URL is the pod IP (waits for one)
     adopt()                   the region's pods that carry an instance label and are not being deleted: a
                               previous agent's pool, taken back as it is (nothing is scaled or relabelled)
-    alive(id) / ready(id)     from the last pod list (`refresh()`, every `resync_interval` and on each call)
+    alive(id) / ready(id)     from the pods as last seen: a watch on the region's pods (an informer's
+                              list-then-watch), else a list on each `refresh()` and every `resync_interval`
     stop(id, graceful)        delete that pod (grace 0 unless graceful: SIGTERM, the engine drains), then
                               scale to the pods still held
 
@@ -37,10 +38,20 @@ The `kubernetes` client is synchronous (urllib3); calls run in a thread so
 the agent's loop keeps probing. Reads use raw JSON (`_preload_content=False`)
 so what is sent back is what was read, field for field.
 
+The watch (`watch: true`, the default) is what an informer does: list the
+region's pods, then watch from the list's resourceVersion; each ADDED /
+MODIFIED / DELETED event updates the pods the driver holds, so a lost or
+ready pod is seen as the API server streams it and `refresh()` (the agent
+calls it every probe interval) costs the API server nothing while the watch
+is open. A watch the server ends is resumed from its last resourceVersion;
+one that answers 410 Gone (history compacted) is listed again and resumed;
+while none is open, `refresh()` lists, as with `watch: false`. The watch
+runs in a daemon thread (the client is synchronous) and hands each event
+to the agent's loop.
+
 Limits: the engine in a pod names itself after the pod (`$(POD_NAME)`), not
 the agent's instance id, which is on the pod's label; the pod template is
-written when the Deployment is created and not rolled when settings change;
-pods are listed every `resync_interval`, not watched.
+written when the Deployment is created and not rolled when settings change.
 """
 
 from __future__ import annotations
@@ -49,9 +60,11 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
 from typing import Any
 
 import kubernetes_validate
+from kubernetes import watch as kube_watch
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
@@ -69,6 +82,7 @@ LABEL_VERSION = "lifeline.dev/version"
 LABEL_INSTANCE = "lifeline.dev/instance"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CLAIMED_DELETION_COST = "1000"  # spares (no annotation: 0) go first when the ReplicaSet scales down
+WATCH_TIMEOUT_S = 30  # a watch asks the server to end it after this; it is resumed from its resourceVersion
 APP = "lifeline-engine"
 MANAGER = "lifeline-agent"
 
@@ -118,6 +132,11 @@ class KubernetesDriver:
         self._placement: dict[str, tuple[str, str]] = {}  # instance id → (zone, version), for a pod that vanished
         self._locks: dict[str, asyncio.Lock] = {}
         self._resync: asyncio.Task | None = None
+        self._watch_thread: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self.watching = False  # a watch is open and the held pods are as it streams them
+        self.watch_events = 0
+        self.watch_relists = 0  # lists after a 410 Gone
 
     # -- naming and the objects sent ------------------------------------------------------------------
     def deployment_name(self, zone: str, version: str) -> str:
@@ -251,15 +270,73 @@ class KubernetesDriver:
         return found
 
     async def refresh(self) -> None:
-        """Re-read every pod of the region the agent holds: what `alive` and `ready` answer from."""
-        pods = await self._list(self.selector())
-        listed = {holder: pod for pod in pods if (holder := _holder(pod)) is not None}
-        self._held = {instance_id: listed[instance_id] for instance_id in self._placement if instance_id in listed}
+        """Re-read every pod of the region the agent holds (what `alive` and `ready` answer from): from the
+        watch while one is open, else a list."""
+        if self.watching:
+            return
+        self._apply_list(await self._list(self.selector()))
 
     async def close(self) -> None:
+        self._watch_stop.set()
+        self.watching = False
         if self._resync is not None:
             self._resync.cancel()
             self._resync = None
+
+    def _apply_list(self, pods: list[dict[str, Any]]) -> None:
+        listed = {holder: pod for pod in pods if (holder := _holder(pod)) is not None}
+        self._held = {instance_id: listed[instance_id] for instance_id in self._placement if instance_id in listed}
+
+    def _apply_event(self, kind: str, pod: dict[str, Any]) -> None:
+        self.watch_events += 1
+        holder = _holder(pod)
+        if holder is None or holder not in self._placement:
+            return
+        if kind == "DELETED":
+            if self._held.get(holder, {}).get("metadata", {}).get("name") == pod["metadata"]["name"]:
+                del self._held[holder]
+        elif kind in ("ADDED", "MODIFIED"):
+            self._held[holder] = pod
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """List, then watch from the list's resourceVersion; resume, or list again after 410 Gone (a thread)."""
+        selector = ",".join(f"{k}={v}" for k, v in self.selector().items())
+        version: str | None = None
+        try:
+            while not self._watch_stop.is_set():
+                try:
+                    if version is None:
+                        response = self.core.list_namespaced_pod(self.config.namespace, label_selector=selector,
+                                                                 _preload_content=False)
+                        listing = json.loads(response.data)
+                        version = listing["metadata"]["resourceVersion"]
+                        loop.call_soon_threadsafe(self._apply_list, listing["items"])
+                    stream = kube_watch.Watch()
+                    self.watching = True
+                    for event in stream.stream(self.core.list_namespaced_pod, self.config.namespace,
+                                               label_selector=selector, resource_version=version,
+                                               timeout_seconds=WATCH_TIMEOUT_S):
+                        pod = event["raw_object"]
+                        version = pod["metadata"]["resourceVersion"]
+                        loop.call_soon_threadsafe(self._apply_event, event["type"], pod)
+                        if self._watch_stop.is_set():
+                            stream.stop()
+                except ApiException as exc:
+                    self.watching = False
+                    if exc.status != 410:
+                        raise
+                    self.watch_relists += 1
+                    log.info("pod watch expired (410 Gone); listing again", resource_version=version)
+                    version = None
+                except RuntimeError:
+                    return  # the agent's loop is closed
+                except Exception as exc:  # the API server away: refresh() lists meanwhile
+                    self.watching = False
+                    log.warning("pod watch failed; listing until it is back", error=repr(exc)[:200])
+                    version = None
+                    self._watch_stop.wait(self.config.resync_interval.total_seconds())
+        finally:
+            self.watching = False
 
     # -- steps ------------------------------------------------------------------------------------------------
     async def _ensure_deployment(self, zone: str, version: str) -> None:
@@ -359,6 +436,10 @@ class KubernetesDriver:
     def _start_resync(self) -> None:
         if self._resync is None:
             self._resync = asyncio.create_task(self._resync_loop(), name="kubernetes-pool-resync")
+        if self.config.watch and self._watch_thread is None:
+            self._watch_thread = threading.Thread(target=self._watch, args=(asyncio.get_running_loop(),),
+                                                  name="kubernetes-pool-watch", daemon=True)
+            self._watch_thread.start()
 
     async def _resync_loop(self) -> None:
         while True:

@@ -70,6 +70,8 @@ class KubernetesPoolConfig(BaseModel):
     claim_timeout: Seconds = Field(timedelta(seconds=120), gt=timedelta(0))
     poll_interval: Seconds = Field(timedelta(seconds=0.5), gt=timedelta(0))
     resync_interval: Seconds = Field(timedelta(seconds=1), gt=timedelta(0))
+    watch: bool = Field(True, description="watch the region's pods (the agent reads them from the watch); false: "
+                        "list them on every refresh and every resync_interval")
     api_url: str | None = Field(None, description="the API server's URL, no credentials (kubectl proxy)")
     kubeconfig: Path | None = Field(None, description="a kubeconfig file; with api_url unset too: in-cluster")
     context: str | None = Field(None, description="a context of `kubeconfig`; its current one when unset")

@@ -8,6 +8,7 @@ driver that skipped its own validation would fail here too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
@@ -123,7 +124,8 @@ async def test_conflicts_past_the_retries_fail_the_start(api_client, emulator):
     await driver.close()
 
 
-async def test_readiness_and_a_lost_pod_are_read_back(driver, emulator):
+async def test_readiness_and_a_lost_pod_are_read_back_by_a_list_without_the_watch(api_client, emulator):
+    driver = KubernetesDriver(region="eu-1", config=_config(watch=False), api_client=api_client)
     await driver.start(instance_id="eu-1-a-1", zone="a", version="v1")
     pod = _pod(emulator, "lifeline-eu-1-a-v1", "eu-1-a-1")["metadata"]["name"]
     assert driver.alive("eu-1-a-1") and not driver.ready("eu-1-a-1")
@@ -171,3 +173,42 @@ def test_the_emulator_refuses_what_the_api_server_would(api_client, emulator):
     with pytest.raises(ApiException) as refused:
         AppsV1Api(api_client).create_namespaced_deployment(NS, body)
     assert refused.value.status == 422 and emulator.deployments == {}
+
+
+async def _until(condition, what: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_the_watch_streams_readiness_and_a_lost_pod_without_a_list(driver, emulator):
+    await driver.start(instance_id="eu-1-a-1", zone="a", version="v1")
+    pod = _pod(emulator, "lifeline-eu-1-a-v1", "eu-1-a-1")["metadata"]["name"]
+    await _until(lambda: driver.watching and emulator.watches == 1, "the watch is open")
+    lists = _pod_lists(emulator)
+
+    emulator.set_ready(pod, namespace=NS)
+    await _until(lambda: driver.ready("eu-1-a-1"), "readiness streamed")
+    emulator.kill_pod(pod, namespace=NS)
+    await _until(lambda: not driver.alive("eu-1-a-1"), "the lost pod streamed")
+    await driver.refresh()  # the agent's per-tick re-read: from the watch, no call
+    assert not driver.alive("eu-1-a-1") and _pod_lists(emulator) == lists and driver.watch_events >= 2
+
+
+async def test_an_expired_watch_is_listed_again_and_misses_nothing(driver, emulator):
+    await driver.start(instance_id="eu-1-a-1", zone="a", version="v1")
+    pod = _pod(emulator, "lifeline-eu-1-a-v1", "eu-1-a-1")["metadata"]["name"]
+    await _until(lambda: driver.watching and emulator.watches == 1, "the watch is open")
+
+    emulator.expire_watches()  # etcd compacted: the open watch ends; resuming from its version is 410 Gone
+    emulator.set_ready(pod, namespace=NS)
+    await _until(lambda: driver.watch_relists == 1 and driver.ready("eu-1-a-1"), "listed again after 410")
+    await _until(lambda: driver.watching and emulator.watches >= 2, "watching again")
+    emulator.kill_pod(pod, namespace=NS)
+    await _until(lambda: not driver.alive("eu-1-a-1"), "the resumed watch streams the loss")
+
+
+def _pod_lists(emulator: KubeApiEmulator) -> int:
+    return sum(1 for r in emulator.requests if r.method == "GET" and r.path == f"/api/v1/namespaces/{NS}/pods")
