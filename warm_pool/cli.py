@@ -88,6 +88,13 @@ def serve(
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     configure_logging(settings.log_level, component="agent")
+    if settings.pool is not None and settings.pool.plan_record is not None:
+        from common.logs import get_logger
+
+        record = settings.pool.plan_record
+        get_logger(__name__).info("pool sized by its plan", model=settings.pool.model, tier=str(record.tier),
+                                  zones={z.zone: [z.serving, z.warm, z.warm_previous] for z in record.zones},
+                                  survives_zone_loss=record.survives_zone_loss, replay_seconds=record.replay_seconds)
     try:
         driver = build_driver(settings.region, settings.pool) if settings.pool is not None else None
     except PoolDriverError as exc:

@@ -6,10 +6,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.durations import Seconds
+from contract.capacity import DrTier, PlanError, PlanInputs, PlanRecord, plan_record
 
 
 class ExternalEngine(BaseModel):
@@ -100,7 +101,10 @@ class PoolSettings(BaseModel):
     versions: dict[str, Path] = Field(min_length=1, description="version → model directory: on this machine "
                                       "(local), inside the pod (kubernetes)")
     default_version: str | None = Field(None, description="used until a snapshot names the alias' version")
-    zones: dict[str, ZoneTarget] = Field(min_length=1)
+    zones: dict[str, ZoneTarget] = Field(default_factory=dict, description="per zone serving / warm / warm_previous; "
+                                         "or leave it to pool.plan")
+    plan: dict[str, Any] | None = Field(None, description="the model's DR tier and capacity inputs, as `lifeline pool "
+                                        "plan` takes them (without region): the zones are then the plan's")
     state_dir: Path | None = Field(None, description="local: where instances keep their logs and state")
     engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
     kubernetes: KubernetesPoolConfig | None = Field(None, description="kubernetes: the driver's settings")
@@ -131,8 +135,38 @@ class PoolSettings(BaseModel):
                 raise ValueError(f"pool.{stray[0]} is for the local driver; pool.driver is kubernetes")
         return self
 
+    _plan_record: PlanRecord | None = PrivateAttr(None)
+
     def fallback_version(self) -> str:
         return self.default_version or next(iter(self.versions))
+
+    @property
+    def plan_record(self) -> PlanRecord | None:
+        """The plan the zones came from (pool.plan), with its arithmetic; None when the zones were given."""
+        return self._plan_record
+
+    @property
+    def tier(self) -> DrTier | None:
+        return self._plan_record.tier if self._plan_record else None
+
+    def apply_plan(self, region: str) -> None:
+        """The zones of the plan of `pool.plan` for `region`; ValueError naming the `pool.plan.` key it cannot use."""
+        if self.plan is None:
+            return
+        if "region" in self.plan:
+            raise ValueError("pool.plan.region: the plan is the agent's region's; leave region out")
+        try:
+            inputs = PlanInputs.model_validate({**self.plan, "region": region})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"pool.plan.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        try:
+            record = plan_record(inputs)
+        except PlanError as exc:
+            raise ValueError(f"pool.plan.{exc.param}: {exc}" if exc.param else f"pool.plan: {exc}") from None
+        self.zones = {z.zone: ZoneTarget(serving=z.serving, warm=z.warm, warm_previous=z.warm_previous)
+                      for z in record.zones}
+        self._plan_record = record
 
 
 class AgentSettings(BaseSettings):
@@ -171,6 +205,16 @@ class AgentSettings(BaseSettings):
                                   "on every instance that answered one to the catalog, which rolls the alias back")
     port: int = Field(0, ge=0, le=65535, description="Prometheus metrics port; 0 serves none")
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _pool_layout(self) -> AgentSettings:
+        pool = self.pool
+        if pool is not None and (pool.plan is not None) == bool(pool.zones):
+            raise ValueError("set pool.zones or pool.plan (the plan's inputs: the zones are then the plan's), "
+                             "exactly one of them")
+        if pool is not None and pool.plan is not None:
+            pool.apply_plan(self.region)
+        return self
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> AgentSettings:

@@ -1,0 +1,67 @@
+"""A model's pool declares its DR tier and capacity inputs (`pool.plan`); the agent keeps exactly the plan's layout."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from common.clock import ManualClock
+from contract.capacity import PlanInputs, plan_record
+from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
+from warm_pool.settings import AgentSettings
+from warm_pool.states import InstanceState
+
+pytestmark = pytest.mark.unit
+
+# tests/unit/warm_pool/test_pool_capacity.py's hand-worked case, two zones: N = 9, serving [5, 4], warm [4, 5]
+PLAN = {"zones": ["x", "y"], "demand_seqs": 100, "demand_tokens_per_s": 9000, "context_tokens": 500,
+        "instance_seqs": 64, "instance_tokens_per_s": 1000, "instance_prefill_tokens_per_s": 5000,
+        "headroom": 1.0, "recovery_target_s": 30.0}
+
+
+def pool(tmp_path: Path, **plan) -> dict:
+    return {"model": "m", "versions": {"v1": str(tmp_path)}, "state_dir": str(tmp_path), "plan": {**PLAN, **plan}}
+
+
+@pytest.mark.parametrize(("tier", "share"), [("warm", 0.0), ("hot", 0.0), ("cold", 0.0), ("warm", 0.5)])
+def test_the_pool_keeps_the_plan_of_its_tier(tmp_path: Path, tier: str, share: float) -> None:
+    settings = AgentSettings(region="r1", pool=pool(tmp_path, tier=tier, previous_version_share=share))
+    record = plan_record(PlanInputs(region="r1", **{**PLAN, "tier": tier, "previous_version_share": share}))
+    assert {z: (t.serving, t.warm, t.warm_previous) for z, t in settings.pool.zones.items()} == {
+        z.zone: (z.serving, z.warm, z.warm_previous) for z in record.zones}
+    assert settings.pool.plan_record == record and settings.pool.tier == tier
+
+
+@pytest.mark.parametrize(("change", "names"), [
+    ({"instance_seqs": 0}, "pool.plan.instance_seqs"),
+    ({"zones": ["x"]}, "pool.plan.zones"),
+    ({"headroom": 0.5}, "pool.plan.headroom"),
+    ({"tier": "lukewarm"}, "pool.plan.tier"),
+    ({"demand_seqs": "many"}, "pool.plan.demand_seqs"),
+    ({"region": "r2"}, "pool.plan.region"),
+])
+def test_a_plan_the_pool_cannot_use_stops_start_up_naming_the_key(tmp_path: Path, change: dict, names: str) -> None:
+    with pytest.raises(ValidationError, match=names.replace(".", r"\.")):
+        AgentSettings(region="r1", pool=pool(tmp_path, **change))
+
+
+def test_zones_or_a_plan_not_both_nor_neither(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="pool.zones or pool.plan"):
+        AgentSettings(region="r1", pool={**pool(tmp_path), "zones": {"x": {"serving": 1, "warm": 1}}})
+    with pytest.raises(ValidationError, match="pool.zones or pool.plan"):
+        AgentSettings(region="r1", pool={k: v for k, v in pool(tmp_path).items() if k != "plan"})
+
+
+async def test_the_agent_fills_the_plans_layout(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    small = {"demand_seqs": 6, "demand_tokens_per_s": 150, "context_tokens": 40, "instance_seqs": 4,
+             "instance_tokens_per_s": 100, "instance_prefill_tokens_per_s": 1000, "recovery_target_s": 5.0}
+    agent, registry, _ = make_agent(fleet, clock, pool=pool(tmp_path, **small))
+    await settle(agent, clock, 4)
+    layout = Counter((i.zone, i.state) for i in agent.instances.values())
+    expected = {(z, s): n for z, t in agent.settings.pool.zones.items()
+                for s, n in ((InstanceState.SERVING, t.serving), (InstanceState.WARM, t.warm)) if n}
+    assert layout == Counter(expected) and len(await registry.live()) == agent.settings.pool.plan_record.required_serving
