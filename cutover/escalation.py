@@ -11,7 +11,10 @@ not verify, or no longer showed its after-state: the cutover rolled
 back or failed with that failure). An attempt that a safety rule refused,
 that had nothing to change, or that is still running holds the ladder
 where it is: a larger blast radius would not be safer than what the rule
-or the operator decided. After dns there is no rung left.
+or the operator decided. So does one at a tier with no driver configured
+(recorded only, in the served control plane): it "verified" without
+changing anything, so it contains nothing, and the hold says a person
+must act there. After dns there is no rung left.
 
 `decide(fault, attempts)` is pure (table-tested); `escalate(runtime,
 fault, actor)` runs it against the cutover records: it plans and executes
@@ -36,7 +39,7 @@ from cutover.errors import EvidenceRequired, NothingToCutOver, SafetyRuleViolati
 from cutover.models import Cutover, CutoverMode, CutoverTier, ScopeKind, TargetState
 from cutover.service import CutoverRuntime
 from cutover.states import ACTIVE_STATES, CutoverState
-from cutover.tiers import Scope, event_tier
+from cutover.tiers import RECORDED_ONLY, Scope, event_tier
 
 
 class Outcome(StrEnum):
@@ -44,6 +47,7 @@ class Outcome(StrEnum):
     VERIFICATION_FAILED = "verification_failed"
     REFUSED = "refused"  # a safety rule, or nothing to change at that tier
     IN_PROGRESS = "in_progress"
+    RECORDED_ONLY = "recorded_only"  # completed, but no driver is configured there: nothing was changed
 
 
 class Action(StrEnum):
@@ -127,6 +131,9 @@ def decide(fault: Fault, attempts: Sequence[Attempt]) -> Decision:
         return Decision(Action.HOLD, f"{described} is still running")
     if last.outcome == Outcome.REFUSED:
         return Decision(Action.HOLD, f"{described} was refused ({last.failure}); not escalating past a refusal")
+    if last.outcome == Outcome.RECORDED_ONLY:
+        return Decision(Action.HOLD, f"{described} changed nothing: no {last.tier.value} driver is configured "
+                                     "(recorded only); a person must act at that tier")
     rung = last.rung + 1
     if rung >= len(RUNGS):
         return Decision(Action.EXHAUSTED, f"{described} did not verify and no tier is left above dns")
@@ -150,6 +157,8 @@ def outcome_of(cutover: Cutover) -> Outcome:
     """Verification failed: a step's own check failed (its outcome), or the final re-read found one undone."""
     state = CutoverState(cutover.state)
     if state == CutoverState.COMPLETED:
+        if cutover.steps and all(step.driver == RECORDED_ONLY for step in cutover.steps):
+            return Outcome.RECORDED_ONLY  # "verified" at once, by a tier that changed nothing
         return Outcome.VERIFIED
     if state in ACTIVE_STATES:
         return Outcome.IN_PROGRESS

@@ -110,3 +110,19 @@ def test_the_cli_checks_the_same_plans(database_url: str, session_factory: Any, 
     refused = runner.invoke(cutover_app, ["execute", str(cutover_id)], catch_exceptions=False)
     assert refused.exit_code == 1 and "safety_rule_violation" in refused.output
     assert "capacity left 110" in refused.output
+
+
+def test_an_automatic_cutover_at_a_tier_with_no_driver_contains_nothing_and_holds(
+        served: TestClient, as_role: Any) -> None:
+    """No [dns] table: the region fault's dns cutover is recorded only, so the ladder does not call it contained."""
+    op = as_role("operator")
+    body = {"fault_id": "slo:us:7", "scope": {"kind": "region", "region": "us"},
+            "evidence": {"source": "slo burn", "error_rate": 0.4}}
+    result = served.post("/api/v1/cutover-escalations", json=body, headers=op).json()
+    assert [d["action"] for d in result["decisions"]] == ["cut_over", "hold"], result
+    assert "no dns driver is configured" in result["decisions"][1]["reason"]
+    (cutover,) = result["cutovers"]
+    assert [s["driver"] for s in cutover["steps"]] == ["recorded-only"]
+    (stop,) = served.get("/api/v1/events", params={"kind": "cutover.escalation"}, headers=op).json()
+    assert (stop["outcome"], stop["after"]["action"]) == ("blocked", "hold")
+    assert [a["outcome"] for a in stop["after"]["attempts"]] == ["recorded_only"]

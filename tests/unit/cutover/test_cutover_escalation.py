@@ -45,6 +45,8 @@ def _attempt(rung: int, tier: T, scope: Scope, outcome: Outcome, cutover_id: int
                  Action.HOLD, (), None, None, id="a-running-attempt-holds"),
     pytest.param(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.VERIFICATION_FAILED)],
                  Action.EXHAUSTED, (), None, None, id="dns-failed-nothing-left"),
+    pytest.param(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.RECORDED_ONLY)],
+                 Action.HOLD, (), None, None, id="a-recorded-only-attempt-changed-nothing-so-contains-nothing"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
                  [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
                   _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 2)],
@@ -71,3 +73,8 @@ def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tu
 def test_an_automatic_action_needs_evidence() -> None:
     with pytest.raises(EvidenceRequired):
         decide(Fault("f", EU, {}), [])
+
+
+def test_a_recorded_only_attempt_says_a_person_must_act_at_that_tier() -> None:
+    decision = decide(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.RECORDED_ONLY, 5)])
+    assert "no dns driver is configured" in decision.reason and "a person must act" in decision.reason
