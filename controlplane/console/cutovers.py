@@ -21,9 +21,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from controlplane.auth.roles import Role
-from controlplane.console.pages import Form
 from controlplane.console.session import ConsoleUser
 from controlplane.console.web import (
+    Form,
     current_user,
     guard_action,
     parse,
@@ -194,7 +194,7 @@ def _shift_form(form: dict[str, str]) -> ZonalShiftStart:
     hours = form.get("expires_in_h", "").strip()
     try:
         expires_in: Any = timedelta(hours=float(hours)) if hours else None
-    except ValueError:
+    except (ValueError, OverflowError):  # "soon", "nan", "inf", "1e300": timedelta raises either
         expires_in = hours  # let the schema name the field
     return parse(ZonalShiftStart, {"region": form.get("region", "").strip(), "zone": form.get("zone", "").strip(),
                                    "expires_in": expires_in, "reason": form.get("reason", "")})

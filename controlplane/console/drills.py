@@ -22,9 +22,9 @@ from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.responses import Response
 
 from controlplane.auth.roles import Role
-from controlplane.console.pages import Form
 from controlplane.console.session import ConsoleUser
 from controlplane.console.web import (
+    Form,
     current_user,
     guard_action,
     parse,

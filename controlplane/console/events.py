@@ -25,7 +25,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from controlplane.console import session as console_session
-from controlplane.console.web import ENV, SECURITY_HEADERS, current_user, key, render, to_sign_in
+from controlplane.console.web import ENV, SECURITY_HEADERS, current_user, key, problem, render, to_sign_in
 from controlplane.event import service as event_service
 from controlplane.event.models import Event, RoutingTier
 from controlplane.event.repository import EventFilter
@@ -88,7 +88,9 @@ def events(request: Request, routing_tier: FilterText = None, scope: FilterText 
     if user is None:
         return to_sign_in(request)
     if not _tier_ok(routing_tier):
-        routing_tier = None
+        allowed = ", ".join(t.value for t in RoutingTier)
+        return problem(request, user=user, status_code=422, error_type="invalid_request",
+                       message=f"routing_tier: {routing_tier!r} is none of {allowed}", back="/console/events")
     context = _timeline_context(request, routing_tier, scope, actor, kind)
     # htmx swaps only the timeline when a filter changes; a plain GET (no JavaScript) gets the whole page.
     template = "_timeline.jinja" if request.headers.get("HX-Request") == "true" else "events.jinja"
@@ -107,7 +109,8 @@ async def stream(
         return Response("sign in first", status_code=401, media_type="text/plain", headers=SECURITY_HEADERS)
     if not _tier_ok(routing_tier):
         return Response("unknown routing_tier", status_code=422, media_type="text/plain", headers=SECURITY_HEADERS)
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after_id
+    resumable = last_event_id and last_event_id.isascii() and last_event_id.isdigit()  # not "²": int() refuses it
+    start = min(int(last_event_id), 2**63 - 1) if resumable else after_id
     cookie = request.cookies.get(console_session.SESSION_COOKIE)
     # Within the page's window too: a stream that starts at 0 (an empty page) sends new events, not the history.
     since = request.app.state.clock.utcnow() - WINDOW

@@ -1,4 +1,4 @@
-"""Sign-in, the layout's static files, the Fleet and the Catalog pages.
+"""The Fleet and the Catalog pages, and the catalog's alias actions.
 
 Reads go through the domains' service modules (topology, gateway_report,
 agent_report, weight_catalog) on the read-only session factory; writes through the same
@@ -8,132 +8,47 @@ same middleware (the actor is the session's token, as with a bearer token).
 
 from __future__ import annotations
 
-import secrets
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Annotated, Any
+from datetime import timedelta
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, Response
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from common.errors import LifelineError
-from controlplane.auth import service as auth_service
-from controlplane.auth.roles import MACHINES, Role
-from controlplane.deps import NamePath
+from controlplane.agent_report import service as agent_report_service
+from controlplane.auth.roles import Role
 from controlplane.console import session as console_session
 from controlplane.console.web import (
     SECURITY_HEADERS,
+    Form,
     current_user,
     guard_action,
-    key,
     parse,
-    problem,
-    read_form,
     redirect,
     render,
     run_action,
     to_sign_in,
     unit_of_work,
 )
-from controlplane.agent_report import service as agent_report_service
+from controlplane.deps import NamePath
 from controlplane.gateway_report import service as gateway_report_service
 from controlplane.topology import repository as topology_repository
 from controlplane.topology import service as topology_service
+from controlplane.types import Name
 from weight_catalog import aliases as catalog_aliases
 from weight_catalog import repository as catalog_repository
 from weight_catalog import service as catalog_service
 from weight_catalog.schemas import PromoteRequest
 from weight_catalog.schemas import RollbackRequest as CatalogRollback
-from controlplane.types import Name
-from pydantic import BaseModel
+
+router = APIRouter()
 
 
 class AliasForm(BaseModel):
+    """The promote form's alias field, validated as the REST path's alias name is."""
+
     alias: Name
-
-router = APIRouter()
-Form = Annotated[dict[str, str], Depends(read_form)]
-
-STATIC = Path(__file__).parent / "static"
-STATIC_FILES = {
-    "htmx.min.js": ("htmx-2.0.11.min.js", "text/javascript"),
-    "htmx.LICENSE.txt": ("htmx.LICENSE.txt", "text/plain"),
-    "console.js": ("console.js", "text/javascript"),
-    "console.css": ("console.css", "text/css"),
-}
-
-
-@router.get("/console/static/{name}", include_in_schema=False, name="console.static")
-def static_file(name: str) -> Response:
-    found = STATIC_FILES.get(name)
-    if found is None:
-        return Response("not found", status_code=404, media_type="text/plain")
-    filename, media_type = found
-    return FileResponse(STATIC / filename, media_type=media_type,
-                        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
-
-
-def _safe_next(target: str | None) -> str:
-    # Only our own pages: no scheme, no host, no `//evil` (an open redirect after sign-in).
-    if target and target.startswith("/console") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/console/fleet"
-
-
-@router.get("/console", include_in_schema=False, name="console.home")
-def home(request: Request) -> Response:
-    return redirect("/console/fleet" if current_user(request) else "/console/sign-in")
-
-
-@router.get("/console/sign-in", include_in_schema=False, name="console.sign_in_form")
-def sign_in_form(request: Request, next: str | None = None) -> Response:  # noqa: A002 - the query's name
-    presession = secrets.token_urlsafe(24)
-    response = render(request, "sign_in.jinja", user=None, next=_safe_next(next), signin_csrf=presession,
-                      error=None)
-    _set_cookie(request, response, console_session.PRESESSION_COOKIE, presession, max_age=3600)
-    return response
-
-
-def _set_cookie(request: Request, response: Response, name: str, value: str, *, max_age: int) -> None:
-    response.set_cookie(name, value, max_age=max_age, path=console_session.COOKIE_PATH, httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
-
-
-@router.post("/console/sign-in", include_in_schema=False, name="console.sign_in")
-def sign_in(request: Request, form: Form) -> Response:
-    """Exchange an API token for a session cookie. Double-submit CSRF: the form's value must match its cookie."""
-    presession = request.cookies.get(console_session.PRESESSION_COOKIE)
-    target = _safe_next(form.get("next"))
-    if not presession or not secrets.compare_digest(presession, form.get("signin_csrf", "")):
-        return problem(request, user=None, status_code=403, error_type="csrf_failed",
-                       message="The sign-in form expired or was not sent from this console. Reload and try again.",
-                       back="/console/sign-in")
-    with request.app.state.read_session_factory() as session:
-        token = auth_service.authenticate(session, secret=form.get("token", "").strip())
-    if token is None or Role(token.role) in MACHINES:
-        fresh = secrets.token_urlsafe(24)
-        response = render(request, "sign_in.jinja", user=None, next=target, signin_csrf=fresh, status_code=401,
-                          error="That token is unknown or revoked (machine tokens — gateway, agent — cannot sign in).")
-        _set_cookie(request, response, console_session.PRESESSION_COOKIE, fresh, max_age=3600)
-        return response
-    request.state.actor = f"token:{token.name}#{token.id}"
-    clock = request.app.state.clock
-    value, expires_at = console_session.issue(key(request), token, now=clock.wall())
-    response = redirect(target)
-    _set_cookie(request, response, console_session.SESSION_COOKIE, value, max_age=int(expires_at - clock.wall()))
-    response.delete_cookie(console_session.PRESESSION_COOKIE, path=console_session.COOKIE_PATH)
-    return response
-
-
-@router.post("/console/sign-out", include_in_schema=False, name="console.sign_out")
-def sign_out(request: Request, form: Form) -> Response:
-    checked = guard_action(request, form, Role.VIEWER)
-    if not isinstance(checked, console_session.ConsoleUser):
-        return checked
-    response = redirect("/console/sign-in")
-    response.delete_cookie(console_session.SESSION_COOKIE, path=console_session.COOKIE_PATH,
-                           httponly=True, samesite="strict", secure=request.url.scheme == "https")
-    return response
 
 
 # --- Fleet ---------------------------------------------------------------------------------------------------------
@@ -311,8 +226,4 @@ def catalog_rollback(model: NamePath, alias: NamePath, request: Request, form: F
     return run_action(request, user, act, back="/console/catalog")
 
 
-def utc(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-__all__ = ["router", "SECURITY_HEADERS"]
+__all__ = ["router"]

@@ -82,7 +82,8 @@ def resolve(session: Session, key: bytes, cookie: str | None, *, now: float) -> 
     if not cookie:
         return None
     parts = cookie.split(".")
-    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+    # ASCII digits only: str.isdigit() admits "²", which int() then refuses.
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[:2]):
         return None
     token_id, expires_at, nonce, mac = int(parts[0]), int(parts[1]), parts[2], parts[3]
     if expires_at <= now or token_id > 2**63 - 1:
@@ -90,7 +91,7 @@ def resolve(session: Session, key: bytes, cookie: str | None, *, now: float) -> 
     token = session.get(ApiToken, token_id)
     if token is None or token.revoked_at is not None:
         return None
-    if not hmac.compare_digest(mac, _mac(key, token, f"{token_id}.{expires_at}.{nonce}")):
+    if not hmac.compare_digest(mac.encode(), _mac(key, token, f"{token_id}.{expires_at}.{nonce}").encode()):
         return None
     role = Role(token.role)
     if role in MACHINES:  # a machine token (gateway, agent) has no business in a browser
@@ -104,4 +105,5 @@ def csrf_for(key: bytes, nonce: str) -> str:
 
 
 def csrf_ok(key: bytes, nonce: str, submitted: str | None) -> bool:
-    return bool(submitted) and hmac.compare_digest(csrf_for(key, nonce), str(submitted))
+    # As bytes: compare_digest raises TypeError on a str with non-ASCII characters (a hostile form's value).
+    return bool(submitted) and hmac.compare_digest(csrf_for(key, nonce).encode(), str(submitted).encode())

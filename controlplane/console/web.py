@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, quote
 
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, ValidationError
@@ -33,6 +33,8 @@ M = TypeVar("M", bound=BaseModel)
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_FORM_BYTES = 64 * 1024
+# What `read_form` returns for a body over MAX_FORM_BYTES: a name no field can have, checked before anything else.
+TOO_LARGE = "\x00too_large"
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -120,19 +122,35 @@ async def read_form(request: Request) -> dict[str, str]:
     """An `application/x-www-form-urlencoded` body as a dict (first value wins); bounded in size.
 
     Parsed here rather than with FastAPI's `Form`, which needs python-multipart
-    for what is a single urlencoded line.
+    for what is a single urlencoded line. A body over MAX_FORM_BYTES (declared
+    or counted) is not parsed at all: the result is `{TOO_LARGE: ...}`, which
+    `refuse_too_large` turns into 413 `request_too_large` before any session,
+    CSRF or role check, so the refusal says what was wrong.
     """
     if request.method != "POST":
         return {}
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        return {TOO_LARGE: declared}
     body = bytearray()
     async for chunk in request.stream():
         body.extend(chunk)
         if len(body) > MAX_FORM_BYTES:
-            return {"__too_large__": "1"}
+            return {TOO_LARGE: str(len(body))}
     form: dict[str, str] = {}
     for name, value in parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True):
-        form.setdefault(name, value.replace("\x00", ""))
+        form.setdefault(name.replace("\x00", ""), value.replace("\x00", ""))
     return form
+
+
+Form = Annotated[dict[str, str], Depends(read_form)]
+
+
+def refuse_too_large(request: Request, form: dict[str, str], user: ConsoleUser | None) -> HTMLResponse | None:
+    if TOO_LARGE not in form:
+        return None
+    return problem(request, user=user, status_code=413, error_type="request_too_large",
+                   message=f"The form is over {MAX_FORM_BYTES} bytes; nothing was read or changed.")
 
 
 def guard_action(request: Request, form: dict[str, str], required: Role) -> ConsoleUser | HTMLResponse:
@@ -142,6 +160,9 @@ def guard_action(request: Request, form: dict[str, str], required: Role) -> Cons
     the audit middleware records it (401/403) like a refused API call.
     """
     user = current_user(request)
+    too_large = refuse_too_large(request, form, user)
+    if too_large is not None:
+        return too_large
     if user is None:
         return problem(request, user=None, status_code=401, error_type="unauthenticated",
                        message="Your console session is missing or has expired. Sign in again.")
