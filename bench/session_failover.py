@@ -37,7 +37,7 @@ import openai
 from bench.docs import replace_section
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionStore
-from controlplane.replication.flows import copy_verified, pending_checkpoints
+from controlplane.replication.flows import copy_verified, scan_pending
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 
 HEADING = "## First turn after a region failover (bench/session_failover.py)"
@@ -148,7 +148,7 @@ def one_run(run: int, model: Path, work: Path, turns: int, max_tokens: int,
                 raise TimeoutError("the critical session's last checkpoint never reached the primary store")
             time.sleep(0.1)
         source, target = (KVCheckpointStore(open_kv_store(r.store_url)) for r in (primary, standby))
-        for pending in pending_checkpoints(source, target, skip=set(), not_before=0.0):
+        for pending in scan_pending(source, target, skip=set(), not_before=0.0).pending:
             copy_verified(source, target, pending.key)
         primary.engine.kill(signal.SIGKILL)
         primary.gateway.kill(signal.SIGKILL)

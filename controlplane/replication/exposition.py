@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -98,26 +97,6 @@ class _PolicyRow:
     dead_letters: dict[str, int]
 
 
-class _CreatedAtCache:
-    """LRU of manifest key → created_at (None: undated or unreadable). A manifest is immutable once written."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[tuple[str, str], float | None] = OrderedDict()
-
-    def get(self, key: tuple[str, str]) -> tuple[bool, float | None]:
-        if key not in self._items:
-            return False, None
-        self._items.move_to_end(key)
-        return True, self._items[key]
-
-    def put(self, key: tuple[str, str], created_at: float | None) -> None:
-        self._items[key] = created_at
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-
-
 class ReplicationCollector:
     """A prometheus_client collector: registered on the app's registry by create_app."""
 
@@ -130,7 +109,7 @@ class ReplicationCollector:
         self.probe_ttl = probe_ttl.total_seconds()
         self.max_reads = max_reads
         self._open = open_store or (lambda url: flows.open_checkpoints(url, s3_endpoint_url=s3_endpoint_url))
-        self._ages = _CreatedAtCache(age_cache_size)
+        self._ages = flows.CreatedAtCache(age_cache_size)
         self._probes: dict[tuple[int, int], StoreProbe] = {}
         self._lock = threading.Lock()
         self.probes_taken = 0  # how many times the stores were listed: the cost a test can count
@@ -185,35 +164,14 @@ class ReplicationCollector:
             return StoreProbe(taken_at=taken_at, ok=True)
         try:
             source, target = self._open(row.source_store), self._open(row.destination_store)
-            held = set(target.manifests())
-            candidates = [k for k in source.manifests() if k not in held and k not in row.skip]
-            not_before = self.clock.wall() - row.retention_seconds
-            pending, oldest, reads, truncated = 0, None, 0, False
-            for key in candidates:
-                known, created_at = self._ages.get((row.source_store, key))
-                if not known:
-                    if reads >= self.max_reads:  # counted pending, age unknown until a later probe reads it
-                        truncated = True
-                        pending += 1
-                        continue
-                    reads += 1
-                    try:
-                        manifest = source.manifest_at(key)
-                    except KVCheckpointError:
-                        manifest = None
-                    created_at = manifest.created_at if manifest is not None else None
-                    if manifest is not None:  # a manifest deleted meanwhile is not cached as undated
-                        self._ages.put((row.source_store, key), created_at)
-                if created_at is not None and created_at < not_before:
-                    continue  # past retention: never copied, so not pending (as a sweep plans)
-                pending += 1
-                if created_at is not None and (oldest is None or created_at < oldest):
-                    oldest = created_at
+            scan = flows.scan_pending(source, target, skip=row.skip,
+                                      not_before=self.clock.wall() - row.retention_seconds, ages=self._ages,
+                                      max_reads=self.max_reads, source_id=row.source_store)
         except (KVCheckpointError, ValueError, OSError) as exc:
             log.warning("replication metrics: a store did not answer", policy_id=row.id, error=str(exc))
             return StoreProbe(taken_at=taken_at, ok=False)
-        return StoreProbe(taken_at=taken_at, ok=True, pending=pending, oldest_pending_created_at=oldest,
-                          truncated=truncated)
+        return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count,
+                          oldest_pending_created_at=scan.oldest_created_at, truncated=scan.unread > 0)
 
     # -- exposition ---------------------------------------------------------------------------------
 

@@ -2,7 +2,12 @@
 
 A checkpoint is pending when the source holds its manifest, the destination
 does not, it is no older than the policy's retention (it would be deleted on
-arrival) and it was not dead-lettered. A copy is `contract.kv_checkpoint.
+arrival) and it was not dead-lettered. Finding its age costs one manifest
+read, so `scan_pending` reads at most `max_reads` manifests it has not read
+before (ages kept in a `CreatedAtCache`): a backlog of thousands after a
+destination outage is read a few hundred at a time over several sweeps, not
+all at every sweep; the ones not read yet are counted (`unread`), their age
+unknown. A copy is `contract.kv_checkpoint.
 copy_checkpoint` (blocks, then the manifest, each block verified on both
 sides) followed by a read-back of the whole checkpoint at the destination:
 if any block is missing or differs there (retention raced the copy and
@@ -13,7 +18,8 @@ block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from contract.kv_checkpoint import (
     KVCheckpointInvalid,
@@ -42,23 +48,74 @@ def open_checkpoints(url: str, *, s3_endpoint_url: str | None) -> KVCheckpointSt
     return KVCheckpointStore(open_kv_store(url, s3_endpoint_url=s3_endpoint_url))
 
 
-def pending_checkpoints(source: KVCheckpointStore, target: KVCheckpointStore, *, skip: set[str],
-                        not_before: float) -> list[PendingCheckpoint]:
-    """Checkpoints to copy, oldest first (undated last)."""
+class CreatedAtCache:
+    """LRU of (store location, manifest key) → created_at (None: undated). A manifest is immutable once written."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], float | None] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> tuple[bool, float | None]:
+        if key not in self._items:
+            return False, None
+        self._items.move_to_end(key)
+        return True, self._items[key]
+
+    def put(self, key: tuple[str, str], created_at: float | None) -> None:
+        self._items[key] = created_at
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class PendingScan:
+    pending: list[PendingCheckpoint] = field(default_factory=list)  # age known, oldest first (undated last)
+    unread: int = 0  # pending too, past the read cap: age unknown until a later scan reads them
+
+    @property
+    def count(self) -> int:
+        return len(self.pending) + self.unread
+
+    @property
+    def oldest_created_at(self) -> float | None:
+        return min((p.created_at for p in self.pending if p.created_at is not None), default=None)
+
+
+def scan_pending(source: KVCheckpointStore, target: KVCheckpointStore, *, skip: set[str] | frozenset[str],
+                 not_before: float, ages: CreatedAtCache | None = None, max_reads: int | None = None,
+                 source_id: str | None = None) -> PendingScan:
+    """What the source holds that the destination lacks, within retention and not skipped.
+
+    Lists both stores once; reads at most `max_reads` manifests that `ages` does not already date.
+    An unreadable manifest stays pending (undated), so its copy refuses it and it is dead-lettered.
+    `source_id` names the source in `ages` (the policy's store URL; default: the store's location).
+    """
+    ages = ages if ages is not None else CreatedAtCache()
     held = set(target.manifests())
-    pending = []
+    location = source_id or source.store.location
+    pending, unread, reads = [], 0, 0
     for key in source.manifests():
         if key in held or key in skip:
             continue
-        try:
-            manifest = source.manifest_at(key)
-        except KVCheckpointInvalid:  # unreadable: still pending, so the copy refuses it and it is dead-lettered
-            manifest = None
-        created_at = manifest.created_at if manifest is not None else None
+        known, created_at = ages.get((location, key))
+        if not known:
+            if max_reads is not None and reads >= max_reads:
+                unread += 1
+                continue
+            reads += 1
+            try:
+                manifest = source.manifest_at(key)
+            except KVCheckpointInvalid:
+                manifest = None
+            created_at = manifest.created_at if manifest is not None else None
+            if manifest is not None:  # a manifest deleted meanwhile is not cached as undated
+                ages.put((location, key), created_at)
         if created_at is not None and created_at < not_before:
-            continue
+            continue  # past retention: it would be deleted on arrival
         pending.append(PendingCheckpoint(key, created_at))
-    return sorted(pending, key=lambda p: (p.created_at is None, p.created_at or 0.0, p.key))
+    pending.sort(key=lambda p: (p.created_at is None, p.created_at or 0.0, p.key))
+    return PendingScan(pending=pending, unread=unread)
 
 
 def copy_verified(source: KVCheckpointStore, target: KVCheckpointStore, key: str) -> CopyOutcome:

@@ -4,7 +4,8 @@
                                      task per policy that is due (critical: every sweep; interactive:
                                      every `every_seconds`; rebuildable: never)
     lifeline.replication.replicate   one policy: list the source's checkpoints the destination lacks, send
-                                     one copy task for each, apply retention at the destination
+                                     one copy task for each (reading at most `sweep_max_reads` manifests
+                                     not read before), apply retention at the destination
     lifeline.replication.copy        one checkpoint: copy, verify at both ends (flows.copy_verified)
 
 A copy is acknowledged late and rejected when its worker dies, so a worker
@@ -58,8 +59,14 @@ def sweep_due(factory: Any, *, clock: Clock, replan_after: timedelta | None = No
         return [p.id for p in service.due_policies(session, clock=clock, replan_after=replan_after)]
 
 
-def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | None) -> list[str]:
-    """Record a sweep of one policy and apply its retention; the keys of the checkpoints to copy."""
+def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | None,
+         ages: flows.CreatedAtCache | None = None, max_reads: int | None = None) -> list[str]:
+    """Record a sweep of one policy and apply its retention; the keys of the checkpoints to copy.
+
+    At most `max_reads` source manifests not yet in `ages` are read: a backlog past that is planned over
+    the next sweeps. The recorded `pending` is what this sweep queued (is_due waits for it to settle), so
+    the next sweep comes as soon as this share is copied; the whole backlog is on the API's /metrics.
+    """
     with session_scope(factory) as session:
         policy = repository.get_policy_by_id(session, policy_id=policy_id)
         if policy is None or policy.mode == ReplicationMode.REBUILDABLE or not policy.source_store:
@@ -70,22 +77,24 @@ def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | N
     try:
         source = flows.open_checkpoints(source_url, s3_endpoint_url=s3_endpoint_url)
         target = flows.open_checkpoints(target_url, s3_endpoint_url=s3_endpoint_url)
-        pending = flows.pending_checkpoints(source, target, skip=skip, not_before=not_before)
+        scan = flows.scan_pending(source, target, skip=skip, not_before=not_before, ages=ages,
+                                  max_reads=max_reads, source_id=source_url)
+        pending = scan.pending
         deleted = flows.apply_retention(target, not_before=not_before)
     except (KVStoreUnavailable, ValueError) as exc:
         log.warning("replication sweep failed", policy_id=policy_id, error=str(exc), **labels)
         with session_scope(factory) as session:
             service.record_error(session, policy_id=policy_id, error=f"sweep: {exc}")
         return []
-    dated = [p.created_at for p in pending if p.created_at is not None]
     with session_scope(factory) as session:
         service.record_sweep(session, policy_id=policy_id, pending=len(pending),
-                             oldest_pending_created_at=min(dated) if dated else None, clock=clock)
+                             oldest_pending_created_at=scan.oldest_created_at, clock=clock)
         service.record_deleted(session, policy_id=policy_id, deleted=deleted)
-    metrics.PENDING.labels(**labels).set(len(pending))
+    metrics.PENDING.labels(**labels).set(scan.count)
     if deleted:
         metrics.DELETED.labels(**labels).inc(deleted)
-    log.info("replication swept", policy_id=policy_id, pending=len(pending), deleted=deleted, **labels)
+    log.info("replication swept", policy_id=policy_id, planned=len(pending), unread=scan.unread, deleted=deleted,
+             **labels)
     return [p.key for p in pending]
 
 
@@ -160,6 +169,7 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
             start_http_server(port, addr="127.0.0.1")
 
         worker_init.connect(serve_metrics, weak=False)
+    ages = flows.CreatedAtCache(settings.sweep_age_cache_size)  # per worker process
     backoff = max(0, int(settings.retry_backoff.total_seconds()))
     backoff_max = max(backoff, int(settings.retry_backoff_max.total_seconds()))
 
@@ -172,7 +182,8 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
 
     @app.task(name=REPLICATE, shared=False)
     def replicate_task(policy_id: int) -> int:
-        keys = plan(factory(), policy_id, clock=clock, s3_endpoint_url=s3_endpoint_url)
+        keys = plan(factory(), policy_id, clock=clock, s3_endpoint_url=s3_endpoint_url, ages=ages,
+                    max_reads=settings.sweep_max_reads)
         for key in keys:
             copy_task.apply_async((policy_id, key), queue=queue)
         return len(keys)

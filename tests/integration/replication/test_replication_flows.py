@@ -9,7 +9,7 @@ import pytest
 
 from contract.kv_checkpoint import KVCheckpointInvalid, KVCheckpointStore, open_kv_store
 from controlplane.db import session_scope
-from controlplane.replication import service, tasks
+from controlplane.replication import flows, service, tasks
 from controlplane.replication.schemas import ReplicationPolicySpec
 from tests.integration.replication.conftest import ROOT, write_checkpoint
 
@@ -98,3 +98,49 @@ def test_a_corrupt_source_block_is_refused_then_dead_lettered_after_max_attempts
     events = client.get("/api/v1/events", params={"kind": "replication.dead_letter"},
                         headers=as_role("viewer")).json()
     assert [(e["outcome"], e["after"]["checkpoint"]) for e in events] == [("failed", key)]
+
+
+def test_a_backlog_past_the_read_cap_is_planned_a_share_per_sweep_and_each_manifest_read_once(
+        session_factory, clock, store_urls):
+    (source_url, _), (target_url, _) = store_urls("filesystem", "primary"), store_urls("filesystem", "standby")
+    source = KVCheckpointStore(open_kv_store(source_url))
+    policy_id = make_policy(session_factory, clock, source_url, target_url)
+    now = clock.wall()
+    backlog = [write_checkpoint(source, list(range(4 * (i + 1))), created_at=now - 100 + i) for i in range(7)]
+    reads: list[str] = []
+    read = KVCheckpointStore.manifest_at
+
+    def counted(self: KVCheckpointStore, key: str) -> Any:
+        if self.store.location == source.store.location:  # not the destination's, which retention reads
+            reads.append(key)
+        return read(self, key)
+
+    ages = flows.CreatedAtCache()
+    planned: list[list[str]] = []
+    for _ in range(3):
+        with pytest.MonkeyPatch.context() as patch:  # count the sweep's reads, not the copies'
+            patch.setattr(KVCheckpointStore, "manifest_at", counted)
+            keys = tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None, ages=ages, max_reads=3)
+        assert current_status(session_factory, clock)["pending"] == len(keys)  # this sweep's share
+        for key in keys:
+            assert tasks.copy(session_factory, policy_id, key, clock=clock, s3_endpoint_url=None) == "replicated"
+        planned.append(keys)
+    assert [len(keys) for keys in planned] == [3, 3, 1]
+    assert sorted(k for keys in planned for k in keys) == sorted(backlog)
+    assert sorted(reads) == sorted(backlog)  # each manifest read once over the three sweeps
+    assert current_status(session_factory, clock)["pending"] == 0
+
+
+def test_a_scan_counts_what_it_did_not_read_and_dates_it_at_a_later_scan(clock, store_urls):
+    (source_url, _), (target_url, _) = store_urls("filesystem", "a"), store_urls("filesystem", "b")
+    source, target = (KVCheckpointStore(open_kv_store(url)) for url in (source_url, target_url))
+    now = clock.wall()
+    keys = [write_checkpoint(source, list(range(4 * (i + 1))), created_at=now - 50 + i) for i in range(5)]
+    ages = flows.CreatedAtCache()
+    first = flows.scan_pending(source, target, skip=set(), not_before=0.0, ages=ages, max_reads=2)
+    assert (len(first.pending), first.unread, first.count) == (2, 3, 5)
+    second = flows.scan_pending(source, target, skip=set(), not_before=0.0, ages=ages, max_reads=2)
+    assert (len(second.pending), second.unread) == (4, 1)
+    third = flows.scan_pending(source, target, skip=set(), not_before=0.0, ages=ages, max_reads=2)
+    assert [p.key for p in third.pending] == keys  # oldest first, all dated
+    assert third.oldest_created_at == pytest.approx(now - 50)
