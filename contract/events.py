@@ -29,8 +29,9 @@ class DataPlaneEvent(_Record):
     """One automatic routing action a data-plane process took on its own."""
 
     kind: Literal["instance.suppressed", "instance.readmitted", "generation.fenced", "snapshot.refused",
-                  # the regional agent: a probe verdict changed; the pool promoted, started, lost or stopped one
-                  "probe.verdict", "pool.promoted", "pool.started", "pool.lost", "pool.stopped"]
+                  # the regional agent: a probe verdict changed; the pool promoted, demoted (a version roll keeps
+                  # it warm), started, lost or stopped one
+                  "probe.verdict", "pool.promoted", "pool.demoted", "pool.started", "pool.lost", "pool.stopped"]
     routing_tier: Literal["l7", "mesh", "anycast", "dns"] = "l7"
     actor: str = Field(min_length=1, max_length=160, description="gateway:<replica> or agent:<region>")
     region: str = Field(min_length=1, max_length=128)

@@ -161,3 +161,15 @@ def test_the_previous_version_an_agent_did_not_see_is_the_one_most_of_the_pool_r
     members = [m("a", "v1", S.WARM), m("b", "v1", S.SERVING), m("c", "v0", S.WARM), m("d", "vX", S.WARM)]
     assert infer_previous(members, desired="v2", known={"v0", "v1", "v2"}) == "v1"
     assert infer_previous([m("a", "v2", S.WARM)], desired="v2", known={"v1", "v2"}) is None
+
+
+async def test_a_serving_instance_of_the_previous_version_is_demoted_in_place_when_the_share_needs_it(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path, warm_previous=2)
+    v1 = {i.instance_id for i in agent.instances.values() if i.version == "v1"}
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 12)
+    assert await serving_versions(registry) == Counter({"v2": 2})
+    assert {i.instance_id for i in agent.instances.values() if i.version == "v1" and i.state is S.WARM} == v1
+    demoted = [e for e in shipper.buffer if e.kind == "pool.demoted"]
+    assert len(demoted) == 2 and all(e.detail["changes_routing"] and e.routing_tier == "l7" for e in demoted)
+    assert not set(agent.driver.stopped) & v1
