@@ -1,28 +1,33 @@
 """The operator console in a real browser: headless Debian Chromium driven by Playwright.
 
-A real `lifeline controlplane serve` (SQLite) reads the region's lease
-registry in the real Redis (127.0.0.1:6379, keys under a random prefix,
-removed after); engines' leases are registered through
-`contract.lease.RedisLeaseRegistry`, as engines do. Two gateway report
-loops stand in for gateway replicas: each polls the snapshot with a
-`gateway` token and reports the version it applied, exactly the calls a
-gateway makes (PUT /api/v1/gateways/{replica}, with the snapshot's epoch),
-so a cutover's l7 step verifies against them.
+A real fleet, every part its own process: `lifeline controlplane serve`
+(SQLite) with two registered versions of the tiny model (seed 0 and seed 1,
+built by `lifeline.processes.built_model`); two `lifeline gateway serve`
+replicas in region eu (routing.source snapshot, a `gateway` token), which
+poll the snapshot and report the version they applied; two
+`lifeline engine serve` processes (engine-1 in eu-a on seed 0, engine-2 in
+eu-b on seed 1) that hold their leases through a gateway in the real Redis
+(127.0.0.1:6379, keys under a random prefix, removed after), which the
+control plane reads for the fleet. Killing an engine is SIGKILL to its
+process; its lease lapses by itself (TTL 2 s). A cutover's l7 step
+verifies against the gateways' own reports.
 
 Playwright's own browser download cannot run here; it drives
 `/usr/bin/chromium` (Debian's `chromium`, `make system-deps`) through
-`executable_path`. Every page is screenshotted into one artifact directory,
-printed at the end of the module (`-s` shows it).
+`executable_path`. Every page is screenshotted into
+`$LIFELINE_TEST_ARTIFACTS/console/` (default `.lifeline/test-artifacts/`,
+git-ignored), emptied when the module starts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
 import secrets
-import threading
+import shutil
+import signal
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,74 +35,35 @@ import httpx
 import pytest
 import redis
 
-from contract.lease import Registration, RedisLeaseRegistry
-from lifeline.processes import ControlPlaneProcess
+from lifeline.processes import (
+    LEASE_TOKEN,
+    ControlPlaneProcess,
+    EngineProcess,
+    GatewayProcess,
+    built_model,
+    free_port,
+)
 
 pytestmark = pytest.mark.e2e
 
+ROOT = Path(__file__).resolve().parents[3]
+ARTIFACTS = Path(os.environ.get("LIFELINE_TEST_ARTIFACTS", ROOT / ".lifeline" / "test-artifacts")) / "console"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REDIS_URL = "redis://127.0.0.1:6379/0"
 TIMEOUT_MS = 20_000
-
-
-class GatewayReporter:
-    """A gateway replica's report loop: fetch the snapshot, report the version applied."""
-
-    def __init__(self, base: str, token: str, replica: str, zone: str) -> None:
-        self.client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=5.0)
-        self.replica, self.zone = replica, zone
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"report-{replica}", daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.3):
-            try:
-                snapshot = self.client.get("/api/v1/snapshot").json()
-                now = datetime.now(UTC).isoformat()
-                self.client.put(f"/api/v1/gateways/{self.replica}", json={
-                    "replica_id": self.replica, "region": "eu", "zone": self.zone, "routing_source": "snapshot",
-                    "snapshot_version": snapshot["version"], "snapshot_epoch": snapshot["controlplane_epoch"],
-                    "snapshot_applied_at": now, "reported_at": now})
-            except httpx.HTTPError:
-                continue
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.client.close()
-
-
-def run_async(coroutine: Callable[[], Any]) -> None:
-    """Run a coroutine on a thread of its own: Playwright's sync API holds an event loop on this one."""
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(coroutine())
-        except BaseException as exc:  # re-raised in the test's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(timeout=30)
-    if failure:
-        raise failure[0]
-
-
-def _artifact(root: Path, version: str) -> Path:
-    location = root / version
-    location.mkdir(parents=True)
-    (location / "config.json").write_text(json.dumps({"architectures": ["Tiny"], "hidden_size": 8}))
-    (location / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE"}}))
-    (location / "model.safetensors").write_bytes(version.encode() * 256)
-    return location
+SEED0, SEED1 = "tiny-seed0", "tiny-seed1"  # the built models' directory names: the catalog's version names
+GATEWAYS = (("gw-eu-1", "eu-a"), ("gw-eu-2", "eu-b"))
+# engine-3 is the one a test kills; engine-2 serves seed 1, which a promote moves prod to.
+ENGINES = (("engine-1", "eu-a", SEED0), ("engine-2", "eu-b", SEED1), ("engine-3", "eu-b", SEED0))
 
 
 class Console:
-    def __init__(self, cp: ControlPlaneProcess, tokens: dict[str, str], artifacts: Path, prefix: str) -> None:
-        self.cp, self.tokens, self.artifacts, self.prefix = cp, tokens, artifacts, prefix
+    def __init__(self, cp: ControlPlaneProcess, tokens: dict[str, str], prefix: str,
+                 gateways: list[GatewayProcess], engines: dict[str, EngineProcess]) -> None:
+        self.cp, self.tokens, self.prefix = cp, tokens, prefix
+        self.gateways, self.engines = gateways, engines
 
     @property
     def url(self) -> str:
@@ -107,38 +73,55 @@ class Console:
         return httpx.Client(base_url=self.cp.url, headers={"Authorization": f"Bearer {self.tokens[role]}"},
                             timeout=30.0)
 
-    def registry(self) -> RedisLeaseRegistry:
-        return RedisLeaseRegistry.from_url(REDIS_URL, region="eu", prefix=self.prefix, ttl=timedelta(minutes=10))
+
+def gateway_config(cp: ControlPlaneProcess, token: str, prefix: str, workdir: Path, replica: str,
+                   zone: str) -> dict[str, Any]:
+    """A replica of region eu that routes by the control plane's snapshot and shares the region's Redis registry."""
+    return {
+        "region": "eu", "zone": zone,
+        "registry": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "token": LEASE_TOKEN, "ttl": 2.0,
+                     "refresh_interval": 0.1},
+        "recovery": {"stall_timeout": 1.5, "first_token_timeout": 20.0, "connect_timeout": 1.0},
+        "routing": {"source": "snapshot", "controlplane_url": cp.url, "token": token, "poll_interval": 0.25,
+                    "cache_path": str(workdir / replica / "snapshot.json"), "report_interval": 0.5,
+                    "event_flush_interval": 0.2},
+    }
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    shots = tmp_path_factory.mktemp("console-screenshots")
-    yield shots
-    print(f"\nconsole screenshots: {shots}")
+def artifacts() -> Iterator[Path]:
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)  # only this run's screenshots, so a missing one shows
+    ARTIFACTS.mkdir(parents=True)
+    yield ARTIFACTS
+    print(f"\nconsole screenshots: {ARTIFACTS}")
 
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    workdir = tmp_path_factory.mktemp("console-cp")
+    workdir = tmp_path_factory.mktemp("console-fleet")
     prefix = f"console-e2e-{secrets.token_hex(4)}"
+    models = {path.name: path for path in (built_model("tiny", 0), built_model("tiny", 1))}
+    assert sorted(models) == [SEED0, SEED1]
     # The agent's reports go stale quickly here, so a test can watch a quiet agent's verdicts turn stale.
-    cp = ControlPlaneProcess(workdir=workdir, env={"LIFELINE_CONTROLPLANE_LEASE_REDIS_URL": REDIS_URL,
-                                                   "LIFELINE_CONTROLPLANE_LEASE_KEY_PREFIX": prefix,
-                                                   "LIFELINE_CONTROLPLANE_AGENT_REPORT_STALE_AFTER": "PT3S"})
+    cp = ControlPlaneProcess(workdir=workdir / "controlplane",
+                             env={"LIFELINE_CONTROLPLANE_LEASE_REDIS_URL": REDIS_URL,
+                                  "LIFELINE_CONTROLPLANE_LEASE_KEY_PREFIX": prefix,
+                                  "LIFELINE_CONTROLPLANE_AGENT_REPORT_STALE_AFTER": "PT3S"})
     tokens = {role: cp.create_token(role, name=f"e2e-{role}")
               for role in ("viewer", "operator", "admin", "gateway", "agent")}
-    root = workdir / "artifacts"
-    for version in ("v1", "v2"):
-        cp.cli("catalog", "register", "tiny", version, str(_artifact(root, version)))
-    cp.cli("catalog", "promote", "tiny", "prod", "v1", "--reason", "first")
+    for version, model_dir in sorted(models.items()):
+        cp.cli("catalog", "register", "tiny", version, str(model_dir))
+    cp.cli("catalog", "promote", "tiny", "prod", SEED0, "--reason", "first")
+    # A gateway takes a lease only for a version its snapshot serves: canary puts seed 1 there for engine-2.
+    cp.cli("catalog", "promote", "tiny", "canary", SEED1, "--reason", "first")
     cp.start()
-    reporters: list[GatewayReporter] = []
+    gateways: list[GatewayProcess] = []
+    engines: dict[str, EngineProcess] = {}
     store = redis.Redis.from_url(REDIS_URL)
     try:
         cp.wait_ready()
-        c = Console(cp, tokens, root, prefix)
-        with c.api("operator") as api:
+        with httpx.Client(base_url=cp.url, headers={"Authorization": f"Bearer {tokens['operator']}"},
+                          timeout=30.0) as api:
             for region, zones in (("eu", ("eu-a", "eu-b")), ("us", ("us-a",))):
                 assert api.post("/api/v1/regions", json={"name": region}).status_code == 201
                 for zone in zones:
@@ -146,23 +129,28 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
                     created = api.post("/api/v1/clusters", json={"name": f"c-{zone}", "region": region,
                                                                  "zone": zone, "model": "tiny", "weight": 100})
                     assert created.status_code == 201, created.text
-
-        async def register() -> None:
-            registry = c.registry()
-            for instance, zone in (("engine-1", "eu-a"), ("engine-2", "eu-b")):
-                await registry.register(Registration(instance_id=instance, url=f"http://127.0.0.1:1/{instance}",
-                                                     version="v1", zone=zone, region="eu"))
-            await registry.close()
-
-        run_async(register)
-        reporters = [GatewayReporter(cp.url, tokens["gateway"], "gw-eu-1", "eu-a"),
-                     GatewayReporter(cp.url, tokens["gateway"], "gw-eu-2", "eu-b")]
-        for reporter in reporters:
-            reporter.thread.start()
-        yield c
+        for replica, zone in GATEWAYS:
+            gateway = GatewayProcess(gateway_config(cp, tokens["gateway"], prefix, workdir, replica, zone),
+                                     free_port(), workdir, replica_id=replica)
+            gateways.append(gateway)
+            gateway.start()
+        for gateway in gateways:
+            gateway.wait_live()
+        for instance, zone, version in ENGINES:
+            engines[instance] = EngineProcess(
+                models[version], free_port(), instance, workdir / "state" / instance, workdir / f"{instance}.log",
+                extra_args=[*gateways[0].registry_args(), "--region", "eu", "--zone", zone])
+            engines[instance].start()
+        for engine in engines.values():
+            engine.wait_ready()
+        for gateway in gateways:
+            gateway.wait_routable("tiny", 1)  # prod (seed 0) has engine-1 behind it at every replica
+        yield Console(cp, tokens, prefix, gateways, engines)
     finally:
-        for reporter in reporters:
-            reporter.close()
+        for engine in engines.values():
+            engine.kill()
+        for gateway in gateways:
+            gateway.kill()
         cp.stop()
         for found in store.scan_iter(f"{prefix}:*"):
             store.delete(found)
@@ -230,8 +218,12 @@ def test_operator_sees_the_fleet_and_an_engine_leaving_it_live(page_for: Callabl
                                                               artifacts: Path) -> None:
     page = page_for()
     sign_in(page, console.tokens["operator"])
-    engine_1 = page.locator('[data-testid="instance-engine-1"]')
-    assert "v1" in engine_1.inner_text() and "live" in engine_1.inner_text()
+    leases = console.gateways[0].leases()  # instance → generation, as the gateway's registry holds them
+    for instance, zone, version in ENGINES:
+        row = page.locator(f'[data-testid="region-eu"] [data-testid="instance-{instance}"]').inner_text()
+        engine = console.engines[instance]
+        assert version in row and "live" in row and engine.url in row, row
+        assert f"\t{leases[instance]}\t" in f"\t{row}\t", (instance, leases, row)  # the generation cell
     # No reload from here on: the page's body refreshes itself.
     page.wait_for_selector("#fleet-status:text('live')")
     page.wait_for_function("document.querySelectorAll('[data-testid^=\"gateway-gw-eu-\"]').length === 2")
@@ -239,11 +231,11 @@ def test_operator_sees_the_fleet_and_an_engine_leaving_it_live(page_for: Callabl
 
     # The region's agent reports a probe verdict and a canary for engine-1, and a warm pool instance.
     agent_reports(console, [
-        {"instance_id": "engine-1", "zone": "eu-a", "version": "v1", "url": "http://127.0.0.1:1/engine-1",
+        {"instance_id": "engine-1", "zone": "eu-a", "version": SEED0, "url": console.engines["engine-1"].url,
          "origin": "registry", "verdict": "wrong_output", "verdict_reason": "canary tokens differ at position 3",
          "verdict_since": datetime.now(UTC).isoformat(), "canary_verdict": "wrong_output",
          "canary_at": datetime.now(UTC).isoformat(), "canaries": 2},
-        {"instance_id": "pool-eu-b-1", "zone": "eu-b", "version": "v1", "url": "http://127.0.0.1:1/pool",
+        {"instance_id": "pool-eu-b-1", "zone": "eu-b", "version": SEED0, "url": "http://127.0.0.1:1/pool",
          "origin": "pool", "pool_state": "warm"},
     ])
     verdict = page.locator('[data-testid="instance-engine-1"] [data-testid="verdict"]')
@@ -256,43 +248,58 @@ def test_operator_sees_the_fleet_and_an_engine_leaving_it_live(page_for: Callabl
     assert "wrong_output" in verdict.inner_text() and "stale" in page.get_by_test_id("agent-eu").inner_text()
     shoot(page, artifacts, "fleet-agent-stale")
 
-    async def kill() -> None:  # the engine goes away and releases its lease, as a stopped engine does
-        registry = console.registry()
-        lease = next(x for x in await registry.live() if x.instance_id == "engine-2")
-        await registry.release("engine-2", lease.generation)
-        await registry.close()
-
-    run_async(kill)
-    page.wait_for_selector('[data-testid="instance-engine-2"]', state="detached")  # it leaves the open page
+    # SIGKILL: the engine cannot release anything; its lease lapses by itself within the TTL (2 s).
+    console.engines["engine-3"].kill(signal.SIGKILL)
+    page.wait_for_selector('[data-testid="instance-engine-3"]', state="detached")  # it leaves the open page
     assert page.locator('[data-testid="instance-engine-1"]').count() == 1
+    assert page.locator('[data-testid="instance-engine-2"]').count() == 1
+    shoot(page, artifacts, "fleet-engine-killed")
+
+
+def completion(gateway: GatewayProcess) -> tuple[int, ...] | None:
+    """A short greedy completion of alias `tiny` (prod) through one gateway: its token ids, or None if refused."""
+    body = {"model": "tiny", "prompt": "The console promoted the alias, so the gateway", "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    try:
+        response = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
+    except httpx.TransportError:
+        return None
+    return tuple(response.json()["choices"][0]["token_ids"]) if response.status_code == 200 else None
 
 
 def test_promote_an_alias_and_see_every_gateway_apply_it(page_for: Callable[[], Any], console: Console,
                                                         artifacts: Path) -> None:
+    answered_before = {g.replica_id: completion(g) for g in console.gateways}  # seed 0's tokens
+    assert None not in answered_before.values() and len(set(answered_before.values())) == 1
     page = page_for()
     sign_in(page, console.tokens["operator"])
     with console.api("viewer") as api:
         before = api.get("/api/v1/snapshot").json()["version"]
     page.get_by_role("link", name="Catalog", exact=True).click()
     form = page.locator('[data-testid="promote-tiny"]')
-    form.locator("select[name=version]").select_option("v2")
-    form.locator("input[name=reason]").fill("v2 passed canary")
+    form.locator("select[name=version]").select_option(SEED1)
+    form.locator("input[name=reason]").fill("seed 1 passed canary")
     form.get_by_role("button", name="Promote").click()
     page.wait_for_load_state()
     row = page.locator('[data-testid="alias-tiny-prod"]')
-    assert row.locator('[data-testid="alias-version"]').inner_text() == "v2"
+    assert row.locator('[data-testid="alias-version"]').inner_text() == SEED1
     row.locator("summary").click()
-    assert "v1 → v2" in row.inner_text() and "v2 passed canary" in row.inner_text()
+    assert f"{SEED0} → {SEED1}" in row.inner_text() and "seed 1 passed canary" in row.inner_text()
     shoot(page, artifacts, "catalog")
 
     page.get_by_role("link", name="Fleet", exact=True).click()
 
     def applied() -> bool:  # no reload: the fleet page follows the gateways' reports by itself
-        texts = [page.locator(f'[data-testid="gateway-gw-eu-{n}"]').inner_text() for n in (1, 2)]
+        texts = [page.locator(f'[data-testid="gateway-{replica}"]').inner_text() for replica, _ in GATEWAYS]
         # a promote advances the snapshot version by exactly one
         return all(f"v{before + 1}" in t and "current" in t for t in texts)
 
     until(applied, "every gateway applies the promoted snapshot")
+    shoot(page, artifacts, "fleet-promoted")
+    # What the page says is what the gateways do: each now answers prod from seed 1 (engine-2), not seed 0.
+    for gateway in console.gateways:
+        until(lambda gateway=gateway: completion(gateway) not in (None, answered_before[gateway.replica_id]),
+              f"{gateway.replica_id} answers prod from the promoted version")
 
 
 def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
@@ -362,7 +369,7 @@ def test_define_a_drill_request_a_run_and_abort_it_from_the_console(page_for: Ca
     assert "awaiting approval" in page.get_by_test_id("drill-effect").inner_text()
     assert "eu-b" in page.get_by_test_id("drill-spec").inner_text()
     shoot(page, artifacts, "drill-request-confirm")
-    page.get_by_role("button", name="Request a run of lose-eu-b v1").click()
+    page.get_by_role("button", name="Request a run of lose-eu-b v1").click()  # the drill's v1, not a model's
     page.wait_for_url("**/console/drills/runs/*")
     assert page.get_by_test_id("drill-state").inner_text() == "awaiting_approval"
     run_id = int(page.url.rsplit("/", 1)[1])
@@ -399,50 +406,122 @@ def test_a_viewer_finds_no_way_to_act(page_for: Callable[[], Any], console: Cons
     # And the server refuses the action anyway, even with the viewer's own valid CSRF token.
     csrf = page.locator("form[action='/console/sign-out'] input[name=csrf_token]").get_attribute("value")
     refused = page.request.post("/console/catalog/tiny/promote",
-                                form={"csrf_token": csrf, "alias": "prod", "version": "v1", "reason": "x"})
+                                form={"csrf_token": csrf, "alias": "prod", "version": SEED0, "reason": "x"})
     assert refused.status == 403
 
 
 def test_keyboard_only_sign_in_plan_and_execute(page_for: Callable[[], Any], console: Console,
                                                 artifacts: Path) -> None:
     page = page_for()
-    page.goto("/console/sign-in")
-    assert page.evaluate("document.activeElement.id") == "token"  # autofocus: type at once
-    page.keyboard.type(console.tokens["operator"])
-    page.keyboard.press("Enter")
-    page.wait_for_url("**/console/fleet")
+    keyboard_sign_in(page, console.tokens["operator"])
     page.keyboard.press("Tab")  # on every page the skip link comes first
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
-
-    def tab_to(check: str, what: str) -> None:
-        for _ in range(80):
-            page.keyboard.press("Tab")
-            if page.evaluate(check):
-                return
-        raise AssertionError(f"Tab never reached {what}")
-
-    tab_to("document.activeElement.textContent === 'Cutovers'", "the Cutovers link")
+    tab_to(page, "document.activeElement.textContent === 'Cutovers'", "the Cutovers link")
     page.keyboard.press("Enter")
     page.wait_for_url("**/console/cutovers")
-    tab_to("document.activeElement.id === 'pl-kind'", "the plan form")
+    tab_to(page, "document.activeElement.id === 'pl-kind'", "the plan form")
     page.keyboard.press("Tab")   # region (first: eu)
     page.keyboard.press("Tab")   # zone / instance
     page.keyboard.type("eu-b")
-    tab_to("document.activeElement.id === 'pl-reason'", "the reason")
+    tab_to(page, "document.activeElement.id === 'pl-reason'", "the reason")
     page.keyboard.type("keyboard drill")
     page.keyboard.press("Enter")
     page.wait_for_url("**/console/cutovers/*")
-    tab_to("document.activeElement.dataset.testid === 'review-execute'", "Review and execute")
+    tab_to(page, "document.activeElement.dataset.testid === 'review-execute'", "Review and execute")
     page.keyboard.press("Enter")
     page.wait_for_url("**/execute")
-    tab_to("document.activeElement.textContent.startsWith('Execute cutover')", "the Execute button")
+    tab_to(page, "document.activeElement.textContent.startsWith('Execute cutover')", "the Execute button")
     page.keyboard.press("Enter")
     page.wait_for_selector('[data-testid="cutover-state"]:text("completed")')
     shoot(page, artifacts, "keyboard-completed")
-    tab_to("document.activeElement.dataset.testid === 'review-rollback'", "Review and roll back")
+    tab_to(page, "document.activeElement.dataset.testid === 'review-rollback'", "Review and roll back")
     page.keyboard.press("Enter")
     page.wait_for_url("**/rollback")
-    tab_to("document.activeElement.id === 'rb-reason'", "the rollback reason")
+    tab_to(page, "document.activeElement.id === 'rb-reason'", "the rollback reason")
     page.keyboard.type("done")
     page.keyboard.press("Enter")
     page.wait_for_selector('[data-testid="cutover-state"]:text("rolled_back")')
+
+
+def keyboard_sign_in(page: Any, token: str) -> None:
+    page.goto("/console/sign-in")
+    assert page.evaluate("document.activeElement.id") == "token"  # autofocus: type at once
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/console/fleet")
+
+
+def tab_to(page: Any, check: str, what: str) -> None:
+    for _ in range(120):
+        page.keyboard.press("Tab")
+        if page.evaluate(check):
+            return
+    raise AssertionError(f"Tab never reached {what}")
+
+
+def test_keyboard_only_promote_and_roll_back_an_alias(page_for: Callable[[], Any], console: Console,
+                                                      artifacts: Path) -> None:
+    page = page_for()
+    keyboard_sign_in(page, console.tokens["operator"])
+    tab_to(page, "document.activeElement.textContent === 'Catalog'", "the Catalog link")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/console/catalog")
+    version = page.locator('[data-testid="alias-tiny-prod"] [data-testid="alias-version"]')
+    current = version.inner_text()
+    target = SEED1 if current == SEED0 else SEED0
+    tab_to(page, "document.activeElement.id === 'pv-tiny'", "the version to promote")
+    page.keyboard.press("ArrowDown" if target == SEED1 else "ArrowUp")  # options are in version order
+    assert page.evaluate("document.activeElement.value") == target
+    tab_to(page, "document.activeElement.id === 'pr-tiny'", "the promote reason")
+    page.keyboard.type("keyboard promote")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"document.querySelector('[data-testid=\"alias-tiny-prod\"] "
+                           f"[data-testid=\"alias-version\"]').textContent === '{target}'")
+    shoot(page, artifacts, "keyboard-promoted")
+    tab_to(page, "document.activeElement.id === 'rb-tiny-prod'", "the roll back reason")
+    page.keyboard.type("keyboard rollback")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"document.querySelector('[data-testid=\"alias-tiny-prod\"] "
+                           f"[data-testid=\"alias-version\"]').textContent === '{current}'")
+
+
+# Every page of the console, by the name its screenshot gets; `{cutover}` and `{run}` are filled in below.
+PAGES = {
+    "fleet": "/console/fleet", "catalog": "/console/catalog", "cutovers": "/console/cutovers",
+    "cutover": "/console/cutovers/{cutover}", "cutover-execute-confirm": "/console/cutovers/{cutover}/execute",
+    "cutover-rollback-confirm": "/console/cutovers/{cutover}/rollback",
+    "zonal-shift-confirm": "/console/zonal-shifts/new?region=eu&zone=eu-b&expires_in_h=1&reason=e2e",
+    "events": "/console/events", "drills": "/console/drills", "drill-request-confirm": "/console/drills/every-page/request",
+    "drill-run": "/console/drills/runs/{run}", "drill-abort-confirm": "/console/drills/runs/{run}/abort",
+    "slo": "/console/slo/tiny", "refused": "/console/cutovers/999999",
+}
+
+
+def test_every_page_renders_and_is_screenshotted(page_for: Callable[[], Any], console: Console,
+                                                 artifacts: Path) -> None:
+    with console.api("operator") as api:
+        planned = api.post("/api/v1/cutovers", json={"scope": {"kind": "region", "region": "us"}, "tier": "l7",
+                                                     "target_state": "out", "reason": "e2e: every page"})
+        assert planned.status_code == 201, planned.text
+        drill = {**ZONE_DRILL, "name": "every-page", "description": "e2e: every page"}
+        assert api.post("/api/v1/drills", json=drill).status_code == 201
+        run = api.post("/api/v1/drills/every-page/runs")
+        assert run.status_code == 201, run.text
+    ids = {"cutover": planned.json()["id"], "run": run.json()["id"]}
+    page = page_for()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto("/console/sign-in")
+    shoot(page, artifacts, "page-sign-in")
+    sign_in(page, console.tokens["operator"])
+    for name, path in PAGES.items():
+        errors.clear()
+        response = page.goto(path.format(**ids))
+        assert response is not None and response.status == (404 if name == "refused" else 200), (name, path)
+        assert page.locator("main h1").count() == 1, name
+        shoot(page, artifacts, f"page-{name}")
+        # The CSP allows nothing inline: a page that broke it, or a static file missing, logs an error.
+        assert name == "refused" or errors == [], (name, errors)
+    shots = sorted(artifacts.glob("page-*.png"))
+    assert {p.stem for p in shots} == {f"page-{name}" for name in (*PAGES, "sign-in")}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in shots)
