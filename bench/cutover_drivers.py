@@ -42,12 +42,12 @@ from cutover.driver import (
     DnsTarget,
     L7State,
     L7Target,
-    PollingDriver,
     Verification,
 )
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
 from cutover.drivers.dns import EXTERNAL_TTL_S, Rfc2136Driver, Route53Driver
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
+from cutover.drivers.polling import PollingDriver
 from lifeline.daemons import MotoServer, BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
 
 HEADING = "## Cutover drivers (bench/cutover_drivers.py)"

@@ -41,9 +41,8 @@ from cutover.driver import (
     AnycastTarget,
     DriverRejected,
     DriverUnavailable,
-    PollingDriver,
-    retry_unavailable,
 )
+from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 
 class ExaBgpApi:

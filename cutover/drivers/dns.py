@@ -47,9 +47,8 @@ from cutover.driver import (
     DnsTarget,
     DriverRejected,
     DriverUnavailable,
-    PollingDriver,
-    retry_unavailable,
 )
+from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 EXTERNAL_TTL_S = 60
 INTERNAL_TTL_S = 600

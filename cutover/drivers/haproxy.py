@@ -33,9 +33,8 @@ from cutover.driver import (
     L7AdminState,
     L7State,
     L7Target,
-    PollingDriver,
-    retry_unavailable,
 )
+from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 _MAINT_FLAGS = 0x01 | 0x02 | 0x04 | 0x20 | 0x40
 _DRAIN_FLAGS = 0x08 | 0x10

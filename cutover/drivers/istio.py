@@ -46,9 +46,8 @@ from cutover.driver import (
     DriverUnavailable,
     MeshState,
     MeshTarget,
-    PollingDriver,
-    retry_unavailable,
 )
+from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 GROUP = "networking.istio.io"
 PLURAL = "virtualservices"

@@ -8,7 +8,8 @@ import pytest
 
 from common.clock import ManualClock
 from controlplane.event.models import RoutingTier
-from cutover.driver import AnycastState, AnycastTarget, DriverUnavailable, L7State, L7Target, PollingDriver
+from cutover.driver import AnycastState, AnycastTarget, DriverUnavailable, L7State, L7Target
+from cutover.drivers.polling import PollingDriver
 from cutover.models import CutoverTier, ScopeKind, TargetState
 from cutover.tiers import Scope, TierDriverAdapter, describe_target, event_tier
 
