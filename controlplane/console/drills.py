@@ -81,6 +81,8 @@ def define(request: Request, form: Form) -> Response:
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"spec: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
                                param="spec") from None
+        except RecursionError:  # "[[[[…" a few thousand deep fits in a form; the REST route's parser says 400
+            raise InvalidInput("spec: nested too deeply to be a drill definition", param="spec") from None
         if not isinstance(data, dict):
             raise InvalidInput("spec: a JSON object with DrillSpec's fields", param="spec")
         spec = parse(DrillSpec, data)

@@ -206,6 +206,8 @@ SHIFT = {"region": "eu", "zone": "eu-b", "expires_in_h": "1", "reason": "r"}
     ("/console/catalog/tiny/promote", {"alias": "prod", "version": "v9", "reason": "r"}, 404, "version_not_found"),
     ("/console/drills", {"spec": "[1, 2"}, 422, "invalid_request"),
     ("/console/drills", {"spec": '"a string"'}, 422, "invalid_request"),
+    ("/console/drills", {"spec": "[" * 5000 + "]" * 5000}, 422, "invalid_request"),  # RecursionError in json
+    ("/console/drills", {"spec": json.dumps({**ZONE_DRILL, "name": "x" * 5000})}, 422, "invalid_request"),
     ("/console/drills/runs/1/abort", {"reason": "\x00\x00"}, 422, "invalid_request"),
 ])
 @pytest.mark.usefixtures("targets")

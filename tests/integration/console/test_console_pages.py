@@ -370,6 +370,37 @@ def test_a_refused_promote_shows_the_services_error_and_changes_nothing(
         assert catalog_aliases.get_alias_or_raise(session, model="tiny", name="prod").revision == 1
 
 
+@pytest.mark.usefixtures("catalog_two_versions")
+def test_catalog_shows_each_versions_last_verify_known_issues_and_fingerprint_parts(
+    console: TestClient, tokens: dict[str, str], session_factory: Any, clock: ManualClock, tmp_path: Path,
+) -> None:
+    from weight_catalog import known_issues, verify
+    from weight_catalog.models import Severity
+
+    root = tmp_path / "artifacts"
+    (root / "v2" / "model.safetensors").write_bytes(b"bitrot" * 64)  # v2's shard no longer matches its checksum
+    with session_scope(session_factory) as session:
+        for version in ("v1", "v2"):
+            report = verify.verify(session, model="tiny", version=version, store=open_store(str(root / version)),
+                                   workers=1)
+            verify.record_verify(session, report=report, actor="test", clock=clock)
+        known_issues.add_issue(session, model="tiny", version="v2", severity=Severity.CRITICAL,
+                               title="NaNs after 2k tokens", description="", actor="test", clock=clock)
+        fixed = known_issues.add_issue(session, model="tiny", version="v1", severity=Severity.LOW,
+                                       title="slow first token", description="", actor="test", clock=clock)
+        known_issues.resolve_issue(session, issue_id=fixed.id, resolution="warm pool", actor="test", clock=clock)
+        parts = dict(catalog_service.get_version_or_raise(session, model="tiny", version="v1").fingerprint_parts)
+    sign_in(console, tokens["viewer"])
+    page = console.get("/console/catalog").text
+    v1 = page.split('data-testid="version-tiny-v1"')[1].split("</tr>")[0]
+    v2 = page.split('data-testid="version-tiny-v2"')[1].split("</tr>")[0]
+    assert "healthy" in v1 and "unhealthy" not in v1 and "never verified" not in v1
+    assert "unhealthy" in v2
+    assert "critical" in v2 and "NaNs after 2k tokens" in v2 and "open since" in v2
+    assert "slow first token" in v1 and "resolved" in v1 and "warm pool" in v1 and "NaNs" not in v1
+    assert parts and all(f"<dt>{part}</dt>" in v1 for part in parts)  # every fingerprint part, by name
+
+
 # --- cutovers ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.usefixtures("topology_eu")
