@@ -1,4 +1,7 @@
-"""The served control plane checks `assertion.capacity` against the warm-pool plans of its drivers file.
+"""The served control plane with a drivers file of warm-pool plans and no tier drivers: the capacity rule, and
+what automatic escalation does at a tier that file leaves out (recorded only: it holds, it contains nothing).
+
+`assertion.capacity` is checked against the warm-pool plans of the drivers file.
 
 `create_app` with a drivers file whose `[[capacity.plans]]` hold each
 region's `lifeline pool plan` inputs: eu (two zones, warm, 300 sequences)
