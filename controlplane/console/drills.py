@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Request
+from fastapi import APIRouter, BackgroundTasks, Query, Request
 from fastapi.responses import Response
 
 from controlplane.auth.roles import Role
@@ -95,7 +96,8 @@ def define(request: Request, form: Form) -> Response:
 
 
 @router.get("/console/drills/{name}/request", include_in_schema=False, name="console.drill_request_confirm")
-def request_confirm(name: NamePath, request: Request, version: int | None = None) -> Response:
+def request_confirm(name: NamePath, request: Request,
+                    version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None) -> Response:
     """The confirmation before a run: what the drill faults, where, and whether it starts at once."""
     user = current_user(request)
     if user is None:

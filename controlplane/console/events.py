@@ -15,6 +15,7 @@ of EventSource do) and a websocket (the log is one-way).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
@@ -25,7 +26,15 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from controlplane.console import session as console_session
-from controlplane.console.web import ENV, SECURITY_HEADERS, current_user, key, problem, render, to_sign_in
+from controlplane.console.web import (
+    ENV,
+    SECURITY_HEADERS,
+    current_user,
+    key,
+    problem,
+    render,
+    to_sign_in,
+)
 from controlplane.event import service as event_service
 from controlplane.event.models import Event, RoutingTier
 from controlplane.event.repository import EventFilter
@@ -142,7 +151,7 @@ async def sse_frames(request: Request, flt: EventFilter, *, start: int, cookie: 
     for tick in range(polls):
         if await request.is_disconnected():
             return
-        rows = await anyio.to_thread.run_sync(lambda: poll(request, flt, after_id=last, cookie=cookie))
+        rows = await anyio.to_thread.run_sync(functools.partial(poll, request, flt, after_id=last, cookie=cookie))
         if rows is None:
             yield "event: signed-out\ndata: sign in again\n\n"
             return

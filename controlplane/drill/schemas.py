@@ -163,7 +163,7 @@ class DrillDefinitionRead(BaseModel):
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(None, ge=1, description="default: the latest version of the definition")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="default: the latest version of the definition")
 
 
 class AbortRequest(BaseModel):

@@ -209,6 +209,8 @@ SHIFT = {"region": "eu", "zone": "eu-b", "expires_in_h": "1", "reason": "r"}
     ("/console/drills", {"spec": "[" * 5000 + "]" * 5000}, 422, "invalid_request"),  # RecursionError in json
     ("/console/drills", {"spec": json.dumps({**ZONE_DRILL, "name": "x" * 5000})}, 422, "invalid_request"),
     ("/console/drills/runs/1/abort", {"reason": "\x00\x00"}, 422, "invalid_request"),
+    ("/console/drills/lose-eu-a/runs", {"version": "9" * 30}, 422, "invalid_request"),
+    ("/console/drills/lose-eu-a/runs", {"version": "0"}, 422, "invalid_request"),
 ])
 @pytest.mark.usefixtures("targets")
 def test_a_malformed_field_gets_a_typed_refusal_and_changes_nothing(
@@ -252,6 +254,9 @@ def test_odd_cookies_and_headers_are_refused_not_crashed(console: TestClient, to
         assert stream.status_code == 200 and stream.text.startswith("retry:"), (last_event_id, stream.text[:200])
     too_far = console.get("/console/events/stream", params={"after_id": str(2**63)})
     assert too_far.status_code == 422
+    # A drill version past the id range is refused by the query's bounds, not by the database (a 500).
+    confirm = console.get("/console/drills/lose-eu-a/request", params={"version": "9" * 30})
+    assert confirm.status_code == 422
 
 
 @pytest.mark.usefixtures("targets")

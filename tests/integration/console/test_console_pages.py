@@ -13,8 +13,8 @@ from common.clock import ManualClock
 from contract.events import GatewayReport
 from contract.lease import Lease
 from controlplane.auth import service as auth_service
-from controlplane.auth.roles import MACHINES
 from controlplane.auth.models import AuditRecord
+from controlplane.auth.roles import MACHINES
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
