@@ -31,6 +31,11 @@ instance; an engine without a holder gains 2.8 s of a 4+ s cold load and
 gets none. A standby that died, or none warm yet, means a new interpreter:
 never slower than without standbys (a standby still importing is used, and
 reads its arguments when its imports finish).
+
+Holder tenancies (LocalDriver, any `--holder` in `engine_args`): `stop` of an
+instance that did not exit cleanly releases its tenancy at the holder, since
+the agent replaces it under a new instance id and no successor would ever
+unfreeze its blocks (`_release_tenancy`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
+
+import httpx
 
 from common.logs import get_logger
 from common.ports import free_port
@@ -86,9 +93,18 @@ class _Process:
     from_standby: bool = False
 
 
+def holder_url(engine_args: list[str]) -> str | None:
+    """The memory holder `engine serve` with these flags attaches to (`--holder URL` / `--holder=URL`), if any."""
+    for index, arg in enumerate(engine_args):
+        if arg.startswith("--holder="):
+            return arg.removeprefix("--holder=")
+        if arg == "--holder" and index + 1 < len(engine_args):
+            return engine_args[index + 1]
+    return None
+
+
 def uses_holder(engine_args: list[str]) -> bool:
-    """Whether `engine serve` with these flags attaches to a memory holder (`--holder URL` / `--holder=URL`)."""
-    return any(arg == "--holder" or arg.startswith("--holder=") for arg in engine_args)
+    return holder_url(engine_args) is not None
 
 
 class LocalDriver:
@@ -202,6 +218,32 @@ class LocalDriver:
                 await asyncio.to_thread(process.popen.wait, 5)
         if process.log_file is not None:
             process.log_file.close()
+        if process.holder_backed and process.popen.returncode != 0:
+            await asyncio.to_thread(self._release_tenancy, instance_id)
+
+    def _release_tenancy(self, instance_id: str) -> None:
+        """End a dead instance's tenancy at the holder: no successor will ever take it over.
+
+        The holder freezes a tenant that stops renewing and keeps its blocks for a successor under the
+        same instance id — but the agent replaces a lost instance under a new id, so nothing would ever
+        unfreeze it, and its KV blocks would pin the pool (frozen tenants' blocks are never evicted).
+        Released, its uncommitted blocks are freed and its committed ones stay findable by hash
+        (lookup) and evictable. A clean exit released itself; a holder that does not answer leaves
+        the tenant frozen, which is the safe side.
+        """
+        url = holder_url(self.engine_args)
+        try:
+            generation = int((self.state_dir / instance_id / "generation").read_text())
+        except (OSError, ValueError):
+            return  # it never took a boot generation, so it never attached
+        try:
+            response = httpx.post(f"{url}/v1/tenants/{instance_id}/release", json={"generation": generation},
+                                  timeout=httpx.Timeout(2.0, connect=0.5))
+        except httpx.HTTPError as exc:
+            log.warning("holder tenancy not released; it stays frozen", instance=instance_id, error=repr(exc))
+            return
+        log.info("holder tenancy released", instance=instance_id, generation=generation,
+                 status=response.status_code)  # 404: it never attached (loaded from disk); 409: superseded
 
     async def close(self) -> None:
         standbys, self.standbys = self.standbys, []

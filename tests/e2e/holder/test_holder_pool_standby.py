@@ -7,7 +7,8 @@ interpreter), semantic recovery (the stream the dead engine was sending
 continues token-identically on it from `prompt ‖ committed`), and the
 driver's bookkeeping: one standby per holder-backed instance, refilled after
 use, retired when the pool shrinks, and none at all for an engine without a
-holder. The driver is called as the agent calls it (`stop` the lost one,
+holder, and the dead instance's tenancy released at the holder (no
+successor takes it over). The driver is called as the agent calls it (`stop` the lost one,
 `start` a new instance id, `refresh` each tick). No wall-clock asserts:
 bench/holder.py carries the speed claims.
 """
@@ -84,6 +85,9 @@ def test_driver_restarts_a_killed_holder_engine_from_its_standby_and_the_stream_
         committed = kill_mid_stream(first, PROMPT, MAX_TOKENS, after=9)
         assert not driver.alive("r1-z1-1")
         asyncio.run(driver.stop("r1-z1-1", graceful=False))  # the agent loses it ...
+        # ... and it will never come back under its id: the driver ends its tenancy, so its KV blocks and
+        # reservations do not stay frozen in the holder for a successor that never comes.
+        assert holder.tenant("r1-z1-1")["state"] == "released"
         replacement = start(driver, "r1-z1-2")  # ... and starts another instance in its place
         assert replacement.process.pid == standby_pid  # the standby became the engine: no new interpreter
         assert driver.processes["r1-z1-2"].from_standby is True
