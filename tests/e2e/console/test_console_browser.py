@@ -335,8 +335,9 @@ def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
     # The timeline, opened before, shows the step without a reload.
     timeline.wait_for_selector("#timeline-rows tr.fresh:has-text('cutover.step')")
     assert timeline.locator("#timeline-rows tr").count() > rows_before
-    link = timeline.locator("#timeline-rows tr.fresh").first.get_by_role("link")
-    assert link.get_attribute("href").startswith("/console/cutovers/")
+    cutover_url = page.url  # the operator's tab is on the cutover that wrote the step
+    link = timeline.locator("#timeline-rows tr.fresh:has-text('cutover.step')").first.get_by_role("link")
+    assert cutover_url.endswith(link.get_attribute("href"))
     shoot(timeline, artifacts, "events")
 
     page.get_by_test_id("review-rollback").click()
@@ -344,6 +345,10 @@ def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
     page.get_by_role("button", name="Roll back cutover").click()
     page.wait_for_selector('[data-testid="cutover-state"]:text("rolled_back")')
     timeline.wait_for_selector("#timeline-rows tr.fresh:has-text('cutover.rollback_step')")
+    # One click from the rollback's event to the cutover that wrote it, showing it rolled back.
+    timeline.locator("#timeline-rows tr.fresh:has-text('cutover.rollback_step')").first.get_by_role("link").click()
+    timeline.wait_for_url(cutover_url)
+    assert timeline.get_by_test_id("cutover-state").inner_text() == "rolled_back"
     page.get_by_role("link", name="Cutovers", exact=True).click()
     shoot(page, artifacts, "cutovers")
 
