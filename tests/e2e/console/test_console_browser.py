@@ -530,3 +530,23 @@ def test_every_page_renders_and_is_screenshotted(page_for: Callable[[], Any], co
     shots = sorted(artifacts.glob("page-*.png"))
     assert {p.stem for p in shots} == {f"page-{name}" for name in (*PAGES, "sign-in")}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in shots)
+
+
+def test_an_open_fleet_page_says_it_is_not_current_when_the_control_plane_goes_away(
+    page_for: Callable[[], Any], console: Console, artifacts: Path,
+) -> None:
+    """Last in the module: it restarts the control plane, which signs every session out."""
+    page = page_for()
+    sign_in(page, console.tokens["viewer"])
+    page.wait_for_selector("#fleet-status:text('live')")
+    console.cp.stop(signal.SIGKILL)
+    page.wait_for_selector("#fleet-live.not-live")
+    assert "control plane unreachable" in page.locator("#fleet-status").inner_text()
+    shoot(page, artifacts, "fleet-controlplane-down")
+    # Back on the same database and port, with a new process key: the open page's session is gone, and the
+    # page says so rather than going back to looking live.
+    console.cp.start()
+    console.cp.wait_ready()
+    page.wait_for_selector("#fleet-status:text('session ended')")
+    assert page.locator("#fleet-live.not-live").count() == 1
+    shoot(page, artifacts, "fleet-signed-out")
