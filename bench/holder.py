@@ -37,7 +37,11 @@ time to the first token of a continuation whose prompt the dead engine had
 committed as KV blocks, against a prompt of the same length it never saw
 (a full prefill), both on the same restarted engine.
 
-    .venv/bin/python -m bench.holder [--presets tiny,small] [--kills 20] [--sections restart,step,kv] [--write docs/benchmarks.md]
+`--presets gb` adds a generated ~1.5 GB model (GB_PRESET, float32), built in a
+temporary directory for the run and removed after it.
+
+    .venv/bin/python -m bench.holder [--presets tiny,small,gb] [--kills 20] [--sections restart,step,kv]
+        [--modes standby,holder,cold] [--rounds 7 (0: no normal-path rows)] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from pathlib import Path
 import httpx
 
 from bench.docs import replace_section
+from engine.presets import ModelPreset
 from engine.standby import StandbyEngine
 from holder.process import HolderProcess
 from lifeline.processes import EngineProcess, built_model, free_port
@@ -122,7 +127,7 @@ def spawn_standby(engine: EngineProcess, workdir: Path) -> StandbyEngine:
 
 
 def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess,
-                   lease_every: int) -> dict[str, list]:
+                   lease_every: int, modes: list[str], engine_args: list[str]) -> dict[str, list]:
     """All engines up; each round kills and restarts each mode's engine in turn, so that the machine's
     load (2 cores shared with other work) falls on every mode alike. A standby is respawned right after its
     engine is ready, and the bench waits until it is warm before the next kill of any mode: the steady state
@@ -130,14 +135,16 @@ def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess
     being measured."""
     engines: dict[str, EngineProcess] = {}
     standbys: dict[str, StandbyEngine] = {}
-    for mode, (attached, _) in MODES.items():
+    for mode in modes:
+        attached, _ = MODES[mode]
         instance = f"bench-{mode}"
         engines[mode] = EngineProcess(model, free_port(), instance, workdir / "state" / instance,
-                                      workdir / f"{instance}.log", ["--holder", holder.url] if attached else [])
+                                      workdir / f"{instance}.log",
+                                      [*engine_args, *(["--holder", holder.url] if attached else [])])
         engines[mode].start()
     for engine in engines.values():
         engine.wait_ready(timeout=300)
-    rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
     warm_s: list[float] = []
     standby_rss: list[dict[str, int]] = []
 
@@ -203,7 +210,7 @@ def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_l
         weights_s = origin["load_s"]
         row |= {"takeover": 0.0, "remap": origin["load_s"]}
     row |= {"start": mapped_at - weights_s - spawned_at, "ready": ready_at - mapped_at,
-            "total": ready_at - spawned_at}
+            "self_test": log_time(engine, "self-test passed") - mapped_at, "total": ready_at - spawned_at}
     row["serving"] = row["detection"] + row["total"]  # not the lease wait: the supervisor restarts at once
     return row
 
@@ -248,11 +255,46 @@ def normal_path(model: Path, workdir: Path, holder: HolderProcess, rounds: int, 
             "memory": memory}
 
 
-def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: int) -> dict:
-    model = built_model(preset, 0)
+# A generated model of ~1.5 GB for the restart rows (bench only: never committed, never a test fixture):
+# 387M parameters, held and computed in float32, so the shards, the holder's region and a cold engine's
+# copy are each ~1.55 GB. Built under a temporary directory and removed after the run.
+GB_PRESET = ModelPreset("gb", vocab_size=4096, hidden_size=1536, intermediate_size=4608, num_hidden_layers=14,
+                        num_attention_heads=24, num_key_value_heads=4, max_position_embeddings=4096, num_shards=8)
+GB_DTYPE = "float32"
+
+
+def build_gb_model(out_dir: Path) -> Path:
+    """`lifeline model build`'s steps (engine/model_build.py) with GB_PRESET, seed 0."""
+    from tokenizers import Tokenizer
+
+    from engine.model_build import BOS_TOKEN, EOS_TOKEN, build_config, build_tokenizer, init_weights, write_shards
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(GB_PRESET, out_dir)
+    tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    config = build_config(GB_PRESET, tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "do_sample": False}))
+    write_shards(init_weights(GB_PRESET, 0), out_dir, GB_PRESET.num_shards)
+    return out_dir
+
+
+def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: int,
+               modes: list[str] | None = None) -> dict:
+    modes = modes or list(MODES)
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-holder-{preset}-"))
+    dtype_args: list[str] = []
+    build_s = None
+    if preset == GB_PRESET.name:
+        started = time.time()
+        model = build_gb_model(workdir / "model" / "gb-seed0")
+        build_s = time.time() - started
+        dtype_args = ["--dtype", GB_DTYPE]
+    else:
+        model = built_model(preset, 0)
     shm = Path("/dev/shm") / f"lifeline-bench-{preset}-{time.monotonic_ns()}"
-    holder = HolderProcess(model, free_port(), workdir / "holder-state", shm, workdir / "holder.log")
+    holder = HolderProcess(model, free_port(), workdir / "holder-state", shm, workdir / "holder.log", dtype_args)
     try:
         started = time.time()
         holder.start()
@@ -266,11 +308,13 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
         holder.wait_ready(timeout=600)
         holder_restart_s = time.time() - started
         result = {
-            "preset": preset, "region_bytes": region["size"], "tensor_bytes": tensor_bytes,
+            "preset": preset, "region_bytes": region["size"], "tensor_bytes": tensor_bytes, "build_s": build_s,
+            "dtype": GB_DTYPE if dtype_args else "float64",
             "holder_cold_s": holder_ready_s, "holder_restart_s": holder_restart_s,
-            **restart_series(model, workdir, kills, holder, lease_every),
-            "normal": normal_path(model, workdir, holder, rounds, tokens),
+            **restart_series(model, workdir, kills, holder, lease_every, modes, dtype_args),
         }
+        if rounds:
+            result["normal"] = normal_path(model, workdir, holder, rounds, tokens)
     finally:
         holder.kill()
         shutil.rmtree(shm, ignore_errors=True)
@@ -278,7 +322,7 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
     return result
 
 
-PHASES = ["detection", "lease", "start", "takeover", "remap", "ready", "total", "serving"]
+PHASES = ["detection", "lease", "start", "takeover", "remap", "ready", "self_test", "total", "serving"]
 MODE_NAMES = {"standby": "holder + standby process", "holder": "holder, new process", "cold": "disk, new process (cold load)"}
 
 
@@ -294,12 +338,12 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
         f"alike. {kills} SIGKILLs per row, each restarted as soon as waitpid sees the exit. Seconds, p50 / p99."),
         "",
         ("| preset | restart | detection | lease (holder) | engine start | takeover | re-mapping / load "
-        "| ready (self-test) | restart → ready | **SIGKILL → serving** | vs cold load p50 / p99 |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ready | of which self-test | restart → ready | **SIGKILL → serving** | vs cold load p50 / p99 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        cold = [row["serving"] for row in result["cold"]]
-        for mode in MODES:
+        cold = [row["serving"] for row in result.get("cold", [])]
+        for mode in [m for m in MODES if m in result]:
             rows = result[mode]
             cells = []
             for phase in PHASES:
@@ -310,7 +354,7 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
                 cells.append(f"**{cell(values)}**" if phase == "serving" else cell(values))
             serving = [row["serving"] for row in rows]
             ratio = (f"{percentile(serving, 50) / percentile(cold, 50):.2f}× / "
-                     f"{percentile(serving, 99) / percentile(cold, 99):.2f}×")
+                     f"{percentile(serving, 99) / percentile(cold, 99):.2f}×") if cold else "—"
             lines.append(f"| {result['preset']} | {MODE_NAMES[mode]} | " + " | ".join(cells) + f" | {ratio} |")
     lines += [
         "",
@@ -318,7 +362,8 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
         "interpreter spawned, or the standby handed its `engine serve` arguments) → the engine asks for its "
         "weights (interpreter, imports, settings, boot generation); takeover = the attach round trip; re-mapping "
         "= tensor views over the holder's region (or reading, converting and hashing the shards); ready = weights "
-        "in place → `/healthz/ready` 200 (self-test, uvicorn bound); SIGKILL → serving = all of it, the figure "
+        "in place → `/healthz/ready` 200 (KV and scheduler set up, self-test, holder confirm, uvicorn bound), of "
+        "which self-test = weights in place → the engine logs `self-test passed`; SIGKILL → serving = all of it, the figure "
         "the seed's ≤ 2 s is about. "
         f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
         f"measured on every {lease_every}th kill, where the bench waited for it before restarting; the restart "
@@ -329,7 +374,7 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
         "| standby RssAnon (MiB) | standby warm-up p50 |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for result in results:
+    for result in [r for r in results if "normal" in r and r["standby_rss"]]:
         normal = result["normal"]
         memory = normal["memory"]
         standby_mib = statistics.median(rss["RssAnon"] for rss in result["standby_rss"]) / 1024
@@ -433,21 +478,44 @@ def render_kv(rows: list[dict], repeats: int) -> str:
     return "\n".join(lines)
 
 
-def step_cost(preset: str, rounds: int, steps: int = 16, prompt_tokens: int = 64) -> dict:
-    """Decode steps over the holder's mapped pages vs private memory, in one process: no HTTP, no scheduler,
-    no second process on other cores, so only where the weights live differs. Rounds alternate which model
-    goes first; the figure is the median of per-round ratios."""
+def bootstrap_median_ci(values: list[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median (seeded: the same rows give the same interval)."""
+    import random
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def step_cost(preset: str, rounds: int, steps: int = 8, prompt_tokens: int = 16, cpu: int | None = None) -> dict:
+    """Decode steps over the holder's mapped pages vs private memory, in one process pinned to one CPU.
+
+    No HTTP, no scheduler, no second process: only where the weights live
+    differs. Each round runs A B B A (holder, private, private, holder; the
+    next round B A A B), so a load that drifts linearly within a round
+    cancels out of its ratio (A1 + A2) / (B1 + B2); the figure is the median
+    of per-round ratios, with its bootstrap 95 % interval and the spread
+    (p10 / p90, IQR) of the ratios themselves. Pinned with sched_setaffinity
+    to `cpu` (default: the last one), so both copies run on the same core
+    with the same caches and the scheduler cannot move one of them.
+    """
+    import os
+
     import torch
 
     from contract.holder import WeightsDescription
     from engine.holder_client import map_weights
     from engine.model import LlamaModel
 
+    cpu = (max(os.sched_getaffinity(0)) if cpu is None else cpu)
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
     model = built_model(preset, 0)
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-holder-step-{preset}-"))
     shm = Path("/dev/shm") / f"lifeline-bench-step-{preset}-{time.monotonic_ns()}"
     holder = HolderProcess(model, free_port(), workdir / "holder-state", shm, workdir / "holder.log")
+    load_before = os.getloadavg()
     try:
         holder.start()
         holder.wait_ready(timeout=600)
@@ -455,40 +523,68 @@ def step_cost(preset: str, rounds: int, steps: int = 16, prompt_tokens: int = 64
         models = {"holder": LlamaModel.from_weights(model, map_weights(description), torch.float64),
                   "disk": LlamaModel.load(model, torch.float64)}
         prompt = [(7 * i) % 4000 + 10 for i in range(prompt_tokens)]
+
+        def measure(name: str) -> float:
+            cache = models[name].new_cache(prompt_tokens + steps)
+            models[name].prefill(prompt, cache)
+            started = time.perf_counter()
+            for step in range(steps):
+                models[name].decode([5 + step], [cache])
+            return (time.perf_counter() - started) / steps
+
+        for name in ("holder", "disk", "disk", "holder"):  # warm both: page tables, caches, dispatch
+            measure(name)
         step_s: dict[str, list[float]] = {"holder": [], "disk": []}
-        for round_ in range(rounds + 1):
-            for name in ("holder", "disk") if round_ % 2 == 0 else ("disk", "holder"):
-                cache = models[name].new_cache(prompt_tokens + steps)
-                models[name].prefill(prompt, cache)
-                started = time.perf_counter()
-                for step in range(steps):
-                    models[name].decode([5 + step], [cache])
-                if round_:  # the first round warms both
-                    step_s[name].append((time.perf_counter() - started) / steps)
+        ratios = []
+        for round_ in range(rounds):
+            order = ("holder", "disk", "disk", "holder") if round_ % 2 == 0 else ("disk", "holder", "holder", "disk")
+            timed = {"holder": 0.0, "disk": 0.0}
+            for name in order:
+                seconds = measure(name)
+                timed[name] += seconds
+                step_s[name].append(seconds)
+            ratios.append(timed["holder"] / timed["disk"])
     finally:
         holder.kill()
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
-    ratios = [h / d for h, d in zip(step_s["holder"], step_s["disk"], strict=True)]
-    return {"preset": preset, "rounds": rounds, "holder_ms": statistics.median(step_s["holder"]) * 1e3,
-            "disk_ms": statistics.median(step_s["disk"]) * 1e3, "overhead_pct": (statistics.median(ratios) - 1) * 100,
-            "ratio_p10": percentile(ratios, 10), "ratio_p90": percentile(ratios, 90)}
+        os.sched_setaffinity(0, previous)
+    low, high = bootstrap_median_ci(ratios)
+    return {"preset": preset, "rounds": rounds, "steps": steps, "cpu": cpu,
+            "holder_ms": statistics.median(step_s["holder"]) * 1e3, "disk_ms": statistics.median(step_s["disk"]) * 1e3,
+            "overhead_pct": (statistics.median(ratios) - 1) * 100, "ci_low_pct": (low - 1) * 100,
+            "ci_high_pct": (high - 1) * 100, "ratio_p10": percentile(ratios, 10), "ratio_p90": percentile(ratios, 90),
+            "ratio_p25": percentile(ratios, 25), "ratio_p75": percentile(ratios, 75),
+            "load_before": load_before, "load_after": os.getloadavg(), "ratios": ratios}
+
+
+def verdict(row: dict, target_pct: float = 2.0) -> str:
+    if row["ci_high_pct"] <= target_pct:
+        return f"met (≤ {target_pct:g} % at the interval's top)"
+    if row["ci_low_pct"] > target_pct:
+        return f"missed (> {target_pct:g} % at the interval's bottom)"
+    return f"inconclusive: the interval spans {target_pct:g} % by {row['ci_high_pct'] - target_pct:.1f} points"
 
 
 def render_step_cost(rows: list[dict]) -> str:
     lines = [
         (f"Measured {time.strftime('%Y-%m-%d')}, CPU only, torch threads 1, float64, on a shared machine "
-        "(other sessions' tests on the same 2 cores). One process maps the holder's region and also loads the "
-        "shards into private memory; rounds alternate 16 greedy decode steps (after a 64-token prefill) on each. "
-        "This isolates where the weights live from the HTTP path's noise (the decode tok/s columns above)."),
+        "(other sessions' tests on the same 2 cores). One process, pinned to one CPU, maps the holder's region "
+        "and also loads the shards into private memory; each round runs A B B A / B A A B (holder pages, "
+        "private memory) of `steps` greedy decode steps after a 16-token prefill, and its ratio is "
+        "(A1 + A2) / (B1 + B2). Overhead = median ratio − 1, with a seeded bootstrap 95 % interval."),
         "",
-        "| preset | rounds | decode step, holder pages (ms) | decode step, private memory (ms) "
-        "| overhead (median of per-round ratios) | ratio p10 / p90 |",
-        "|---|---|---|---|---|---|",
+        "| preset | rounds × steps | CPU | decode step, holder pages (ms) | decode step, private memory (ms) "
+        "| overhead (median ratio) | 95 % interval | ratio p10 / p25 / p75 / p90 | ≤ 2 % | load before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        lines.append(f"| {row['preset']} | {row['rounds']} | {row['holder_ms']:.2f} | {row['disk_ms']:.2f} "
-                     f"| {row['overhead_pct']:+.1f}% | {row['ratio_p10']:.3f} / {row['ratio_p90']:.3f} |")
+        lines.append(
+            f"| {row['preset']} | {row['rounds']} × {row['steps']} | {row['cpu']} | {row['holder_ms']:.2f} "
+            f"| {row['disk_ms']:.2f} | {row['overhead_pct']:+.2f}% "
+            f"| {row['ci_low_pct']:+.2f}% … {row['ci_high_pct']:+.2f}% "
+            f"| {row['ratio_p10']:.3f} / {row['ratio_p25']:.3f} / {row['ratio_p75']:.3f} / {row['ratio_p90']:.3f} "
+            f"| {verdict(row)} | {row['load_before'][0]:.1f} → {row['load_after'][0]:.1f} |")
     return "\n".join(lines)
 
 
@@ -500,7 +596,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--sections", default="restart,step,kv")
-    parser.add_argument("--step-rounds", type=int, default=40)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"restart modes, of {','.join(MODES)}")
+    parser.add_argument("--step-rounds", default="40", help="rounds per preset: one number, or one per preset")
+    parser.add_argument("--step-steps", type=int, default=8, help="decode steps per measurement")
     parser.add_argument("--kv-repeats", type=int, default=5)
     parser.add_argument("--kv-prompt-tokens", default="255,1023")
     parser.add_argument("--write", type=Path, default=None)
@@ -509,13 +607,16 @@ def main() -> None:
     presets, sections = args.presets.split(","), args.sections.split(",")
     raw: dict[str, list] = {}
     if "restart" in sections:
-        raw["restart"] = [run_preset(p, args.kills, args.lease_every, args.rounds, args.tokens) for p in presets]
+        raw["restart"] = [run_preset(p, args.kills, args.lease_every, args.rounds, args.tokens,
+                                      args.modes.split(",")) for p in presets]
         table = render(raw["restart"], args.kills, args.lease_every)
         print(table)
         if args.write:
             replace_section(args.write, HEADING, table)
     if "step" in sections:
-        raw["step"] = [step_cost(p, args.step_rounds) for p in presets]
+        rounds = [int(n) for n in args.step_rounds.split(",")]
+        rounds = rounds * len(presets) if len(rounds) == 1 else rounds
+        raw["step"] = [step_cost(p, r, args.step_steps) for p, r in zip(presets, rounds, strict=True)]
         table = render_step_cost(raw["step"])
         print(table)
         if args.write:
