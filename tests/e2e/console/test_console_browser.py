@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -446,6 +447,49 @@ def test_keyboard_only_sign_in_plan_and_execute(page_for: Callable[[], Any], con
     page.keyboard.type("done")
     page.keyboard.press("Enter")
     page.wait_for_selector('[data-testid="cutover-state"]:text("rolled_back")')
+
+
+def test_a_cross_site_form_cannot_act_for_a_signed_in_operator(page_for: Callable[[], Any], console: Console,
+                                                                artifacts: Path) -> None:
+    """Another site (localhost is not 127.0.0.1's site) auto-posts a plan form at the console in the operator's
+    browser: the SameSite=Strict cookie is not sent, so the console sees no session, and nothing is planned."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    fields = {"csrf_token": "0" * 64, "scope_kind": "region", "region": "us", "tier": "l7",
+              "target_state": "out", "reason": "cross-site"}
+    inputs = "".join(f'<input name="{k}" value="{v}">' for k, v in fields.items())
+    evil = (f'<form id="f" method="post" action="{console.url}/console/cutovers">{inputs}</form>'
+            '<script>document.getElementById("f").submit()</script>').encode()
+
+    class Evil(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(evil)))
+            self.end_headers()
+            self.wfile.write(evil)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with console.api("viewer") as api:
+        before = len(api.get("/api/v1/cutovers").json())
+    try:
+        page = page_for()
+        sign_in(page, console.tokens["operator"])
+        page.goto(f"http://localhost:{server.server_address[1]}/")
+        page.wait_for_url(f"{console.url}/console/cutovers")
+        assert page.get_by_test_id("error-type").inner_text() == "unauthenticated"
+        shoot(page, artifacts, "cross-site-refused")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with console.api("viewer") as api:
+        assert len(api.get("/api/v1/cutovers").json()) == before
+    page.goto("/console/fleet")  # and the operator's own session is still there
+    assert "operator" in page.get_by_test_id("who").inner_text()
 
 
 def keyboard_sign_in(page: Any, token: str) -> None:
