@@ -238,6 +238,18 @@ class Agent:
         self.report_canary_failures()
         self.export_metrics()
 
+    async def run_ticks(self, stop: asyncio.Event) -> None:
+        """Tick every probe interval until `stop` is set: for tests and benches that drive the agent in their loop.
+
+        Stopped by an event, not by cancelling alone: on Python 3.11 `asyncio.wait_for` (the health probes)
+        can swallow a cancellation that lands as its inner call completes, and a loop stopped only by
+        `cancel()` then ticks on forever (bench/pool.py hung so).
+        """
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.probe_interval.total_seconds())
+
     async def observe(self) -> None:
         now = self.clock.now()
         leases = {lease.instance_id: lease for lease in await self.registry.live()}

@@ -62,12 +62,9 @@ async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfi
     http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
     agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
 
-    async def loop() -> None:
-        while True:
-            await agent.tick()
-            await asyncio.sleep(settings.probe_interval.total_seconds())
+    stop = asyncio.Event()
 
-    ticking = asyncio.create_task(loop())
+    ticking = asyncio.create_task(agent.run_ticks(stop))
     try:
         def in_state(state: InstanceState, zone: str | None = None) -> list[str]:
             return [i.instance_id for i in agent.instances.values()
@@ -104,6 +101,7 @@ async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfi
         await until(restored, "z1 backfilled and serving, z2 warm again")
         assert any(e.kind == "pool.stopped" and e.instance_id == standby for e in shipper.buffer)
     finally:
+        stop.set()
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking

@@ -74,12 +74,9 @@ async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_l
     agent.snapshots = snapshots = Snapshots()  # type: ignore[assignment]
     snapshots.point("v1", 1)
 
-    async def loop() -> None:
-        while True:
-            await agent.tick()
-            await asyncio.sleep(settings.probe_interval.total_seconds())
+    stop = asyncio.Event()
 
-    ticking = asyncio.create_task(loop())
+    ticking = asyncio.create_task(agent.run_ticks(stop))
     try:
         async def leased() -> dict[str, str]:
             return {lease.instance_id: lease.version for lease in await registry.live()}
@@ -119,6 +116,7 @@ async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_l
 
         await until(v2_previous, "v2 waits warm as the previous version now")
     finally:
+        stop.set()
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking

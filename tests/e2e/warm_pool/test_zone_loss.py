@@ -77,12 +77,9 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
     http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
     agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
 
-    async def loop() -> None:
-        while True:
-            await agent.tick()
-            await asyncio.sleep(settings.probe_interval.total_seconds())
+    stop = asyncio.Event()
 
-    ticking = asyncio.create_task(loop())
+    ticking = asyncio.create_task(agent.run_ticks(stop))
     try:
         gateway.wait_live()
 
@@ -130,6 +127,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
 
         await until(restored, "z1 backfilled; one serving and one warm per zone again")
     finally:
+        stop.set()
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking
