@@ -227,7 +227,8 @@ def test_operator_sees_the_fleet_and_an_engine_leaving_it_live(page_for: Callabl
         assert f"\t{leases[instance]}\t" in f"\t{row}\t", (instance, leases, row)  # the generation cell
     # No reload from here on: the page's body refreshes itself.
     page.wait_for_selector("#fleet-status:text('live')")
-    page.wait_for_function("document.querySelectorAll('[data-testid^=\"gateway-gw-eu-\"]').length === 2")
+    for replica, _ in GATEWAYS:
+        page.wait_for_selector(f'[data-testid="gateway-{replica}"]')
     assert "current" in page.locator('[data-testid="gateway-gw-eu-1"]').inner_text()
 
     # The region's agent reports a probe verdict and a canary for engine-1, and a warm pool instance.
@@ -524,14 +525,14 @@ def test_keyboard_only_promote_and_roll_back_an_alias(page_for: Callable[[], Any
     tab_to(page, "document.activeElement.id === 'pr-tiny'", "the promote reason")
     page.keyboard.type("keyboard promote")
     page.keyboard.press("Enter")
-    page.wait_for_function(f"document.querySelector('[data-testid=\"alias-tiny-prod\"] "
-                           f"[data-testid=\"alias-version\"]').textContent === '{target}'")
+    # A selector, not wait_for_function: the page's CSP (no 'unsafe-eval') refuses Playwright's string predicates.
+    page.wait_for_selector(f'[data-testid="alias-tiny-prod"] [data-testid="alias-version"]:text-is("{target}")')
     shoot(page, artifacts, "keyboard-promoted")
     tab_to(page, "document.activeElement.id === 'rb-tiny-prod'", "the roll back reason")
     page.keyboard.type("keyboard rollback")
     page.keyboard.press("Enter")
-    page.wait_for_function(f"document.querySelector('[data-testid=\"alias-tiny-prod\"] "
-                           f"[data-testid=\"alias-version\"]').textContent === '{current}'")
+    # A selector, not wait_for_function: the page's CSP (no 'unsafe-eval') refuses Playwright's string predicates.
+    page.wait_for_selector(f'[data-testid="alias-tiny-prod"] [data-testid="alias-version"]:text-is("{current}")')
 
 
 # Every page of the console, by the name its screenshot gets; `{cutover}` and `{run}` are filled in below.
