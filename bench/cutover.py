@@ -293,6 +293,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 20:
         parser.error("--runs must be at least 20 (p99 over fewer is meaningless)")
+    if args.only and args.write:
+        parser.error("--write replaces the whole section: run every row (no --only) to write it")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="lifeline-cutover-bench-") as tmp:
         engine, factory, reads = _control_plane(Path(tmp))
