@@ -112,6 +112,7 @@ def map_device_weights(description: WeightsDescription, device: str) -> dict[str
         raise HolderUnavailable("the holder's device copy does not match its sealed region")
     if not torch.cuda.is_available():
         raise HolderUnavailable(f"the holder's weights are on {copy.device}, but this process sees no CUDA device")
+    torch.cuda.init()  # what torch.multiprocessing's rebuild does before opening a handle
     try:
         storage = torch.UntypedStorage._new_shared_cuda(*copy.ipc.share_args())
     except RuntimeError as exc:

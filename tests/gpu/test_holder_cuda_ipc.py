@@ -65,7 +65,8 @@ offsets = all(device_weights[s.name].data_ptr() - base == s.offset for s in desc
 equal = all(torch.equal(device_weights[n].cpu(), host_weights[n]) for n in host_weights)
 name = sorted(device_weights)[0]
 w = device_weights[name].reshape(device_weights[name].shape[0], -1)
-computes = torch.allclose((w @ w.T).cpu(), host_weights[name].reshape(w.shape[0], -1) @ host_weights[name].reshape(w.shape[0], -1).T)
+h = host_weights[name].reshape(w.shape[0], -1)
+computes = torch.allclose((w @ w.T).cpu(), h @ h.T, rtol=1e-3, atol=1e-3)  # device vs CPU summation order
 tenancy = HolderTenancy(url, tenant_id, generation, response.heartbeat_interval_s)
 tenancy.confirm()
 print(json.dumps({"device": copy.device, "region_id": description.region.region_id,
