@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from dataclasses import replace
@@ -554,3 +555,25 @@ async def test_report_and_board_carry_the_generation_of_an_engine_that_holds_its
     [entry] = agent.verdicts().verdicts
     assert (entry.instance_id, entry.generation, entry.verdict, entry.action) == (
         "e1", own.generation, "wrong_output", "eject")
+
+
+async def test_run_ticks_stops_by_its_event_even_when_a_tick_swallows_the_cancellation() -> None:
+    """Python 3.11's asyncio.wait_for can swallow a cancel that lands as its inner call completes (the health
+    probes use it); a loop stopped by cancel() alone then ticks on forever (bench/pool.py hung so)."""
+    clock, fleet = ManualClock(), Fleet()
+    agent, _, _ = make_agent(fleet, clock, probe_interval=0.01, lease_ttl=1.0)
+    entered = asyncio.Event()
+
+    async def tick_that_swallows_a_cancel() -> None:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+
+    agent.tick = tick_that_swallows_a_cancel  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    ticking = asyncio.create_task(agent.run_ticks(stop))
+    await entered.wait()
+    stop.set()
+    ticking.cancel()
+    await asyncio.wait_for(ticking, 5)  # a bound for a hang, not a speed check
+    assert ticking.done() and not ticking.cancelled()
