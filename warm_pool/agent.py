@@ -519,6 +519,9 @@ class Agent:
                 instance.state = transition(instance.state, PoolEvent.DEMOTED)
                 log.warning("serving instance ejected; demoted to warm", instance=instance.instance_id,
                             reason=instance.reason)
+                self.emit("pool.demoted", instance, f"{instance.zone}: serving → warm: ejected ({instance.reason}); "
+                          "leasable again after a fresh canary", state="warm",
+                          changes_routing=False)  # the lease went with its verdict (probe.verdict says so)
         mine = [i for i in self.instances.values() if i.origin == "pool"]
         previous = self._track_versions(desired, mine)
         target = sum(z.serving for z in pool.zones.values())

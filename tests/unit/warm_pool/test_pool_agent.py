@@ -333,6 +333,8 @@ async def test_serving_instance_that_blips_is_demoted_and_leased_again_later(tmp
     fleet.engines[z1].live = False
     await settle(agent, clock)
     assert agent.instances[z1].state is InstanceState.WARM  # released and demoted, not stopped
+    [demoted] = [e for e in shipper.buffer if e.kind == "pool.demoted"]
+    assert demoted.instance_id == z1 and demoted.routing_tier == "l7" and demoted.detail["state"] == "warm"
     [promoted] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
     assert promoted != z1 and [lease.instance_id for lease in await registry.live()] == [promoted]
     fleet.engines[z1].live = True
