@@ -415,6 +415,14 @@ def test_a_viewer_finds_no_way_to_act(page_for: Callable[[], Any], console: Cons
     refused = page.request.post("/console/catalog/tiny/promote",
                                 form={"csrf_token": csrf, "alias": "prod", "version": SEED0, "reason": "x"})
     assert refused.status == 403
+    # Sign out: back at the sign-in page, and the old session opens nothing.
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url("**/console/sign-in")
+    assert "lifeline_console" not in {c["name"] for c in page.context.cookies()}
+    page.goto("/console/catalog")
+    page.wait_for_url("**/console/sign-in?next=*")
+    assert page.request.post("/console/catalog/tiny/promote", form={"csrf_token": csrf, "alias": "prod",
+                                                                     "version": SEED0, "reason": "x"}).status == 401
 
 
 def test_keyboard_only_sign_in_plan_and_execute(page_for: Callable[[], Any], console: Console,
