@@ -214,6 +214,10 @@ class Agent:
             alias = self.snapshot.models[pool.model].aliases.get(pool.alias)
             if alias is not None and alias.version in pool.versions:
                 return alias.version
+            if alias is not None and self._desired_seen is not None:
+                # a version this pool cannot start (not in pool.versions): stay where the pool is rather than
+                # roll it to the fallback, which may be older than what it serves
+                return self._desired_seen
         return pool.fallback_version()
 
     def credit_served(self, served: dict[str, datetime]) -> None:

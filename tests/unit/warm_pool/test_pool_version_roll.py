@@ -173,3 +173,18 @@ async def test_a_serving_instance_of_the_previous_version_is_demoted_in_place_wh
     demoted = [e for e in shipper.buffer if e.kind == "pool.demoted"]
     assert len(demoted) == 2 and all(e.detail["changes_routing"] and e.routing_tier == "l7" for e in demoted)
     assert not set(agent.driver.stopped) & v1
+
+
+async def test_an_alias_moved_to_a_version_the_pool_cannot_start_keeps_the_pool_where_it_is(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path)
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 12)
+    assert await serving_versions(registry) == Counter({"v2": 2})
+    snapshots.current = RoutingSnapshot.model_validate({"version": 3, "models": {"m": {
+        "aliases": {"prod": {"version": "v9", "revision": 3}},
+        "versions": {v: {"version": v, "fingerprint": "f", "location": "/x"} for v in ("v1", "v2", "v9")}}}})
+    started, events = len(agent.driver.started), len(shipper.buffer)
+    await settle(agent, clock, 12)  # not the pool's first version (v1): nothing rolls, nothing starts
+    assert agent.desired_version() == "v2" and len(agent.driver.started) == started
+    assert not [e for e in list(shipper.buffer)[events:] if e.kind.startswith("pool.")]
+    assert await serving_versions(registry) == Counter({"v2": 2})
