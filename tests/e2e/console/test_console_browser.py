@@ -355,6 +355,36 @@ def test_plan_execute_and_roll_back_an_l7_cutover_with_a_live_timeline(
     shoot(page, artifacts, "cutovers")
 
 
+def test_start_a_zonal_shift_behind_its_confirmation_and_cancel_it(page_for: Callable[[], Any], console: Console,
+                                                                  artifacts: Path) -> None:
+    # us-a: a zone no other test cuts over (the minimum wait between a scope's cutovers is 5 minutes).
+    page = page_for()
+    sign_in(page, console.tokens["operator"])
+    page.get_by_role("link", name="Cutovers", exact=True).click()
+    page.locator("#zs-region").select_option("us")
+    page.fill("#zs-zone", "us-a")
+    page.fill("#zs-exp", "1")
+    page.fill("#zs-reason", "us-a packet loss")
+    page.get_by_role("button", name="Review shift…").click()
+    page.wait_for_url("**/console/zonal-shifts/new?*")
+    rules = page.get_by_test_id("shift-rules").inner_text()
+    assert "gating.stop_switch: off" in rules and "every model keeps a serving region" in rules
+    assert "c-us-a" in page.content() and "100 → 0" in page.content()  # the expected effect, before acting
+    shoot(page, artifacts, "zonal-shift-confirm")
+    page.get_by_role("button", name="Start zonal shift of us/us-a").click()
+    page.wait_for_selector('[data-testid="cutover-state"]:text("completed")')
+    assert "us-a packet loss" in page.get_by_test_id("cutover-summary").inner_text()
+    page.get_by_role("link", name="Cancel zonal shift").click()
+    page.wait_for_url("**/console/zonal-shifts/*/cancel")
+    assert "rolled back now" in page.content()
+    page.fill("#cs-reason", "us-a recovered")
+    page.get_by_role("button", name="Cancel zonal shift").click()
+    page.wait_for_selector('[data-testid="cutover-state"]:text("rolled_back")')
+    with console.api("viewer") as api:
+        shifts = [s for s in api.get("/api/v1/zonal-shifts").json() if s["zone"] == "us-a"]
+    assert [(s["reason"], s["ended_at"] is not None) for s in shifts] == [("us-a packet loss", True)]
+
+
 ZONE_DRILL = {"name": "lose-eu-b", "model": "tiny", "scope": "zone", "fault": "zone_loss",
               "blast_radius": {"region": "eu", "zones": ["eu-b"]}, "description": "e2e: defined in the console"}
 
