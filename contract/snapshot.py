@@ -59,6 +59,10 @@ class VersionEntry(_Record):
     location: str = Field(description="artifact location: a directory or s3://bucket/prefix")
     weights_digest: str | None = Field(None, description="contract.identity.weights_digest of the shards")
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of each file a gateway loads")
+    shards: dict[str, str] = Field(default_factory=dict, description="sha256 of every file the catalog recorded "
+                                   "(weights, tokenizer, configs), by path under `location`: a regional agent "
+                                   "checks a cold pool's staged copy by it (warm_pool/staging.py); empty from a "
+                                   "control plane older than the field")
     known_issues: list[KnownIssueRef] = Field(default_factory=list)
     canary: CanaryRecord | None = Field(None, description="the version's recorded canary (contract.canary)")
 

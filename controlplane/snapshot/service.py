@@ -13,7 +13,9 @@ Each version an alias points at carries what a gateway needs to load and
 check it: location, semantic fingerprint, `weights_digest` over the
 recorded shard digests (`contract.identity.weights_digest`, what engines
 report), the sha256 of each tokenizer/template/config file the catalog
-recorded, and its open known issues.
+recorded, the sha256 of every file it recorded (`shards`: a regional
+agent verifies a cold-tier pool's staged copy by them), and its open known
+issues.
 
 It also carries the KV replication policies (mode, cadence, declared
 RPO_context; no store URLs), so a gateway checkpoints sessions without
@@ -82,6 +84,7 @@ def _models(session: Session) -> dict[str, dict[str, Any]]:
             location=weight_version.location,
             weights_digest=weights_digest(recorded),
             files={name: recorded[name] for name in GATEWAY_FILES if name in recorded},
+            shards=recorded,  # every recorded file: a cold-tier agent checks its staged copy by them
             # Open issues only, so a gateway or operator sees what is wrong
             # with what it routes to; resolved ones stay in the catalog.
             known_issues=[KnownIssueRef(id=i.id, severity=i.severity, summary=i.title)

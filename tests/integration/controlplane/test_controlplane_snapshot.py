@@ -168,6 +168,7 @@ def test_snapshot_is_the_contract_record_with_file_digests_and_weights_digest(
     on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.iterdir()}
     assert entry.files == {name: on_disk[name] for name in ("tokenizer.json", "tokenizer_config.json",
                                                            "config.json", "generation_config.json")}
+    assert entry.shards == on_disk  # every recorded file: a cold-tier agent checks its staged copy by them
     assert entry.weights_digest == weights_digest(on_disk)
     assert entry.weights_digest != weights_digest({})
     assert snapshot.models["llama"].aliases["prod"].version == "v1"
