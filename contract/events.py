@@ -31,7 +31,9 @@ class DataPlaneEvent(_Record):
     kind: Literal["instance.suppressed", "instance.readmitted", "generation.fenced", "snapshot.refused",
                   # the regional agent: a probe verdict changed; the pool promoted, demoted (a version roll keeps
                   # it warm), started, lost or stopped one
-                  "probe.verdict", "pool.promoted", "pool.demoted", "pool.started", "pool.lost", "pool.stopped"]
+                  "probe.verdict", "pool.promoted", "pool.demoted", "pool.started", "pool.lost", "pool.stopped",
+                  # a cold-tier pool's staged artifacts of a version changed outcome (verified, missing, mismatch)
+                  "pool.staging"]
     routing_tier: Literal["l7", "mesh", "anycast", "dns"] = "l7"
     actor: str = Field(min_length=1, max_length=160, description="gateway:<replica> or agent:<region>")
     region: str = Field(min_length=1, max_length=128)
@@ -99,6 +101,22 @@ class AgentInstance(_Record):
     canaries: int = Field(0, ge=0, description="canaries it has answered since the agent first saw it")
 
 
+StagingOutcome = Literal["verified", "missing", "mismatch"]
+
+
+class AgentStagedVersion(_Record):
+    """A cold-tier pool's version: its staged artifacts as the agent last checked them against the catalog."""
+
+    model: str = Field(max_length=200)
+    version: str = Field(max_length=200)
+    directory: str = Field(max_length=2000, description="where the pool's driver loads the version from")
+    outcome: StagingOutcome = Field(description="verified: every recorded shard present with its sha256; missing: "
+                                    "a shard absent; mismatch: a shard's sha256 differs")
+    shard: str | None = Field(None, max_length=1000, description="the first missing or differing shard, when known")
+    reason: str = Field("", max_length=2000)
+    checked_at: datetime = Field(description="when the check finished (the agent's clock)")
+
+
 class AgentReport(_Record):
     """A regional agent's view of its region; `PUT /api/v1/agents/{region}`, sent on the agent's loop."""
 
@@ -110,3 +128,6 @@ class AgentReport(_Record):
     # Paired with snapshot_version, as in GatewayReport: a version counts only within its epoch.
     snapshot_epoch: str | None = Field(None, max_length=64, description="controlplane_epoch of the applied snapshot")
     instances: list[AgentInstance] = Field(default_factory=list, max_length=10_000)
+    staging: list[AgentStagedVersion] | None = Field(
+        None, max_length=1000, description="a cold-tier pool's versions and their staging check; None: the agent "
+        "runs no cold-tier pool (or predates the check)")

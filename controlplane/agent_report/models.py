@@ -19,6 +19,7 @@ class AgentReportRow(Base):
     snapshot_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     snapshot_epoch: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the version counts in this
     instances: Mapped[list[Any]] = mapped_column(JSON)
+    staging: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # a cold pool's check; None: no cold pool
     sent_at: Mapped[datetime] = mapped_column(UTCDateTime())  # the agent's clock
     received_at: Mapped[datetime] = mapped_column(UTCDateTime())  # ours: staleness is computed from this
     reported_by: Mapped[str] = mapped_column(String(160))  # the token that sent it

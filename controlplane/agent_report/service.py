@@ -25,6 +25,7 @@ def _fields(report: AgentReport) -> dict[str, object]:
         "agent_id": report.agent_id, "snapshot_version": report.snapshot_version,
         "snapshot_epoch": report.snapshot_epoch, "sent_at": report.sent_at,
         "instances": [i.model_dump(mode="json") for i in report.instances],
+        "staging": [s.model_dump(mode="json") for s in report.staging] if report.staging is not None else None,
     }
 
 
@@ -64,6 +65,7 @@ def read(row: AgentReportRow, *, clock: Clock, stale_after: timedelta, epoch: st
         snapshot_epoch=row.snapshot_epoch,
         foreign_epoch=row.snapshot_version is not None and row.snapshot_epoch != epoch,
         instances=row.instances,  # type: ignore[arg-type]
+        staging=row.staging,  # type: ignore[arg-type]
         received_at=row.received_at, reported_by=row.reported_by, age_s=round(age, 3),
         stale=age > stale_after.total_seconds(),
     )
