@@ -63,6 +63,7 @@ from warm_pool.fault import GONE, Fault, FaultDetector, FaultReporter, Observati
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
 from warm_pool.report import ReportSender
 from warm_pool.settings import AgentSettings, ExternalEngine
+from warm_pool.staging import StagingCheck
 from warm_pool.states import InstanceState, PoolEvent, transition
 from warm_pool.version_roll import Member, RollDecision, decide, infer_previous
 
@@ -180,6 +181,11 @@ class Agent:
         self.previous_version: str | None = None  # the one before it: the pool keeps a share warm on it
         self._covered_since: float | None = None  # the desired version serves the plan's count since (monotonic)
         self._canaries_sent: collections.deque[float] = collections.deque()  # when, within PROBE_RATE_WINDOW_S
+        pool = settings.pool
+        # the cold tier's promise (artifacts staged and verified, not loaded), checked in the background
+        self.staging = StagingCheck(pool, region=settings.region, actor=self.actor, clock=self.clock,
+                                    emit=lambda event: self.shipper.emit(event), registry=self.metrics.registry) \
+            if pool is not None and pool.tier == "cold" else None
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -240,6 +246,8 @@ class Agent:
         self.detect_faults()
         self.report_faults()
         self.report_canary_failures()
+        if self.staging is not None:
+            self.staging.start(self.snapshot)
         self.export_metrics()
 
     async def run_ticks(self, stop: asyncio.Event) -> None:
@@ -858,7 +866,8 @@ class Agent:
                 verdict_reason=i.reason[:2000], verdict_since=i.verdict_since, lease_held=i.lease is not None,
                 lease_generation=i.lease.generation if i.lease else i.generation if i.origin == "registry" else None,
                 canary_verdict=i.canary.verdict.value if i.canary else None, canary_at=i.canary_at,
-                canaries=i.canaries) for i in self.instances.values()])
+                canaries=i.canaries) for i in self.instances.values()],
+            staging=self.staging.report() if self.staging is not None else None)
 
     async def send_report(self) -> str:
         """Build and send the report; its outcome is counted (lifeline_agent_reports_total{outcome})."""
@@ -886,6 +895,8 @@ class Agent:
         for task in (self._fault_task, self._rollback_task):
             if task is not None:
                 task.cancel()
+        if self.staging is not None:
+            self.staging.cancel()
         for instance in self.instances.values():
             if instance.canary_task is not None:
                 instance.canary_task.cancel()

@@ -31,7 +31,10 @@ class ReportSender:
             return "disabled"
         try:
             response = await self.http.put(f"{self.base_url}{AGENTS_PATH}/{report.region}",
-                                           content=report.model_dump_json(),
+                                           # no staging check, no key: a control plane older than the
+                                           # field (its record forbids extras) takes the report as before
+                                           content=report.model_dump_json(
+                                               exclude={"staging"} if report.staging is None else None),
                                            headers={**self.headers, "Content-Type": "application/json"})
         except httpx.TransportError as exc:
             log.info("agent report not sent; the next one replaces it", error=type(exc).__name__)

@@ -109,6 +109,9 @@ class PoolSettings(BaseModel):
     engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
     kubernetes: KubernetesPoolConfig | None = Field(None, description="kubernetes: the driver's settings")
     start_timeout: Seconds = Field(timedelta(seconds=180), gt=timedelta(0))
+    staging_check_every: Seconds = Field(
+        timedelta(minutes=10), gt=timedelta(0), description="tier cold: between checks of each version's staged "
+        "artifacts against the catalog's sha256 (warm_pool/staging.py); each check reads every byte")
     old_generation_grace: Seconds = Field(
         timedelta(seconds=30), ge=timedelta(0), description="after a promotion, how long the old version's serving "
         "instances keep their leases (no new sessions; established ones finish) once the new version serves the plan")
