@@ -11,6 +11,7 @@ scripted over httpx: the emulator runs no containers.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,13 @@ async def test_agent_reconciles_a_kubernetes_pool_through_a_lost_node(emulator: 
 
         emulator.interfere(2)  # another writer on the Deployments: the driver's scale writes conflict and retry
         emulator.kill_pod(held_pods(kubelet)[serving_b.instance_id], namespace=NS)  # b's node is lost
+        # The probes see the pod gone at once; the driver sees it when its watch delivers the deletion (another
+        # thread). Tick once the watch has: before, the agent demotes it on its failed probe and loses it a
+        # tick later, which is right but not what this tick asserts.
+        for _ in range(200):
+            if not driver.alive(serving_b.instance_id):
+                break
+            await asyncio.sleep(0.01)
         await settle(agent, clock)
         assert serving_b.instance_id not in agent.instances
         assert serving_b.instance_id not in {lease.instance_id for lease in await registry.live()}
@@ -119,6 +127,10 @@ async def test_agent_reconciles_a_kubernetes_pool_through_a_lost_node(emulator: 
         assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
             ("a", InstanceState.SERVING), ("a", InstanceState.WARM), ("b", InstanceState.SERVING)]
         assert set(held_pods(kubelet)) == set(agent.instances)
+        for _ in range(200):  # the retired instance drains in the background (driver.stop), its scale-down with it
+            if emulator.deployments[(NS, a)]["spec"]["replicas"] == 2:
+                break
+            await asyncio.sleep(0.01)
         assert (emulator.deployments[(NS, a)]["spec"]["replicas"], emulator.deployments[(NS, b)]["spec"]["replicas"]) \
             == (2, 1)
         assert len(kubelet.pods()) == 3  # no spare left behind
