@@ -262,4 +262,5 @@ def build_driver(region: str, pool: PoolSettings) -> PoolDriver:
         return KubernetesDriver(region=region, config=pool.kubernetes, api_client=api_client_for(pool.kubernetes),
                                 model_dirs={version: str(path) for version, path in pool.versions.items()})
     assert pool.state_dir is not None  # PoolSettings requires it with this driver
-    return LocalDriver(region=region, versions=pool.versions, state_dir=pool.state_dir, engine_args=pool.engine_args)
+    return LocalDriver(region=region, versions=pool.versions, state_dir=pool.state_dir, engine_args=pool.engine_args,
+                       standby=pool.standby)

@@ -107,6 +107,9 @@ class PoolSettings(BaseModel):
                                         "plan` takes them (without region): the zones are then the plan's")
     state_dir: Path | None = Field(None, description="local: where instances keep their logs and state")
     engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
+    standby: bool = Field(False, description="local: keep one pre-warmed engine process per holder-backed instance "
+                          "(`--holder` in engine_args), so a restart after a crash skips the interpreter start; "
+                          "about 180 MiB each (warm_pool/driver.py)")
     kubernetes: KubernetesPoolConfig | None = Field(None, description="kubernetes: the driver's settings")
     start_timeout: Seconds = Field(timedelta(seconds=180), gt=timedelta(0))
     staging_check_every: Seconds = Field(
@@ -133,7 +136,7 @@ class PoolSettings(BaseModel):
         else:
             if self.kubernetes is None:
                 raise ValueError("pool.driver: kubernetes needs pool.kubernetes (at least its image)")
-            stray = [name for name in ("state_dir", "engine_args") if getattr(self, name)]
+            stray = [name for name in ("state_dir", "engine_args", "standby") if getattr(self, name)]
             if stray:
                 raise ValueError(f"pool.{stray[0]} is for the local driver; pool.driver is kubernetes")
         return self

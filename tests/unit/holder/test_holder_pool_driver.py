@@ -36,3 +36,18 @@ def test_standbys_are_off_by_default_and_none_is_wanted_without_instances(tmp_pa
     for driver in (off, on):
         asyncio.run(driver.refresh())
         assert driver.standbys_wanted() == 0 and driver.standbys == []
+
+
+def test_the_agents_pool_setting_turns_standbys_on_for_the_local_driver_only(tmp_path: Path):
+    from pydantic import ValidationError
+
+    from warm_pool.driver import build_driver
+    from warm_pool.settings import PoolSettings
+
+    local = {"model": "m", "versions": {"v": str(tmp_path)}, "state_dir": str(tmp_path),
+             "engine_args": ["--holder", "http://h:1"]}
+    assert build_driver("r1", PoolSettings(**local)).standby is False
+    assert build_driver("r1", PoolSettings(**local, standby=True)).standby is True
+    with pytest.raises(ValidationError, match="pool.standby is for the local driver"):
+        PoolSettings(model="m", versions={"v": "x"}, driver="kubernetes", standby=True,
+                     kubernetes={"image": "lifeline:test", "namespace": "ns"})
