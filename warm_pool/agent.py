@@ -18,7 +18,7 @@ One loop per `probe_interval` (Kubernetes-controller style: observe, compare, ac
                 timeout / error / wrong_output / draining, so they leave routing within one TTL at most
     pool        a lost or ejected instance is stopped and replaced; serving short of the plan promotes a
                 warm instance (a lease: routing, not a load; a `pool.promoted` event), preferring the
-                short zone; each zone is backfilled to serving + warm from cold
+                short zone; each zone is backfilled to serving + warm from cold (warm_pool/reconciler.py)
     faults      a whole zone (or the region) failing for `fault_rounds` rounds is one fault, posted once to
                 `POST /api/v1/cutover-escalations` in the background with its evidence (warm_pool/fault.py)
     rollback    a version a non-prod alias names that failed its canary on every instance that answered one
@@ -39,9 +39,7 @@ import asyncio
 import collections
 import contextlib
 import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -59,51 +57,19 @@ from warm_pool.budget import ProbeBudget
 from warm_pool.canary_rollback import CanaryFailure, CanaryOutcome, CanaryRollbackReporter, failed_versions
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
-from warm_pool.fault import GONE, Fault, FaultDetector, FaultReporter, Observation, RoundResult
+from warm_pool.fault import Fault, FaultDetector, FaultReporter, Observation, RoundResult
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
 from warm_pool.report import ReportSender
+from warm_pool.instance import Instance
+from warm_pool.reconciler import PoolReconciler
 from warm_pool.settings import AgentSettings, ExternalEngine
 from warm_pool.staging import StagingCheck
-from warm_pool.states import InstanceState, PoolEvent, transition
-from warm_pool.version_roll import Member, RollDecision, decide, infer_previous
+from warm_pool.states import InstanceState
 
 log = get_logger(__name__)
 
-Origin = Literal["registry", "external", "pool"]
 KEEPS_LEASE = frozenset({Verdict.OK, Verdict.OVERLOADED, Verdict.OLD_GENERATION})
-WARM_FAILURES_TO_REPLACE = 3  # consecutive failed health probes before a warm instance is replaced
 PROBE_RATE_WINDOW_S = 60.0  # lifeline_agent_inference_probe_rate_per_second averages over this
-
-
-@dataclass
-class Instance:
-    instance_id: str
-    url: str
-    zone: str
-    version: str
-    origin: Origin
-    first_seen: float
-    state: InstanceState | None = None  # pool instances only
-    started_at: float | None = None
-    health: ProbeResult | None = None
-    canary: ProbeResult | None = None
-    verdict: Verdict | None = None
-    reason: str = ""
-    lease: Lease | None = None  # held by the agent
-    canaries: int = 0
-    canary_task: asyncio.Task | None = None
-    unleasable: str | None = None  # why a lease can never route to it (it stamps a generation of its own lease)
-    failed_probes: int = 0  # consecutive failed health probes
-    boot: tuple[int, float] | None = None  # (boot_generation, started_at) last seen: a change is a restart
-    canary_seq: int = 0  # when (Agent._seq) the last canary started
-    verdict_since: datetime | None = None  # wall time the verdict last changed
-    generation: int | None = None  # of the lease it is routed under (its own, or the agent's), as last seen
-    canary_at: datetime | None = None  # wall time the last canary answered
-    released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
-
-    @property
-    def agent_leased(self) -> bool:
-        return self.origin == "external" or self.state is InstanceState.SERVING
 
 
 class AgentMetrics:
@@ -163,29 +129,24 @@ class Agent:
         self.reporter = reporter or ReportSender(None, None)
         self.verdict_board = verdict_board
         self.agent_id = agent_id or settings.agent_id or self.actor
-        self._pool_seq = 0
-        self._adopted = False  # the pool a previous agent left running has been taken back
         self._seq = 0  # orders canaries against releases (virtual time may not move between them)
-        self._draining: set[asyncio.Task] = set()
         self.faults = FaultDetector(settings.region, rounds=settings.fault_rounds,
                                     clear_rounds=settings.fault_clear_rounds, source=self.actor)
         self.fault_reporter = fault_reporter or FaultReporter(None, None)
         self.fault_outcomes: dict[str, tuple[str, object]] = {}  # fault id → (outcome, the answer), reported ones
         self._unreported: dict[str, Fault] = {}  # opened, not yet accepted or refused
-        self._lost: list[Observation] = []  # lost this round: gone, for the fault detector
+        self.lost_this_round: list[Observation] = []  # lost this round: gone, for the fault detector
         self._fault_task: asyncio.Task | None = None
         self.rollback_reporter = rollback_reporter or CanaryRollbackReporter(None, None)
         self.rollback_outcomes: dict[tuple[str, str, int], tuple[str, object]] = {}  # alias revision → outcome
         self._rollback_task: asyncio.Task | None = None
-        self._desired_seen: str | None = None  # the pool's desired version as of the last reconcile
-        self.previous_version: str | None = None  # the one before it: the pool keeps a share warm on it
-        self._covered_since: float | None = None  # the desired version serves the plan's count since (monotonic)
         self._canaries_sent: collections.deque[float] = collections.deque()  # when, within PROBE_RATE_WINDOW_S
         pool = settings.pool
         # the cold tier's promise (artifacts staged and verified, not loaded), checked in the background
         self.staging = StagingCheck(pool, region=settings.region, actor=self.actor, clock=self.clock,
                                     emit=lambda event: self.shipper.emit(event), registry=self.metrics.registry) \
             if pool is not None and pool.tier == "cold" else None
+        self.reconciler = PoolReconciler(self)  # the warm pool: backfill, promote, rebalance, the version roll
 
     # -- desired state -------------------------------------------------------------------------------
     @property
@@ -213,18 +174,7 @@ class Agent:
         return self.canary_records.get(version)
 
     def desired_version(self) -> str | None:
-        pool = self.settings.pool
-        if pool is None:
-            return None
-        if self.snapshot is not None and pool.model in self.snapshot.models:
-            alias = self.snapshot.models[pool.model].aliases.get(pool.alias)
-            if alias is not None and alias.version in pool.versions:
-                return alias.version
-            if alias is not None and self._desired_seen is not None:
-                # a version this pool cannot start (not in pool.versions): stay where the pool is rather than
-                # roll it to the fallback, which may be older than what it serves
-                return self._desired_seen
-        return pool.fallback_version()
+        return self.reconciler.desired_version()
 
     def credit_served(self, served: dict[str, datetime]) -> None:
         """Count a gateway-reported success (wall time) as a canary at that moment (monotonic)."""
@@ -235,13 +185,13 @@ class Agent:
 
     # -- the loop ------------------------------------------------------------------------------------
     async def tick(self) -> None:
-        if not self._adopted:
-            await self.adopt_pool()  # before observe: their leases are the pool's, not engines' own
+        if not self.reconciler.adopted:
+            await self.reconciler.adopt_pool()  # before observe: their leases are the pool's, not engines' own
         await self.observe()
         await self.probe_health()
         self.start_canaries()
         await self.apply_leases()
-        await self.reconcile_pool()
+        await self.reconciler.reconcile_pool()
         await self.publish_verdicts()
         self.detect_faults()
         self.report_faults()
@@ -274,7 +224,7 @@ class Agent:
                 self.instances[instance_id].generation = lease.generation
         for instance_id, instance in list(self.instances.items()):
             if instance.origin == "registry" and instance_id not in leases:
-                self._forget(instance_id)  # its own lease lapsed or was released: not ours to act on
+                self.forget(instance_id)  # its own lease lapsed or was released: not ours to act on
         known_urls = {i.url for i in self.instances.values()}
         held = {lease.url.rstrip("/"): lease for lease in leases.values()}
         for engine in self.settings.renew_leases_for:
@@ -344,7 +294,7 @@ class Agent:
             instance.canary_task = None
         instance.canary = None
         instance.unleasable = None
-        await self._release(instance)
+        await self.release(instance)
         self._seq += 1
         instance.released_seq = self._seq
 
@@ -399,7 +349,7 @@ class Agent:
             self.metrics.canaries.labels(result.verdict.value).inc()
             self.judge(instance)
             if instance.verdict in EJECT | {Verdict.DRAINING} and instance.lease is not None:
-                await self._release(instance)  # at once, not at the next tick
+                await self.release(instance)  # at once, not at the next tick
         except Exception:  # a canary never takes the agent down
             log.exception("canary failed", instance=instance.instance_id)
         finally:
@@ -435,20 +385,20 @@ class Agent:
             if not instance.agent_leased:
                 continue
             if instance.lease is not None and instance.verdict not in KEEPS_LEASE:
-                await self._release(instance)
+                await self.release(instance)
             elif instance.lease is not None:
                 await self._renew(instance)
-            elif self._admitted(instance) and instance.unleasable is None:
-                await self._register(instance)  # first lease, or again after a release or a lapse
+            elif self.admitted(instance) and instance.unleasable is None:
+                await self.register(instance)  # first lease, or again after a release or a lapse
 
-    def _admitted(self, instance: Instance) -> bool:
+    def admitted(self, instance: Instance) -> bool:
         """Routable now, and (with a canary record) a canary passed since the agent last held its lease."""
         if instance.verdict is not Verdict.OK:
             return False
         record = self.canary_for(instance.version)
         return record is None or (self._fresh_canary(instance) and instance.canary is not None and instance.canary.ok)
 
-    async def _register(self, instance: Instance) -> None:
+    async def register(self, instance: Instance) -> None:
         try:
             instance.lease = await self.registry.register(Registration(
                 instance_id=instance.instance_id, url=instance.url, version=instance.version, zone=instance.zone,
@@ -466,7 +416,7 @@ class Agent:
             # (An engine without a lease of its own sends no header and is leased under any generation.)
             instance.unleasable = (f"engine stamps generation {identity.generation} (a lease of its own); "
                                    f"the agent's lease would be {instance.lease.generation}")
-            await self._release(instance)
+            await self.release(instance)
             log.warning("lease refused: generations disagree", instance=instance.instance_id,
                         reason=instance.unleasable)
 
@@ -490,7 +440,7 @@ class Agent:
         except Exception as exc:  # registry away: the lease lapses on its own, which is the safe side
             log.warning("lease not renewed", instance=instance.instance_id, error=str(exc)[:200])
 
-    async def _release(self, instance: Instance) -> None:
+    async def release(self, instance: Instance) -> None:
         lease, instance.lease = instance.lease, None
         if lease is None:
             return
@@ -500,229 +450,13 @@ class Agent:
             await self.registry.release(lease.instance_id, lease.generation)
         log.info("lease released", instance=instance.instance_id, generation=lease.generation, verdict=instance.verdict)
 
-    # -- the pool ------------------------------------------------------------------------------------
-    async def reconcile_pool(self) -> None:
-        pool, driver = self.settings.pool, self.driver
-        if pool is None or driver is None:
-            return
-        try:
-            await driver.refresh()  # observe before acting: which pods / processes exist now
-        except Exception as exc:  # the API server away: alive() answers from the last read
-            log.warning("pool driver could not re-read its instances", error=repr(exc)[:200])
-        now = self.clock.now()
-        desired = self.desired_version()
-        for instance in [i for i in self.instances.values() if i.origin == "pool"]:
-            if not driver.alive(instance.instance_id):
-                await self._lose(instance, "the process exited")
-            elif instance.state is InstanceState.COLD:
-                if self._admitted(instance):
-                    instance.state = transition(instance.state, PoolEvent.LOADED)
-                elif instance.canary is not None and instance.canary.verdict is Verdict.WRONG_OUTPUT:
-                    await self._lose(instance, f"admission canary failed: {instance.canary.reason}")
-                elif instance.started_at is not None and now - instance.started_at > pool.start_timeout.total_seconds():
-                    await self._lose(instance, f"not warm within {pool.start_timeout.total_seconds():g} s")
-            elif instance.verdict in EJECT and (instance.verdict is Verdict.WRONG_OUTPUT or
-                                                instance.failed_probes >= WARM_FAILURES_TO_REPLACE):
-                await self._lose(instance, f"ejected: {instance.reason}")
-            elif instance.verdict in EJECT and instance.state is InstanceState.SERVING:
-                # Its lease is gone already; a warm one takes its place below. It rides out a blip as warm
-                # and is leasable again (a new generation) after a fresh admission canary.
-                await self._release(instance)
-                instance.state = transition(instance.state, PoolEvent.DEMOTED)
-                log.warning("serving instance ejected; demoted to warm", instance=instance.instance_id,
-                            reason=instance.reason)
-                self.emit("pool.demoted", instance, f"{instance.zone}: serving → warm: ejected ({instance.reason}); "
-                          "leasable again after a fresh canary", state="warm",
-                          changes_routing=False)  # the lease went with its verdict (probe.verdict says so)
-        mine = [i for i in self.instances.values() if i.origin == "pool"]
-        previous = self._track_versions(desired, mine)
-        target = sum(z.serving for z in pool.zones.values())
-        serving = [i for i in mine if i.state is InstanceState.SERVING and i.version == desired]
-        while len(serving) < target:
-            warm = [i for i in mine if i.state is InstanceState.WARM and i.version == desired
-                    and self._admitted(i)]
-            if not warm:
-                break
-            short = {z: t.serving - sum(1 for i in serving if i.zone == z) for z, t in pool.zones.items()}
-            chosen = max(warm, key=lambda i: (short.get(i.zone, 0) > 0,
-                                              sum(1 for w in warm if w.zone == i.zone), i.instance_id))
-            for_zone = max(short, key=lambda z: short[z])
-            if not await self._promote(chosen, for_zone):
-                break
-            serving.append(chosen)
-        await self._rebalance(mine, desired)
-        roll = await self._roll(mine, desired, previous, covered=len(serving) >= target)
-        for zone, zone_target in pool.zones.items():
-            present = [i for i in mine if i.zone == zone and i.version == desired
-                       and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
-            for _ in range(zone_target.serving + zone_target.warm - len(present)):
-                await self._start(zone, desired)
-            for _ in range(roll.start_previous.get(zone, 0)):
-                await self._start(zone, previous)
-
-    def _track_versions(self, desired: str | None, mine: list[Instance]) -> str | None:
-        """The previous version: the desired one before the alias last moved (or, for an agent that did not see
-        it move, the other version most of the pool runs); None when it is the desired one or unknown."""
-        pool = self.settings.pool
-        if desired is None or pool is None:
-            return None
-        if self._desired_seen is not None and desired != self._desired_seen:
-            log.info("pool version rolls", desired=desired, previous=self._desired_seen)
-            self.previous_version, self._covered_since = self._desired_seen, None
-        self._desired_seen = desired
-        if self.previous_version is None or self.previous_version not in pool.versions:
-            self.previous_version = infer_previous(_members(mine), desired=desired, known=pool.versions)
-        return self.previous_version if self.previous_version != desired else None
-
-    async def _roll(self, mine: list[Instance], desired: str | None, previous: str | None, *,
-                    covered: bool) -> RollDecision:
-        """Instances of other versions: keep the previous one's share warm, retire the rest (warm_pool/version_roll.py).
-
-        The old serving set keeps its leases (old_generation: established sessions finish) until the desired
-        version serves the plan's count, and `old_generation_grace` longer."""
-        pool = self.settings.pool
-        if pool is None or desired is None:
-            return RollDecision()
-        now = self.clock.now()
-        if not covered:
-            self._covered_since = None
-        elif self._covered_since is None:
-            self._covered_since = now
-        may_go = covered and now - (self._covered_since or now) >= pool.old_generation_grace.total_seconds()
-        roll = decide(_members(mine), desired=desired, previous=previous, old_serving_may_go=may_go,
-                      previous_share={z: t.warm_previous for z, t in pool.zones.items()})
-        for instance_id in roll.demote:
-            instance = self.instances[instance_id]
-            await self._release(instance)
-            instance.state = transition(instance.state or InstanceState.SERVING, PoolEvent.DEMOTED)
-            self.emit("pool.demoted", instance, f"{instance.zone}: serving → warm: {desired} serves the plan; "
-                      f"{instance.version} stays warm for a rollback", state="warm", changes_routing=True)
-        for instance_id in roll.retire:
-            await self._retire(self.instances[instance_id], f"{desired} serves the pool; {previous or 'no'} "
-                               f"version keeps a warm share")
-        return roll
-
-    async def adopt_pool(self) -> None:
-        """Take back the pool instances a previous agent of this region left running (the driver finds them).
-
-        One with a live lease was serving: the lease is taken over (same generation, renewed from the next
-        probe), so an agent restart costs no capacity. The others start over as cold: an admission canary,
-        then warm. A driver that cannot say (local processes) adopts nothing; a failed read is retried next tick.
-        """
-        if self.driver is None or self.settings.pool is None:
-            self._adopted = True
-            return
-        try:
-            found = await self.driver.adopt()
-            leases = {lease.instance_id: lease for lease in await self.registry.live()}
-        except Exception as exc:
-            log.warning("pool not adopted yet; trying again next tick", error=repr(exc)[:200])
-            return
-        self._adopted = True
-        now = self.clock.now()
-        for pool_instance in found:
-            if pool_instance.instance_id in self.instances:
-                continue
-            lease = leases.get(pool_instance.instance_id)
-            self.instances[pool_instance.instance_id] = Instance(
-                pool_instance.instance_id, pool_instance.url, pool_instance.zone, pool_instance.version, "pool",
-                first_seen=now, state=InstanceState.SERVING if lease is not None else InstanceState.COLD,
-                started_at=now, lease=lease)
-            log.info("pool instance adopted", instance=pool_instance.instance_id, zone=pool_instance.zone,
-                     version=pool_instance.version, serving=lease is not None)
-
-    async def _rebalance(self, mine: list[Instance], desired: str | None) -> None:
-        """One move a tick: a zone short of serving takes its own warm instance, an over-served zone retires one.
-
-        Serving where the plan put it matters for the next loss: the plan's replay assumes each zone
-        holds its share of the in-flight sequences. Promote first, then demote, so capacity never dips;
-        the retired instance drains (its streams finish or migrate) and is backfilled warm.
-        """
-        pool = self.settings.pool
-        if pool is None:
-            return
-        count = {z: sum(1 for i in mine if i.zone == z and i.state is InstanceState.SERVING and i.version == desired)
-                 for z in pool.zones}
-        short = [z for z, t in pool.zones.items() if count[z] < t.serving]
-        over = sorted((z for z, t in pool.zones.items() if count[z] > t.serving),
-                      key=lambda z: count[z] - pool.zones[z].serving, reverse=True)
-        for zone in short:
-            warm = [i for i in mine if i.zone == zone and i.state is InstanceState.WARM and i.version == desired
-                    and self._admitted(i)]
-            if not warm or not over:
-                continue
-            victim = next(i for i in mine if i.zone == over[0] and i.state is InstanceState.SERVING
-                          and i.version == desired)
-            if not await self._promote(warm[0], zone):
-                return
-            await self._retire(victim, f"{zone} serves its own share again")
-            return
-
-    async def _retire(self, instance: Instance, reason: str) -> None:
-        """Serving → draining → gone, and backfill replaces it warm.
-
-        Retired and backfilled rather than demoted to warm in place, as when an instance could be leased
-        only once; demoting would now work and save the load (docs/warm_pool.md, limits). The drain
-        (SIGTERM: stop taking requests, finish or hand back in-flight ones) runs in the background.
-        """
-        was = instance.state or InstanceState.SERVING
-        await self._release(instance)
-        instance.state = transition(was, PoolEvent.DRAIN)
-        self.emit("pool.stopped", instance, f"{instance.zone}: {was} → draining: {reason}", state="draining",
-                  changes_routing=was is InstanceState.SERVING)
-        if self.driver is not None:
-            task = asyncio.create_task(self.driver.stop(instance.instance_id, graceful=True),
-                                       name=f"drain-{instance.instance_id}")
-            self._draining.add(task)
-            task.add_done_callback(self._draining.discard)
-        instance.state = transition(instance.state, PoolEvent.STOPPED)
-        self._forget(instance.instance_id)
-
-    async def _start(self, zone: str, version: str | None) -> None:
-        if self.driver is None or version is None:
-            return
-        self._pool_seq += 1
-        instance_id = f"{self.settings.region}-{zone}-{self._pool_seq}-{int(self.clock.wall())}"
-        started = await self.driver.start(instance_id=instance_id, zone=zone, version=version)
-        now = self.clock.now()
-        instance = Instance(instance_id, started.url, zone, version, "pool", first_seen=now,
-                            state=InstanceState.COLD, started_at=now)
-        self.instances[instance_id] = instance
-        self.emit("pool.started", instance, f"backfill {zone}: start {version} cold", state="cold",
-                  changes_routing=False)
-
-    async def _promote(self, instance: Instance, for_zone: str) -> bool:
-        instance.state = transition(instance.state or InstanceState.WARM, PoolEvent.PROMOTED)
-        await self._register(instance)
-        if instance.lease is None:
-            instance.state = transition(instance.state, PoolEvent.DEMOTED)
-            if instance.unleasable is not None:
-                await self._lose(instance, instance.unleasable)
-            return False
-        self.emit("pool.promoted", instance, f"warm → serving in {instance.zone} for {for_zone}'s shortfall",
-                  state="serving", for_zone=for_zone, changes_routing=True)
-        return True
-
-    async def _lose(self, instance: Instance, reason: str) -> None:
-        was = instance.state
-        generation = instance.lease.generation if instance.lease else instance.generation
-        await self._release(instance)
-        if self.driver is not None:
-            await self.driver.stop(instance.instance_id, graceful=False)
-        if was is not None and was is not InstanceState.GONE:
-            instance.state = transition(was, PoolEvent.LOST)
-        self._forget(instance.instance_id)
-        self._lost.append(Observation(instance.instance_id, instance.zone, GONE, reason, generation))
-        self.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was),
-                  changes_routing=was is InstanceState.SERVING)
-
     # -- zone and region faults ---------------------------------------------------------------------
     def detect_faults(self) -> RoundResult:
         """One round for the fault detector: every instance's verdict, and the ones lost this round as gone."""
         observations = [Observation(i.instance_id, i.zone, i.verdict.value if i.verdict else None, i.reason,
                                     i.lease.generation if i.lease else i.generation)
-                        for i in self.instances.values()] + self._lost
-        self._lost = []
+                        for i in self.instances.values()] + self.lost_this_round
+        self.lost_this_round = []
         result = self.faults.observe(observations, self.clock.utcnow())
         for fault in result.opened:
             self.metrics.faults.labels(fault.kind).inc()
@@ -803,7 +537,7 @@ class Agent:
                   "canary failure not acted on", model=failure.model, alias=failure.alias, version=failure.version,
                   revision=failure.revision, instances=list(failure.instances), outcome=outcome, answer=str(answer)[:300])
 
-    def _forget(self, instance_id: str) -> None:
+    def forget(self, instance_id: str) -> None:
         instance = self.instances.pop(instance_id, None)
         if instance is not None and instance.canary_task is not None:
             instance.canary_task.cancel()
@@ -900,15 +634,11 @@ class Agent:
         for instance in self.instances.values():
             if instance.canary_task is not None:
                 instance.canary_task.cancel()
-            await self._release(instance)
-        if self._draining:
-            await asyncio.gather(*self._draining, return_exceptions=True)
+            await self.release(instance)
+        if self.reconciler.draining:
+            await asyncio.gather(*self.reconciler.draining, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
-
-
-def _members(instances: list[Instance]) -> list[Member]:
-    return [Member(i.instance_id, i.zone, i.version, i.state) for i in instances if i.state is not None]
 
 
 def _routing_class(verdict: Verdict | None) -> str:

@@ -1,0 +1,50 @@
+"""One instance the regional agent tracks: a pool instance, an engine it leases for, or one that leases itself.
+
+Shared by the agent (warm_pool/agent.py: probes, canaries, leases) and the
+pool reconciler (warm_pool/reconciler.py: pool states), which both change it
+on the agent's one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from contract.lease import Lease
+from warm_pool.probe import ProbeResult, Verdict
+from warm_pool.states import InstanceState
+
+Origin = Literal["registry", "external", "pool"]
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    url: str
+    zone: str
+    version: str
+    origin: Origin
+    first_seen: float
+    state: InstanceState | None = None  # pool instances only
+    started_at: float | None = None
+    health: ProbeResult | None = None
+    canary: ProbeResult | None = None
+    verdict: Verdict | None = None
+    reason: str = ""
+    lease: Lease | None = None  # held by the agent
+    canaries: int = 0
+    canary_task: asyncio.Task | None = None
+    unleasable: str | None = None  # why a lease can never route to it (it stamps a generation of its own lease)
+    failed_probes: int = 0  # consecutive failed health probes
+    boot: tuple[int, float] | None = None  # (boot_generation, started_at) last seen: a change is a restart
+    canary_seq: int = 0  # when (Agent._seq) the last canary started
+    verdict_since: datetime | None = None  # wall time the verdict last changed
+    generation: int | None = None  # of the lease it is routed under (its own, or the agent's), as last seen
+    canary_at: datetime | None = None  # wall time the last canary answered
+    released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
+
+    @property
+    def agent_leased(self) -> bool:
+        return self.origin == "external" or self.state is InstanceState.SERVING
