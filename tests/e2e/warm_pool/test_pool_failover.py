@@ -16,15 +16,14 @@ import contextlib
 import os
 import signal
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from common.clock import SystemClock
 from contract.lease import RedisLeaseRegistry
+from tests.support.waiting import until
 from warm_pool.agent import Agent
 from warm_pool.driver import LocalDriver
 from warm_pool.events import EventShipper
@@ -35,16 +34,6 @@ pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-pool"
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if result := await condition():
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never: {what}")
 
 
 async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfills(

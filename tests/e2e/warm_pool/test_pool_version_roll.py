@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +23,7 @@ import pytest
 from common.clock import SystemClock
 from contract.lease import RedisLeaseRegistry
 from contract.snapshot import RoutingSnapshot
+from tests.support.waiting import until
 from warm_pool.agent import Agent
 from warm_pool.driver import LocalDriver
 from warm_pool.events import EventShipper
@@ -35,16 +34,6 @@ pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-roll"
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if result := await condition():
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never: {what}")
 
 
 class Snapshots:

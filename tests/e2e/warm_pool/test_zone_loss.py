@@ -27,6 +27,7 @@ from common.clock import SystemClock
 from contract.lease import RedisLeaseRegistry
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.sse import StreamResult
+from tests.support.waiting import until
 from warm_pool.agent import Agent
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
 from warm_pool.driver import LocalDriver
@@ -41,16 +42,6 @@ REGION = "r-zone-loss"
 MAX_TOKENS = 48
 BODY = {"model": "tiny", "prompt": "The other zone takes the traffic", "max_tokens": MAX_TOKENS, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}
-
-
-async def until(condition, what: str, timeout: float = 120.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if result := await condition():
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never: {what}")
 
 
 async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+from tests.support.waiting import until
 from warm_pool.agent import Agent
 from warm_pool.fault import FaultReporter
 from warm_pool.settings import AgentSettings
@@ -89,16 +90,6 @@ def _answer(bind: BindServer) -> list[str]:
     return sorted(r.address for rrset in response.answer for r in rrset)
 
 
-async def until(condition: Any, what: str, timeout: float = 90.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if result := condition():
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never: {what}")
-
-
 def _agent(served: TestClient, engines: dict[str, Any], token: str) -> tuple[Agent, Any]:
     settings = AgentSettings(
         region="eu", registry=REDIS_URL, registry_prefix=f"test-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
@@ -123,18 +114,15 @@ def _agent(served: TestClient, engines: dict[str, Any], token: str) -> tuple[Age
 
 @contextlib.asynccontextmanager
 async def ticking(agent: Agent) -> Any:
-    async def loop() -> None:
-        while True:
-            await agent.tick()
-            await asyncio.sleep(agent.settings.probe_interval.total_seconds())
-
-    task = asyncio.create_task(loop())
+    """The agent's loop for the test's duration, stopped by an event: a cancel alone can be swallowed by a
+    health probe's `wait_for` on Python 3.11, and the loop then ticks on past the test (Agent.run_ticks)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run_ticks(stop))
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        stop.set()
+        await task
 
 
 async def test_agent_escalates_a_zone_whose_engines_were_sigkilled_and_the_zone_is_withdrawn(
