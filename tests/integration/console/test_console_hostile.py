@@ -133,7 +133,8 @@ def test_every_action_refuses_anonymous_viewer_and_bad_csrf_and_changes_nothing(
     for name, path in actions:
         refused(name, path, {**FULL_FORM, "csrf_token": viewer_csrf}, 403, "forbidden")
     operator_csrf = sign_in(console, tokens["operator"])
-    for forged in ("", viewer_csrf, operator_csrf[:-1] + "0", "é" * 64, operator_csrf + "\u00a0"):
+    one_off = operator_csrf[:-1] + ("1" if operator_csrf.endswith("0") else "0")  # never the token itself
+    for forged in ("", viewer_csrf, one_off, "é" * 64, operator_csrf + "\u00a0"):
         for name, path in actions:
             refused(name, path, {**FULL_FORM, "csrf_token": forged}, 403, "csrf_failed")
     for name, path in actions:
