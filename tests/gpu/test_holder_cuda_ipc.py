@@ -41,7 +41,7 @@ def cuda_device_present() -> bool:
     return torch.cuda.is_available()
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_device_present(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_device_present(), reason="needs a CUDA device: the holder's CUDA IPC path (the CPU side is tests/unit/holder/test_holder_device.py)")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,6 @@ driver that skipped its own validation would fail here too.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
@@ -17,6 +16,7 @@ from kubernetes.client import ApiClient, AppsV1Api, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from lifeline.kube_emulator import KubeApiEmulator
+from tests.support.waiting import until
 from warm_pool.kubernetes_driver import (
     LABEL_INSTANCE,
     KubernetesDriver,
@@ -175,24 +175,16 @@ def test_the_emulator_refuses_what_the_api_server_would(api_client, emulator):
     assert refused.value.status == 422 and emulator.deployments == {}
 
 
-async def _until(condition, what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 async def test_the_watch_streams_readiness_and_a_lost_pod_without_a_list(driver, emulator):
     await driver.start(instance_id="eu-1-a-1", zone="a", version="v1")
     pod = _pod(emulator, "lifeline-eu-1-a-v1", "eu-1-a-1")["metadata"]["name"]
-    await _until(lambda: driver.watching and emulator.watches == 1, "the watch is open")
+    await until(lambda: driver.watching and emulator.watches == 1, "the watch is open", timeout=10.0)
     lists = _pod_lists(emulator)
 
     emulator.set_ready(pod, namespace=NS)
-    await _until(lambda: driver.ready("eu-1-a-1"), "readiness streamed")
+    await until(lambda: driver.ready("eu-1-a-1"), "readiness streamed", timeout=10.0)
     emulator.kill_pod(pod, namespace=NS)
-    await _until(lambda: not driver.alive("eu-1-a-1"), "the lost pod streamed")
+    await until(lambda: not driver.alive("eu-1-a-1"), "the lost pod streamed", timeout=10.0)
     await driver.refresh()  # the agent's per-tick re-read: from the watch, no call
     assert not driver.alive("eu-1-a-1") and _pod_lists(emulator) == lists and driver.watch_events >= 2
 
@@ -200,14 +192,15 @@ async def test_the_watch_streams_readiness_and_a_lost_pod_without_a_list(driver,
 async def test_an_expired_watch_is_listed_again_and_misses_nothing(driver, emulator):
     await driver.start(instance_id="eu-1-a-1", zone="a", version="v1")
     pod = _pod(emulator, "lifeline-eu-1-a-v1", "eu-1-a-1")["metadata"]["name"]
-    await _until(lambda: driver.watching and emulator.watches == 1, "the watch is open")
+    await until(lambda: driver.watching and emulator.watches == 1, "the watch is open", timeout=10.0)
 
     emulator.expire_watches()  # etcd compacted: the open watch ends; resuming from its version is 410 Gone
     emulator.set_ready(pod, namespace=NS)
-    await _until(lambda: driver.watch_relists == 1 and driver.ready("eu-1-a-1"), "listed again after 410")
-    await _until(lambda: driver.watching and emulator.watches >= 2, "watching again")
+    await until(lambda: driver.watch_relists == 1 and driver.ready("eu-1-a-1"), "listed again after 410", timeout=10.0)
+    await until(lambda: driver.watching and emulator.watches >= 2, "watching again", timeout=10.0)
     emulator.kill_pod(pod, namespace=NS)
-    await _until(lambda: not driver.alive("eu-1-a-1"), "the resumed watch streams the loss")
+    await until(lambda: not driver.alive("eu-1-a-1"), "the resumed watch streams the loss", timeout=10.0)
+    assert (driver.watch_relists, emulator.watches >= 2, driver.alive("eu-1-a-1")) == (1, True, False)
 
 
 def _pod_lists(emulator: KubeApiEmulator) -> int:
