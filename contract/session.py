@@ -16,7 +16,12 @@ Records that cross a process boundary, defined once here:
 - `SessionRecord`, kept by every gateway replica of a region in one shared store
   (`SessionStore` over a `contract.kv_checkpoint.KVStore`, key
   `sessions/<sha256 of model and id>.json`), so a turn served by another replica
-  counts the same turns and checkpoints;
+  counts the same turns and checkpoints. The control plane's replication copies
+  it to the standby region's store with the session's KV (`controlplane/
+  replication/session_records.py`); a copy carries `replicated_at`, so the
+  standby's gateway counts its next turn as served `elsewhere`. Both sides
+  read a record with `parse_session_record`: an oversized, malformed or
+  misplaced one is `SessionRecordInvalid`, never used;
 - `KVCheckpointRequest` / `KVCheckpointWritten`, the body and answer of the
   engine's `POST /admin/kv/checkpoint`: the KV comes from the engine that holds
   it (computing any block it lacks) and goes to the store the engine was started
@@ -44,6 +49,8 @@ SESSION_HEADER = "x-session-id"
 CONVERSATION_HEADER = "x-conversation-id"
 SESSION_CLASS_HEADER = "x-session-class"
 MAX_SESSION_ID = 256
+MAX_SESSION_RECORD_BYTES = 64 * 1024  # a record is well under 1 KiB; anything this large is not one
+SESSION_KEY_PREFIX = "sessions/"
 SESSION_USAGE_KEY = "lifeline_session"  # a usage frame's turn figures in the token log; clients see `lifeline.session`
 
 
@@ -64,6 +71,28 @@ class SessionRecord(BaseModel):
     checkpointed_at: float | None = None
     checkpoint_key: str | None = Field(None, description="the newest checkpoint's manifest key in the region's store")
     policy_revision: int | None = None
+    recorded_at: float | None = Field(None, description="Unix seconds this turn was recorded (replication's lag)")
+    replicated_at: float | None = Field(None, description="set by replication on a copy in another region's "
+                                                          "store; None: written by this region's gateways")
+
+    @property
+    def version(self) -> tuple[int, float]:
+        """Which of two records of one session is newer: turns first, then when it was recorded."""
+        return self.turns, self.recorded_at if self.recorded_at is not None else 0.0
+
+    def without_checkpoint(self) -> SessionRecord:
+        """The record claiming no checkpoint: what a store that lacks the checkpoint may hold."""
+        return self.model_copy(update={"checkpointed_turn": 0, "checkpointed_tokens": 0, "checkpointed_at": None,
+                                       "checkpoint_key": None})
+
+
+class SessionRecordInvalid(KVCheckpointInvalid):
+    """A stored session record that is not one (`reason`: oversized, malformed, misplaced): never used."""
+
+    def __init__(self, key: str, reason: str, detail: str) -> None:
+        super().__init__(f"session record {key}: {detail}")
+        self.key = key
+        self.reason = reason
 
 
 class KVCheckpointRequest(BaseModel):
@@ -114,7 +143,21 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def session_key(model: str, session_id: str) -> str:
     digest = hashlib.sha256(f"{model}\0{session_id}".encode()).hexdigest()
-    return f"sessions/{digest}.json"
+    return f"{SESSION_KEY_PREFIX}{digest}.json"
+
+
+def parse_session_record(data: bytes, *, key: str) -> SessionRecord:
+    """The record stored under `key`; SessionRecordInvalid if it is too large, does not parse, or names
+    another session than its key (a record copied or written under the wrong name)."""
+    if len(data) > MAX_SESSION_RECORD_BYTES:
+        raise SessionRecordInvalid(key, "oversized", f"{len(data)} bytes, more than {MAX_SESSION_RECORD_BYTES}")
+    try:
+        record = SessionRecord.model_validate_json(data)
+    except ValueError:
+        raise SessionRecordInvalid(key, "malformed", "does not parse as a session record") from None
+    if session_key(record.model, record.session_id) != key:
+        raise SessionRecordInvalid(key, "misplaced", "names another session than its key")
+    return record
 
 
 class SessionStore:
@@ -124,14 +167,10 @@ class SessionStore:
         self.store = store
 
     def get(self, model: str, session_id: str) -> SessionRecord | None:
-        data = self.store.get(session_key(model, session_id))
-        if data is None:
-            return None
-        try:
-            record = SessionRecord.model_validate_json(data)
-        except ValueError:
-            raise KVCheckpointInvalid(f"the session record of {session_id!r} does not parse") from None
-        return record if record.session_id == session_id and record.model == model else None
+        """The session's record, None if there is none; SessionRecordInvalid if what is stored is not one."""
+        key = session_key(model, session_id)
+        data = self.store.get(key)
+        return None if data is None else parse_session_record(data, key=key)
 
     def put(self, record: SessionRecord) -> None:
         self.store.put(session_key(record.model, record.session_id), record.model_dump_json().encode())

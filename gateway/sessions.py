@@ -21,10 +21,12 @@ Per turn:
   turn re-prefilled. After a region loss it is the RPO_context actually paid;
   it is on the response (`lifeline.session`), in the log (`session turn`) and
   in `lifeline_gateway_session_context_recomputed_tokens{continuity}`.
-- *continuity*: `here` when this region's session store holds the previous
-  turn's record, `elsewhere` when it does not yet the prompt carries context
-  (the previous turn was served in another region — a failover — or its
-  record was lost). Every turn re-prefills its context's last partial block,
+- *continuity*: `here` when a gateway of this region recorded the previous
+  turn, `elsewhere` when the previous turn was served in another region — a
+  failover: the record is a replica (`replicated_at`, copied with the
+  session's KV by the control plane's replication), or there is none yet the
+  prompt carries context (not replicated, or lost). With a replica the
+  standby knows the session's turns and, for a completion, its context. Every turn re-prefills its context's last partial block,
   fault or not; summed over `continuity="elsewhere"` the histogram is what
   faults cost, not that ordinary remainder.
 
@@ -54,7 +56,6 @@ from contract.session import (
     CONVERSATION_HEADER,
     MAX_SESSION_ID,
     SESSION_CLASS_HEADER,
-
     SESSION_HEADER,
     KVCheckpointRequest,
     KVCheckpointWritten,
@@ -102,7 +103,9 @@ class SessionTurn:
 
     @property
     def continuity(self) -> str:
-        return "elsewhere" if self.record is None and self.context_tokens > 0 else "here"
+        if self.record is None:
+            return "elsewhere" if self.context_tokens > 0 else "here"
+        return "here" if self.record.replicated_at is None else "elsewhere"
 
     @property
     def context_recomputed_tokens(self) -> int | None:
@@ -232,7 +235,7 @@ class SessionKeeper:
             checkpointed_tokens=previous.checkpointed_tokens if previous else 0,
             checkpointed_at=previous.checkpointed_at if previous else None,
             checkpoint_key=previous.checkpoint_key if previous else None,
-            policy_revision=turn.policy.revision if turn.policy else None)
+            policy_revision=turn.policy.revision if turn.policy else None, recorded_at=now)
         if checkpoint_due(turn.policy, record, now=now):
             written = await self._checkpoint(turn, engine_url, context)
             if written is not None:

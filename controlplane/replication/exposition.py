@@ -9,8 +9,11 @@ stores of each policy, per model, session class and destination (redacted):
     lifeline_controlplane_replication_rpo_context_seconds       the declared target
     lifeline_controlplane_replication_pending_checkpoints       at the source, not at the destination, within
                                                                 retention, not dead or cleared (store probe)
-    lifeline_controlplane_replication_oldest_pending_age_seconds  now - the oldest pending one's created_at
-                                                                (0 with none pending; store probe)
+    lifeline_controlplane_replication_pending_session_records   session records of the class whose turn the
+                                                                destination lacks (store probe; session_records.py)
+    lifeline_controlplane_replication_session_records_invalid{side}  records the probe skipped as not records
+    lifeline_controlplane_replication_oldest_pending_age_seconds  now - the oldest pending checkpoint's created_at
+                                                                or session record's recorded_at (0 with none)
     lifeline_controlplane_replication_lag_seconds               the oldest pending one's age, or with none
                                                                 pending the last copy's lag (as the status API)
     lifeline_controlplane_replication_lag_rpo_ratio             lag / rpo_context_seconds (> 1: target missed)
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,7 +61,7 @@ from common.clock import Clock
 from common.logs import get_logger
 from contract.kv_checkpoint import KVCheckpointError, KVCheckpointStore, redact_kv_store_url
 from controlplane.db import session_scope
-from controlplane.replication import flows, repository, service
+from controlplane.replication import flows, repository, service, session_records
 from controlplane.replication.config import ReplicationSettings
 from controlplane.replication.schemas import ReplicationMode
 
@@ -71,9 +75,11 @@ LABELS = ["model", "session_class", "destination"]
 class StoreProbe:
     taken_at: float  # the clock's monotonic seconds
     ok: bool
-    pending: int = 0
-    oldest_pending_created_at: float | None = None
+    pending: int = 0  # checkpoints
+    pending_records: int = 0  # session records whose turn the destination lacks
+    oldest_pending_created_at: float | None = None  # of either
     truncated: bool = False
+    invalid_records: tuple[tuple[str, int], ...] = ()  # (side, records skipped as not records)
 
 
 @dataclass(frozen=True)
@@ -162,16 +168,23 @@ class ReplicationCollector:
         self.probes_taken += 1
         if not row.source_store or not row.destination_store:  # a rebuildable policy: nothing to probe
             return StoreProbe(taken_at=taken_at, ok=True)
+        not_before = self.clock.wall() - row.retention_seconds
         try:
             source, target = self._open(row.source_store), self._open(row.destination_store)
-            scan = flows.scan_pending(source, target, skip=row.skip,
-                                      not_before=self.clock.wall() - row.retention_seconds, ages=self._ages,
+            scan = flows.scan_pending(source, target, skip=row.skip, not_before=not_before, ages=self._ages,
                                       max_reads=self.max_reads, source_id=row.source_store)
+            records = session_records.scan_records(source.store, target.store, model=row.labels[0],
+                                                   session_class=row.labels[1], not_before=not_before,
+                                                   max_reads=self.max_reads)
         except (KVCheckpointError, ValueError, OSError) as exc:
             log.warning("replication metrics: a store did not answer", policy_id=row.id, error=str(exc))
             return StoreProbe(taken_at=taken_at, ok=False)
-        return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count,
-                          oldest_pending_created_at=scan.oldest_created_at, truncated=scan.unread > 0)
+        oldest = [t for t in (scan.oldest_created_at, records.oldest_recorded_at) if t is not None]
+        invalid = Counter(bad.side for bad in records.invalid)
+        return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count, pending_records=len(records.pending),
+                          oldest_pending_created_at=min(oldest, default=None),
+                          truncated=scan.unread > 0 or records.unread > 0,
+                          invalid_records=tuple(sorted(invalid.items())))
 
     # -- exposition ---------------------------------------------------------------------------------
 
@@ -216,7 +229,12 @@ class ReplicationCollector:
 
         rpo = gauge("rpo_context_seconds", "Declared RPO_context target of the policy")
         pending = gauge("pending_checkpoints", "Checkpoints at the source not yet at the destination (store probe)")
-        oldest = gauge("oldest_pending_age_seconds", "Age of the oldest pending checkpoint (store probe; 0: none)")
+        pending_records = gauge("pending_session_records", "Session records whose turn the destination lacks "
+                                "(store probe)")
+        invalid_records = gauge("session_records_invalid", "Session records the probe skipped as oversized, "
+                                "malformed or misplaced", [*LABELS, "side"])
+        oldest = gauge("oldest_pending_age_seconds", "Age of the oldest pending checkpoint or session record "
+                       "(store probe; 0: none)")
         lag = gauge("lag_seconds", "Oldest pending checkpoint's age, or the last copy's lag with none pending")
         ratio = gauge("lag_rpo_ratio", "lag_seconds / rpo_context_seconds (above 1: the target is missed)")
         within = gauge("within_rpo", "1 while lag_seconds <= rpo_context_seconds")
@@ -251,10 +269,13 @@ class ReplicationCollector:
                 continue
             truncated.add_metric(labels, 1 if probe.truncated else 0)
             pending.add_metric(labels, probe.pending)
+            pending_records.add_metric(labels, probe.pending_records)
+            for side in ("source", "destination"):
+                invalid_records.add_metric([*labels, side], dict(probe.invalid_records).get(side, 0))
             age = (max(0.0, now_wall - probe.oldest_pending_created_at)
                    if probe.oldest_pending_created_at is not None else 0.0)
             oldest.add_metric(labels, age)
-            measured = service.lag_seconds(pending=probe.pending,
+            measured = service.lag_seconds(pending=probe.pending + probe.pending_records,
                                            oldest_pending_created_at=probe.oldest_pending_created_at,
                                            last_lag_seconds=row.last_lag_seconds, now=now_wall)
             if measured is None:
@@ -263,8 +284,8 @@ class ReplicationCollector:
             within.add_metric(labels, 1 if measured <= row.rpo_context_seconds else 0)
             if row.rpo_context_seconds > 0:
                 ratio.add_metric(labels, measured / row.rpo_context_seconds)
-        return [rpo, pending, oldest, lag, ratio, within, last_lag, sweep_age, replicated, blocks, deleted,
-                letters, probe_ok, probe_age, truncated]
+        return [rpo, pending, pending_records, invalid_records, oldest, lag, ratio, within, last_lag, sweep_age,
+                replicated, blocks, deleted, letters, probe_ok, probe_age, truncated]
 
 
 def build_collector(*, session_factory: Any, clock: Clock, s3_endpoint_url: str | None,

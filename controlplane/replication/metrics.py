@@ -9,6 +9,14 @@
     lifeline_replication_pending_checkpoints{model,session_class}    at the last sweep: at the source, not yet at
                                                                      the destination (dead letters excluded)
     lifeline_replication_deleted_checkpoints_total{model,session_class}  removed by retention at the destination
+    lifeline_replication_session_records_total{model,session_class,outcome}   session records written to a
+                                                                     destination: replicated (whole) |
+                                                                     without_checkpoint (its KV not there yet)
+    lifeline_replication_session_record_lag_seconds{model,session_class}     histogram: a turn's record at the
+                                                                     source → its copy at the destination
+    lifeline_replication_session_records_invalid_total{model,session_class,reason,side}   skipped records:
+                                                                     oversized | malformed | misplaced, at the
+                                                                     source | destination
 
 `lifeline replication worker --metrics-port N` serves them; the control
 plane's `GET /api/v1/replication/status` shows the same lag and pending
@@ -33,3 +41,10 @@ LAST_LAG = Gauge("lifeline_replication_last_lag_seconds", "Replication lag of th
 PENDING = Gauge("lifeline_replication_pending_checkpoints", "KV checkpoints at the source not yet at the "
                 "destination, at the last sweep", LABELS)
 DELETED = Counter("lifeline_replication_deleted_checkpoints_total", "KV checkpoints deleted by retention", LABELS)
+SESSION_RECORDS = Counter("lifeline_replication_session_records_total", "Session records written to a "
+                          "destination store, whole or without their checkpoint claim", [*LABELS, "outcome"])
+SESSION_RECORD_LAG = Histogram("lifeline_replication_session_record_lag_seconds", "A session turn's record at the "
+                               "source to its copy at the destination", LABELS,
+                               buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600))
+SESSION_RECORDS_INVALID = Counter("lifeline_replication_session_records_invalid_total", "Session records a sweep "
+                                  "skipped as oversized, malformed or misplaced", [*LABELS, "reason", "side"])

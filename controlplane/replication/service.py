@@ -244,6 +244,13 @@ def record_replicated(session: Session, *, policy_id: int, blocks: int, lag_seco
                                 last_lag_seconds=lag_seconds, last_error=None)
 
 
+def record_session_records(session: Session, *, policy_id: int, lag_seconds: float, clock: Clock) -> None:
+    """Session records reached the destination: their lag is the last copy's, as a checkpoint's would be
+    (`lag_seconds` the status shows with nothing pending). Not a checkpoint: no count, no pending."""
+    repository.update_status(session, policy_id=policy_id, last_replicated_at=clock.utcnow(),
+                             last_lag_seconds=lag_seconds)
+
+
 def record_already_present(session: Session, *, policy_id: int) -> None:
     repository.count_settled(session, policy_id=policy_id)
 

@@ -5,7 +5,9 @@
                                      every `every_seconds`; rebuildable: never)
     lifeline.replication.replicate   one policy: list the source's checkpoints the destination lacks, send
                                      one copy task for each (reading at most `sweep_max_reads` manifests
-                                     not read before), apply retention at the destination
+                                     not read before), apply retention at the destination, then copy the
+                                     class's session records (session_records.py: a record claims a
+                                     checkpoint at the destination only once that is there)
     lifeline.replication.copy        one checkpoint: copy, verify at both ends (flows.copy_verified)
 
 A copy is acknowledged late and rejected when its worker dies, so a worker
@@ -34,9 +36,9 @@ from celery.schedules import schedule
 
 from common.clock import Clock
 from common.logs import get_logger
-from contract.kv_checkpoint import KVCheckpointInvalid, KVStoreUnavailable
+from contract.kv_checkpoint import KVCheckpointInvalid, KVCheckpointStore, KVStoreUnavailable
 from controlplane.db import session_scope
-from controlplane.replication import flows, metrics, repository, service
+from controlplane.replication import flows, metrics, repository, service, session_records
 from controlplane.replication.config import ReplicationSettings
 from controlplane.replication.schemas import ReplicationMode
 
@@ -95,7 +97,40 @@ def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | N
         metrics.DELETED.labels(**labels).inc(deleted)
     log.info("replication swept", policy_id=policy_id, planned=len(pending), unread=scan.unread, deleted=deleted,
              **labels)
+    sync_session_records(factory, policy_id, source, target, labels=labels, not_before=not_before, clock=clock)
     return [p.key for p in pending]
+
+
+def sync_session_records(factory: Any, policy_id: int, source: KVCheckpointStore, target: KVCheckpointStore, *,
+                         labels: dict[str, str], not_before: float, clock: Clock) -> None:
+    """Copy the policy's session records after its checkpoints were planned (session_records.py says how).
+
+    Apart from the checkpoints' planning, so a store that fails here costs the records this sweep, never the
+    checkpoint copies already queued; invalid records are skipped, logged and counted.
+    """
+    try:
+        scan, lags = session_records.sync_records(source.store, target.store, not_before=not_before,
+                                                  now=clock.wall(), **labels)
+    except KVStoreUnavailable as exc:
+        log.warning("session records not replicated this sweep", policy_id=policy_id, error=str(exc), **labels)
+        with session_scope(factory) as session:
+            service.record_error(session, policy_id=policy_id, error=f"session records: {exc}")
+        return
+    for bad in scan.invalid:
+        metrics.SESSION_RECORDS_INVALID.labels(**labels, reason=bad.reason, side=bad.side).inc()
+        log.warning("session record skipped", policy_id=policy_id, key=bad.key, reason=bad.reason, side=bad.side,
+                    **labels)
+    for copy in scan.copies:
+        metrics.SESSION_RECORDS.labels(**labels, outcome="replicated" if copy.whole else "without_checkpoint").inc()
+    for lag in lags:
+        metrics.SESSION_RECORD_LAG.labels(**labels).observe(lag)
+    if lags:
+        with session_scope(factory) as session:
+            service.record_session_records(session, policy_id=policy_id, lag_seconds=max(lags), clock=clock)
+    if scan.copies:
+        log.info("session records replicated", policy_id=policy_id, records=len(scan.copies),
+                 without_checkpoint=sum(not c.whole for c in scan.copies),
+                 max_lag_seconds=max(lags, default=None), **labels)
 
 
 def copy(factory: Any, policy_id: int, key: str, *, clock: Clock, s3_endpoint_url: str | None) -> str:

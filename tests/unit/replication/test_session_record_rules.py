@@ -1,0 +1,88 @@
+"""The pure rules of session-record replication: what goes to the destination, whole or without its
+checkpoint claim, never over a newer copy or one the destination's gateways wrote; a stored record that is
+not one is refused with its reason; a replica makes the standby's next turn count `elsewhere`."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.session import (
+    MAX_SESSION_RECORD_BYTES,
+    SessionRecord,
+    SessionRecordInvalid,
+    parse_session_record,
+    session_key,
+)
+from controlplane.replication.session_records import decide
+from gateway.sessions import SessionTurn
+
+pytestmark = pytest.mark.unit
+
+KEY = session_key("tiny", "s1")
+CHECKPOINT = "kv/" + "r" * 64 + "/manifests/" + "h" * 64 + ".json"
+
+
+def record(**fields) -> SessionRecord:
+    return SessionRecord(**{"session_id": "s1", "model": "tiny", "session_class": "chat", "started_at": 100.0,
+                            "turns": 3, "context_tokens": 90, "context_digest": "d", "checkpointed_turn": 3,
+                            "checkpointed_tokens": 80, "checkpointed_at": 130.0, "checkpoint_key": CHECKPOINT,
+                            "recorded_at": 130.0, **fields})
+
+
+def replica(**fields) -> SessionRecord:
+    return record(replicated_at=131.0, **fields)
+
+
+STRIPPED = {"checkpointed_turn": 0, "checkpointed_tokens": 0, "checkpointed_at": None, "checkpoint_key": None}
+
+
+@pytest.mark.parametrize("held, present, outcome", [
+    (None, True, ("whole", True)),
+    (None, False, ("without_checkpoint", True)),  # the turn goes now; the claim waits for its manifest
+    (replica(turns=2, recorded_at=120.0), True, ("whole", True)),
+    (replica(turns=3, **STRIPPED), True, ("whole", False)),  # the claim completed: not a new turn
+    (replica(turns=3, **STRIPPED), False, None),  # still no manifest there: nothing new to say
+    (replica(), True, None),  # already there
+    (replica(turns=4, recorded_at=140.0), True, None),  # never over a newer copy
+    (record(turns=1, recorded_at=150.0), True, None),  # the destination's own gateways wrote it: never replaced
+])
+def test_a_record_goes_whole_only_where_its_checkpoint_is_and_never_over_a_newer_one(held, present, outcome):
+    copy = decide(KEY, record(), held, checkpoint_present=present)
+    if outcome is None:
+        assert copy is None
+        return
+    kind, new_turn = outcome
+    assert copy is not None and (copy.key, copy.whole, copy.new_turn) == (KEY, kind == "whole", new_turn)
+    expected = record() if kind == "whole" else record(**STRIPPED)
+    assert copy.record == expected
+    assert (copy.record.turns, copy.record.context_tokens) == (3, 90)  # the turn and its context, always
+
+
+def test_a_record_that_never_had_a_checkpoint_goes_whole():
+    copy = decide(KEY, record(**STRIPPED), None, checkpoint_present=False)
+    assert copy is not None and copy.whole and copy.record.checkpoint_key is None
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"{" + b" " * MAX_SESSION_RECORD_BYTES + b"}", "oversized"),
+    (b"not json", "malformed"),
+    (b'{"session_id": "s1"}', "malformed"),
+    (record(session_id="s2").model_dump_json().encode(), "misplaced"),
+])
+def test_a_stored_record_that_is_not_one_is_refused_with_its_reason(data, reason):
+    with pytest.raises(SessionRecordInvalid) as refused:
+        parse_session_record(data, key=KEY)
+    assert (refused.value.reason, refused.value.key) == (reason, KEY)
+
+
+def test_a_stored_record_reads_back_as_written():
+    assert parse_session_record(replica().model_dump_json().encode(), key=KEY) == replica()
+
+
+@pytest.mark.parametrize("previous, continuity", [
+    (record(), "here"),  # a gateway of this region recorded the previous turn
+    (replica(), "elsewhere"),  # the previous turn was served in another region: a failover
+])
+def test_a_replicated_record_counts_the_next_turn_elsewhere(previous, continuity):
+    turn = SessionTurn("s1", "chat", "tiny", None, previous, 90, lambda ids, _: ids, cached_tokens=80)
+    assert (turn.turn, turn.continuity, turn.context_recomputed_tokens) == (4, continuity, 10)
