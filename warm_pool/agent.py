@@ -101,6 +101,12 @@ class AgentMetrics:
                                         "to the catalog by outcome", ["outcome"], registry=self.registry)
         self.open_faults = Gauge("lifeline_agent_open_faults", "zone and region faults open now", ["kind"],
                                  registry=self.registry)
+        self.roll_waiting = Gauge("lifeline_agent_roll_waiting_instances", "instances of another version the "
+                                  "version roll would retire, waiting for their requests to finish",
+                                  registry=self.registry)
+        self.roll_retired = Counter("lifeline_agent_roll_retired", "instances of another version the roll retired: "
+                                    "idle (no request in flight) or cut (old_generation_drain_timeout passed)",
+                                    ["drain"], registry=self.registry)
 
 
 class Agent:
@@ -269,7 +275,17 @@ class Agent:
             except TimeoutError:
                 return ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s")
 
-        for instance, result in zip(targets, await asyncio.gather(*(one(i) for i in targets)), strict=True):
+        async def in_flight(instance: Instance) -> None:
+            """For the version roll: it retires an old instance once nothing runs or waits there."""
+            try:
+                instance.in_flight = await asyncio.wait_for(self.prober.in_flight(instance.url), timeout)
+            except TimeoutError:
+                instance.in_flight = None
+
+        awaited = [i for i in targets if i.drain_waiting_since is not None]
+        results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in targets)),
+                                          asyncio.gather(*(in_flight(i) for i in awaited)))
+        for instance, result in zip(targets, results, strict=True):
             instance.health = result
             instance.failed_probes = 0 if result.ok else instance.failed_probes + 1
             if result.identity is not None and result.identity.model != instance.version:

@@ -44,6 +44,8 @@ class Instance:
     generation: int | None = None  # of the lease it is routed under (its own, or the agent's), as last seen
     canary_at: datetime | None = None  # wall time the last canary answered
     released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
+    drain_waiting_since: float | None = None  # the version roll waits for its requests since (monotonic)
+    in_flight: int | None = None  # running + waiting requests (its /metrics), read while the roll waits on it
 
     @property
     def agent_leased(self) -> bool:

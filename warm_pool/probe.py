@@ -14,6 +14,11 @@ process is up, so neither sees corrupted weights that answer 200):
     overloaded                            de-weight (429, or a first token slower than the record allows)
     draining, old_generation              no new sessions; established ones finish
 
+While the version roll waits to retire an instance, its probe also reads
+`/metrics` for `vllm:num_requests_running` + `vllm:num_requests_waiting`
+(vLLM's gauges, which the reference engine exports under the same names):
+the roll retires it only when both are 0 (`Prober.in_flight`).
+
 An engine that does not serve `/healthz/*` (stock vLLM) is probed on
 `/health` for liveness and readiness, and `/healthz/generation` is skipped:
 the canary then carries the whole output check.
@@ -28,6 +33,7 @@ from typing import Literal
 
 import httpx
 from httpx_sse import aconnect_sse
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from common.clock import Clock, SystemClock
@@ -69,6 +75,7 @@ class ProbeResult:
 
 
 GENERATION_HEADER = "x-lifeline-generation"  # only an engine holding its own lease sends it
+IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 DEFAULT_TIMEOUT = httpx.Timeout(connect=1.0, read=5.0, write=2.0, pool=1.0)
 
 
@@ -148,6 +155,21 @@ class Prober:
                                identity=identity, stamps_generation=stamps)
         return ProbeResult(Verdict.OK, "generation", "live, ready, generation current", identity=identity,
                            stamps_generation=stamps)
+
+    async def in_flight(self, url: str) -> int | None:
+        """Requests running or waiting at the engine (its /metrics, summed over labels); None when it cannot say:
+        no answer, not 2xx, unparsable, or either gauge absent (an unknown count is never taken for idle)."""
+        try:
+            response = await self.client.get(f"{url}/metrics")
+            if not response.is_success:
+                return None
+            found = {family.name: sum(sample.value for sample in family.samples)
+                     for family in text_string_to_metric_families(response.text) if family.name in IN_FLIGHT_GAUGES}
+        except (httpx.TransportError, ValueError):
+            return None
+        if set(found) != set(IN_FLIGHT_GAUGES):
+            return None
+        return int(sum(found.values()))
 
     async def canary(self, url: str, *, model: str, record: CanaryRecord) -> ProbeResult:
         """Send the recorded prompt greedily and compare token count, time to first token and output."""

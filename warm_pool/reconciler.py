@@ -13,7 +13,9 @@ applied). Per reconcile:
     rebalance   one move a tick: a short zone takes its own warm instance back, the lender's extra is
                 retired (`pool.stopped`) and backfilled
     roll        other versions: the previous one's share stays warm, the rest is retired once the desired
-                version serves the plan and `old_generation_grace` has passed (warm_pool/version_roll.py)
+                version serves the plan and `old_generation_grace` has passed, each one when its engine has
+                no request in flight or `old_generation_drain_timeout` after it began to wait
+                (warm_pool/version_roll.py)
     backfill    each zone is started to serving + warm from cold (`pool.started`)
 
 It changes the agent's instances and leases only through its host (the
@@ -153,8 +155,14 @@ class PoolReconciler:
         elif self._covered_since is None:
             self._covered_since = now
         may_go = covered and now - (self._covered_since or now) >= pool.old_generation_grace.total_seconds()
-        roll = decide(_members(mine), desired=desired, previous=previous, old_serving_may_go=may_go,
+        deadline = pool.old_generation_drain_timeout.total_seconds()
+        mine = [i for i in mine if i.instance_id in self.host.instances]  # the rebalance may have retired one
+        members = [Member(i.instance_id, i.zone, i.version, i.state, in_flight=i.in_flight,
+                          drain_overdue=now - (i.drain_waiting_since or now) >= deadline)
+                   for i in mine if i.state is not None]
+        roll = decide(members, desired=desired, previous=previous, old_serving_may_go=may_go,
                       previous_share={z: t.warm_previous for z, t in pool.zones.items()})
+        self._wait_for_requests(mine, roll, now)
         for instance_id in roll.demote:
             instance = self.host.instances[instance_id]
             await self.host.release(instance)
@@ -162,9 +170,32 @@ class PoolReconciler:
             self.host.emit("pool.demoted", instance, f"{instance.zone}: serving → warm: {desired} serves the plan; "
                       f"{instance.version} stays warm for a rollback", state="warm", changes_routing=True)
         for instance_id in roll.retire:
-            await self._retire(self.host.instances[instance_id], f"{desired} serves the pool; {previous or 'no'} "
-                               f"version keeps a warm share")
+            instance = self.host.instances[instance_id]
+            cut = instance_id in roll.cut
+            drain = {"drain_cut": cut, "in_flight": instance.in_flight}
+            self.host.metrics.roll_retired.labels("cut" if cut else "idle").inc()
+            if cut:
+                log.warning("old version retired with requests in flight: the drain deadline passed",
+                            instance=instance_id, version=instance.version, in_flight=instance.in_flight,
+                            drain_timeout_s=deadline)
+            await self._retire(instance, f"{desired} serves the pool; {previous or 'no'} version keeps a warm share; "
+                               + (f"drain cut after {deadline:g} s with {_count(instance.in_flight)} in flight "
+                                  "(the engine's drain ends them: the gateway resumes them elsewhere)" if cut else
+                                  "no request in flight"), **drain)
         return roll
+
+    def _wait_for_requests(self, mine: list[Instance], roll: RollDecision, now: float) -> None:
+        """Mark the instances the roll waits on (the agent reads their in-flight counts with their next probe);
+        an instance it no longer waits on forgets its count, so a stale 0 never retires it later."""
+        waiting = set(roll.waiting)
+        for instance in mine:
+            if instance.instance_id in waiting and instance.drain_waiting_since is None:
+                instance.drain_waiting_since = now
+                log.info("old version waits for its requests before it is retired", instance=instance.instance_id,
+                         version=instance.version, state=instance.state)
+            elif instance.instance_id not in waiting and instance.instance_id not in roll.retire:
+                instance.drain_waiting_since, instance.in_flight = None, None
+        self.host.metrics.roll_waiting.set(len(waiting))
 
     async def adopt_pool(self) -> None:
         """Take back the pool instances a previous agent of this region left running (the driver finds them).
@@ -222,7 +253,7 @@ class PoolReconciler:
             await self._retire(victim, f"{zone} serves its own share again")
             return
 
-    async def _retire(self, instance: Instance, reason: str) -> None:
+    async def _retire(self, instance: Instance, reason: str, **detail: str | int | bool | None) -> None:
         """Serving → draining → gone, and backfill replaces it warm.
 
         Retired and backfilled rather than demoted to warm in place, as when an instance could be leased
@@ -233,7 +264,7 @@ class PoolReconciler:
         await self.host.release(instance)
         instance.state = transition(was, PoolEvent.DRAIN)
         self.host.emit("pool.stopped", instance, f"{instance.zone}: {was} → draining: {reason}", state="draining",
-                  changes_routing=was is InstanceState.SERVING)
+                       changes_routing=was is InstanceState.SERVING, **detail)
         if self.host.driver is not None:
             task = asyncio.create_task(self.host.driver.stop(instance.instance_id, graceful=True),
                                        name=f"drain-{instance.instance_id}")
@@ -279,6 +310,10 @@ class PoolReconciler:
         self.host.lost_this_round.append(Observation(instance.instance_id, instance.zone, GONE, reason, generation))
         self.host.emit("pool.lost", instance, f"{was} instance lost: {reason}", state="gone", was=str(was),
                   changes_routing=was is InstanceState.SERVING)
+
+
+def _count(in_flight: int | None) -> str:
+    return "an unknown number of requests" if in_flight is None else f"{in_flight} request(s)"
 
 
 def _members(instances: list[Instance]) -> list[Member]:

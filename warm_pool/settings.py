@@ -118,6 +118,10 @@ class PoolSettings(BaseModel):
     old_generation_grace: Seconds = Field(
         timedelta(seconds=30), ge=timedelta(0), description="after a promotion, how long the old version's serving "
         "instances keep their leases (no new sessions; established ones finish) once the new version serves the plan")
+    old_generation_drain_timeout: Seconds = Field(
+        timedelta(minutes=10), gt=timedelta(0), description="after the grace, how long an instance of another "
+        "version the roll retires waits for its running and waiting requests (its engine's /metrics) before it is "
+        "retired with them still in flight (a pool.stopped event with drain_cut)")
 
     @model_validator(mode="after")
     def _default_is_known(self) -> PoolSettings:

@@ -12,6 +12,15 @@ A pool serves the version its alias names (the desired one). When the alias move
     previous share backfilled cold per zone to `warm_previous`, counting what is loading and what will be
                    demoted, so the share is never started twice
 
+A loaded instance the roll retires goes only once it has no running or
+waiting request (`Member.in_flight`, read from its engine's /metrics), or
+once it has waited for them past `old_generation_drain_timeout`
+(`Member.drain_overdue`: retired anyway, named in `cut`). Until then it is
+`waiting` and keeps what it has (a serving one its lease: established
+sessions finish). An unread count (None: not read yet, or /metrics did not
+answer) is not idle: only the deadline retires it then. A demotion waits
+for nothing: the process and its streams stay.
+
 So a rollback to the previous version finds that share warm and admitted:
 promoting it is a lease (a routing change, an l7 event), not a load, and a
 rollback is blue/green without holding 2× capacity (reference §5, §8; the
@@ -36,12 +45,16 @@ class Member:
     zone: str
     version: str
     state: InstanceState
+    in_flight: int | None = None  # running + waiting requests at its engine, as last read; None: not read
+    drain_overdue: bool = False  # has waited for its requests longer than old_generation_drain_timeout
 
 
 @dataclass(frozen=True)
 class RollDecision:
     demote: tuple[str, ...] = ()  # serving → warm, kept as the previous version's share
     retire: tuple[str, ...] = ()  # drained and stopped
+    cut: tuple[str, ...] = ()  # of `retire`: retired with requests still in flight (or unread), the deadline passed
+    waiting: tuple[str, ...] = ()  # would be retired, waits for its requests to finish
     start_previous: Mapping[str, int] = field(default_factory=dict)  # zone → previous-version instances to start
 
 
@@ -54,25 +67,36 @@ def decide(members: Iterable[Member], *, desired: str, previous: str | None, pre
     kept = dict.fromkeys(previous_share, 0)
     demote: list[str] = []
     retire: list[str] = []
+    cut: list[str] = []
+    waiting: list[str] = []
 
     def takes_share(m: Member) -> bool:
         return m.version == previous and kept.get(m.zone, 0) < previous_share.get(m.zone, 0)
+
+    def retire_when_idle(m: Member) -> None:
+        if m.in_flight == 0 or m.drain_overdue:
+            retire.append(m.instance_id)
+            if m.in_flight != 0:
+                cut.append(m.instance_id)
+        else:
+            waiting.append(m.instance_id)
 
     for state in (S.WARM, S.COLD):  # loaded ones first: they keep the share, a loading one may be surplus
         for m in (m for m in old if m.state is state):
             if takes_share(m):
                 kept[m.zone] += 1
             elif state is S.WARM:
-                retire.append(m.instance_id)
+                retire_when_idle(m)
     for m in (m for m in old if m.state is S.SERVING):
         if takes_share(m):
             kept[m.zone] += 1
             if old_serving_may_go:
                 demote.append(m.instance_id)
         elif old_serving_may_go:
-            retire.append(m.instance_id)
+            retire_when_idle(m)
     start = {} if previous is None else {z: n - kept.get(z, 0) for z, n in previous_share.items() if n > kept.get(z, 0)}
-    return RollDecision(demote=tuple(demote), retire=tuple(retire), start_previous=start)
+    return RollDecision(demote=tuple(demote), retire=tuple(retire), cut=tuple(cut), waiting=tuple(waiting),
+                        start_previous=start)
 
 
 def infer_previous(members: Iterable[Member], *, desired: str, known: Iterable[str]) -> str | None:

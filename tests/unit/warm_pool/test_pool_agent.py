@@ -76,6 +76,7 @@ class ScriptedEngine:
         self.canaries = 0
         self.boot_generation, self.started_at = 1, 0.0
         self.own_lease = False  # True: started with --registry, sends X-Lifeline-Generation
+        self.running, self.waiting = 0, 0  # requests in flight, as its /metrics says (vLLM's gauges); None: 404
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if not self.live:
@@ -89,6 +90,11 @@ class ScriptedEngine:
                                         "boot_generation": self.boot_generation, "model": self.version,
                                         "weights_digest": "sha256:x", "zone": self.zone, "region": "r1",
                                         "started_at": self.started_at})
+        if path == "/metrics" and self.running is not None:
+            return httpx.Response(200, text=f"# TYPE vllm:num_requests_running gauge\n"
+                                  f"vllm:num_requests_running {self.running}\n"
+                                  f"# TYPE vllm:num_requests_waiting gauge\n"
+                                  f"vllm:num_requests_waiting {self.waiting}\n")
         if path == "/v1/completions":
             self.canaries += 1
             body = "".join(f"data: {json.dumps({'choices': [{'token_ids': [t]}]})}\n\n" for t in self.output)

@@ -130,8 +130,10 @@ def test_the_previous_share_and_the_grace_are_typed_settings(tmp_path: Path):
                                                "zones": {"z1": {"serving": 1, "warm": 0, "warm_previous": -1}}}})
 
 
-def m(instance_id: str, version: str, state: S, zone: str = "z1") -> Member:
-    return Member(instance_id, zone, version, state)
+def m(instance_id: str, version: str, state: S, zone: str = "z1", in_flight: int | None = 0,
+      overdue: bool = False) -> Member:
+    """Idle unless told: the table below is about shares and the grace; the drain table about requests."""
+    return Member(instance_id, zone, version, state, in_flight=in_flight, drain_overdue=overdue)
 
 
 @pytest.mark.parametrize(("name", "members", "previous", "share", "may_go", "demote", "retire", "start"), [
@@ -155,6 +157,35 @@ def m(instance_id: str, version: str, state: S, zone: str = "z1") -> Member:
 def test_roll_decisions(name, members, previous, share, may_go, demote, retire, start) -> None:
     roll = decide(members, desired="v2", previous=previous, previous_share=share, old_serving_may_go=may_go)
     assert (list(roll.demote), list(roll.retire), dict(roll.start_previous)) == (demote, retire, start), name
+
+
+@pytest.mark.parametrize(("name", "members", "may_go", "retire", "cut", "waiting"), [
+    ("idle after the grace: retired", [m("a", "v1", S.SERVING, in_flight=0)], True, ["a"], [], []),
+    ("a stream running after the grace: it waits", [m("a", "v1", S.SERVING, in_flight=1)], True, [], [], ["a"]),
+    ("requests waiting for a slot count as in flight", [m("a", "v1", S.SERVING, in_flight=3)], True, [], [], ["a"]),
+    ("a count not read yet is not idle", [m("a", "v1", S.SERVING, in_flight=None)], True, [], [], ["a"]),
+    ("past the drain deadline it goes, cut", [m("a", "v1", S.SERVING, in_flight=2, overdue=True)], True,
+     ["a"], ["a"], []),
+    ("past the deadline, never read: cut too", [m("a", "v1", S.SERVING, in_flight=None, overdue=True)], True,
+     ["a"], ["a"], []),
+    ("idle once overdue is not a cut", [m("a", "v1", S.SERVING, in_flight=0, overdue=True)], True, ["a"], [], []),
+    ("within the grace nothing waits: it keeps serving", [m("a", "v1", S.SERVING, in_flight=1)], False, [], [], []),
+    ("a warm one beyond the share waits for its streams as well",
+     [m("a", "v1", S.WARM, in_flight=1), m("b", "v1", S.WARM, in_flight=1)], False, [], [], ["b"]),
+    ("each instance by its own count",
+     [m("a", "v1", S.SERVING, in_flight=0), m("b", "v1", S.SERVING, in_flight=4)], True, ["a"], [], ["b"]),
+])
+def test_roll_retires_an_instance_only_when_its_requests_are_done_or_its_drain_deadline_passed(
+        name, members, may_go, retire, cut, waiting) -> None:
+    roll = decide(members, desired="v2", previous="v1", previous_share={"z1": 1} if any(
+        x.state is S.WARM for x in members) else {"z1": 0}, old_serving_may_go=may_go)
+    assert (list(roll.retire), list(roll.cut), list(roll.waiting), list(roll.demote)) == (retire, cut, waiting, []), name
+
+
+def test_a_demotion_waits_for_no_request_the_process_stays() -> None:
+    roll = decide([m("a", "v1", S.SERVING, in_flight=5)], desired="v2", previous="v1", previous_share={"z1": 1},
+                  old_serving_may_go=True)
+    assert (roll.demote, roll.retire, roll.waiting) == (("a",), (), ())
 
 
 def test_the_previous_version_an_agent_did_not_see_is_the_one_most_of_the_pool_runs() -> None:
@@ -188,3 +219,62 @@ async def test_an_alias_moved_to_a_version_the_pool_cannot_start_keeps_the_pool_
     assert agent.desired_version() == "v2" and len(agent.driver.started) == started
     assert not [e for e in list(shipper.buffer)[events:] if e.kind.startswith("pool.")]
     assert await serving_versions(registry) == Counter({"v2": 2})
+
+
+async def test_an_old_instance_with_a_stream_running_past_the_grace_is_retired_once_it_finishes(tmp_path: Path):
+    clock, fleet, agent, registry, shipper, snapshots = await rolled_pool(tmp_path, warm_previous=0)
+    busy, idle = sorted(i.instance_id for i in agent.instances.values() if i.version == "v1" and i.state is S.SERVING)
+    fleet.engines[busy].running = 1  # a long stream on the old version
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 20)  # long past the grace (3 s): the idle one went, the busy one waits
+    assert idle in agent.driver.stopped and busy not in agent.driver.stopped
+    assert agent.instances[busy].state is S.SERVING and agent.instances[busy].in_flight == 1
+    assert busy in {lease.instance_id for lease in await registry.live()}  # established sessions finish
+    assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_waiting_instances") == 1
+
+    fleet.engines[busy].running, fleet.engines[busy].waiting = 0, 1  # one more queued is still in flight
+    await settle(agent, clock, 4)
+    assert busy not in agent.driver.stopped
+    fleet.engines[busy].waiting = 0
+    await settle(agent, clock, 2)
+    assert busy in agent.driver.stopped and busy not in agent.instances
+    stopped = {e.instance_id: e.detail for e in shipper.buffer if e.kind == "pool.stopped"}
+    assert (stopped[busy]["drain_cut"], stopped[busy]["in_flight"]) == (False, 0)
+    assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_retired_total", {"drain": "idle"}) == 4  # and the warm two
+    assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_waiting_instances") == 0
+
+
+@pytest.mark.parametrize("engine_says", ["busy", "no metrics"])
+async def test_an_old_instance_still_busy_at_the_drain_deadline_is_retired_and_the_event_says_it_was_cut(
+        tmp_path: Path, engine_says: str):
+    clock, fleet = ManualClock(), Fleet()
+    pool = settings(tmp_path, warm_previous=0)["pool"] | {"old_generation_drain_timeout": 30}
+    agent, registry, shipper = make_agent(fleet, clock, pool=pool)
+    agent.canary_records["v2"] = RECORD
+    agent.snapshots = snapshots = Snapshots()  # type: ignore[assignment]
+    snapshots.point("v1", 1)
+    await settle(agent, clock, 4)
+    old = {i.instance_id for i in agent.instances.values() if i.version == "v1" and i.state is S.SERVING}
+    for instance_id in old:
+        if engine_says == "busy":
+            fleet.engines[instance_id].running = 2
+        else:  # /metrics gone: the count is unknown, never taken for idle
+            fleet.engines[instance_id].running = None  # type: ignore[assignment]
+    snapshots.point("v2", 2)
+    await settle(agent, clock, 40)  # 20 s: past the grace, within the drain deadline
+    assert not old & set(agent.driver.stopped)
+    await settle(agent, clock, 60)  # 30 s more: the deadline passed
+    assert old <= set(agent.driver.stopped)
+    cut = [e for e in shipper.buffer if e.kind == "pool.stopped" and e.instance_id in old]
+    assert len(cut) == 2 and all(e.detail["drain_cut"] is True for e in cut)
+    assert {e.detail["in_flight"] for e in cut} == ({2} if engine_says == "busy" else {None})
+    assert all("drain cut after 30 s" in e.reason for e in cut)
+    assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_retired_total", {"drain": "cut"}) == 2
+    assert await serving_versions(registry) == Counter({"v2": 2})
+
+
+def test_the_drain_deadline_is_a_typed_setting(tmp_path: Path) -> None:
+    pool = AgentSettings(region="r1", **settings(tmp_path)).pool
+    assert pool.old_generation_drain_timeout == timedelta(minutes=10)
+    with pytest.raises(ValueError, match="old_generation_drain_timeout"):
+        AgentSettings(region="r1", pool={**settings(tmp_path)["pool"], "old_generation_drain_timeout": 0})
