@@ -289,6 +289,20 @@ class AttachResponse(BaseModel):
     kv: KVPoolDescription | None = None  # absent when the holder keeps no KV pool
 
 
+class WeightsSnapshot(BaseModel):
+    """What a primed standby maps before it is an engine (`GET /v1/weights/snapshot`): read without a tenancy.
+
+    The holder boot (`holder_epoch`) travels with the description so that the
+    engine the standby becomes can tell, at its attach, whether the region it
+    primed is still the one this holder describes; any difference is a miss.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    holder_epoch: int
+    weights: WeightsDescription
+
+
 class KVReserveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

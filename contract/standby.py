@@ -6,8 +6,10 @@ bench, the tests — speaks it without importing the engine (and torch):
 
     supervisor                         standby process (`python -m engine.standby`)
     ──────────                         ───────────────
-    StandbyEngine.spawn() ───────────► imports and warm-up done: writes the ready file
-                                       (its pid), then blocks on stdin (no CPU)
+    StandbyEngine.spawn() ───────────► imports and warm-up done (and, with a `prime`, the
+                                       holder's weights mapped and self-tested): writes the
+                                       ready file {"pid", "primed", "prime_error"}, then
+                                       blocks on stdin (no CPU)
     activate(serve_args) ──stdin──────► one JSON line {"serve_args": [...]} → `engine serve`
     close() / supervisor dies          EOF on stdin: exit 0, nothing served
 
@@ -26,6 +28,22 @@ from typing import IO, Any
 STANDBY_MODULE = "engine.standby"
 
 
+@dataclass(frozen=True)
+class StandbyPrime:
+    """What a supervisor knows of the engine a standby will become: enough to map and self-test its weights early.
+
+    Only for a holder-backed engine (`engine serve --holder URL`): the standby
+    maps the holder's region read-only and takes no tenancy (engine/standby.py).
+    """
+
+    holder_url: str
+    model_dir: Path
+    dtype: str = "float64"
+
+    def args(self) -> list[str]:
+        return ["--prime-holder", self.holder_url, "--prime-model", str(self.model_dir), "--prime-dtype", self.dtype]
+
+
 @dataclass
 class StandbyEngine:
     """The supervisor's handle on one standby process: spawn it early, `activate` it when an engine dies."""
@@ -33,6 +51,7 @@ class StandbyEngine:
     log_path: Path
     ready_file: Path
     torch_threads: int | None = None
+    prime: StandbyPrime | None = None
     popen_kwargs: dict[str, Any] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
@@ -42,6 +61,8 @@ class StandbyEngine:
         cmd = [sys.executable, "-m", STANDBY_MODULE, "--ready-file", str(self.ready_file)]
         if self.torch_threads:
             cmd += ["--torch-threads", str(self.torch_threads)]
+        if self.prime is not None:
+            cmd += self.prime.args()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it after activation too
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
@@ -55,6 +76,18 @@ class StandbyEngine:
     def warm(self) -> bool:
         """Imports and warm-up done: activating now skips the interpreter's start entirely."""
         return self.alive and self.ready_file.exists()
+
+    @property
+    def primed(self) -> bool:
+        """Warm, and its priming succeeded: the engine it becomes skips re-mapping and the self-test if the
+        holder still describes the region it primed."""
+        return self.warm and bool(self._readiness().get("primed"))
+
+    def _readiness(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.ready_file.read_text())
+        except (OSError, ValueError):
+            return {}
 
     def activate(self, serve_args: list[str]) -> subprocess.Popen | None:
         """Hand over the `engine serve` arguments; the process, now the engine, or None if the standby is dead.

@@ -20,6 +20,12 @@ shutdown. If the holder dies after the engine attached, the mapped pages stay
 valid and the engine keeps serving; it says so (`holder_connected` 0, one
 log line) and renews again when a holder answers.
 
+A standby that knows which holder it will serve from (engine/standby.py,
+"primed") reads `weights_snapshot` — the description and the holder's boot
+epoch, no tenancy — and maps it with `map_region_weights(prefault=True)`
+long before it attaches; `region_file_id` lets the engine it becomes check
+that the file it mapped is still the one the holder describes.
+
 Any failure to attach — holder unreachable, not ready, another model or
 dtype — raises `HolderUnavailable`; the runtime then loads from disk and says
 so (`engine.runtime`).
@@ -28,7 +34,10 @@ so (`engine.runtime`).
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -41,6 +50,7 @@ from contract.holder import (
     AttachResponse,
     HeartbeatResponse,
     WeightsDescription,
+    WeightsSnapshot,
 )
 
 log = get_logger(__name__)
@@ -80,18 +90,65 @@ def check_compatible(description: WeightsDescription, model_dir: Path, dtype: to
         raise HolderUnavailable(f"holder holds {description.dtype} weights; this engine computes in {wanted}")
 
 
-def map_weights(description: WeightsDescription) -> dict[str, torch.Tensor]:
-    """One tensor per weight, each a view into the region file mapped copy-on-write."""
+@dataclass(frozen=True)
+class MappedWeights:
+    """Tensor views over a region file, and which file they map: (st_dev, st_ino) when it was opened."""
+
+    tensors: dict[str, torch.Tensor]
+    file_id: tuple[int, int]
+
+
+def region_file_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the region file now, or None when it is gone."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def map_region_weights(description: WeightsDescription, *, prefault: bool = False) -> MappedWeights:
+    """One tensor per weight, each a view into the region file mapped copy-on-write.
+
+    `prefault` reads one byte of every page, so each page-table entry already
+    points at the holder's page before the first forward pass. A read fault on
+    a private mapping shares the page (nothing is copied); a primed standby
+    does this off the restart's path (engine/standby.py).
+    """
     region = description.region
     try:
-        mapped = np.memmap(region.path, dtype=np.uint8, mode="c", shape=(region.size,))
+        with open(region.path, "rb") as handle:
+            stat = os.fstat(handle.fileno())
+            mapped = np.memmap(handle, dtype=np.uint8, mode="c", shape=(region.size,))
     except (OSError, ValueError) as exc:
         raise HolderUnavailable(f"cannot map region {region.region_id} at {region.path}: {exc}") from None
+    if prefault:
+        int(mapped[::mmap.PAGESIZE].sum(dtype=np.uint64))
     weights = {}
     for spec in region.tensors:
         array = mapped[spec.offset:spec.offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
         weights[spec.name] = torch.from_numpy(array)
-    return weights
+    return MappedWeights(weights, (stat.st_dev, stat.st_ino))
+
+
+def map_weights(description: WeightsDescription) -> dict[str, torch.Tensor]:
+    """One tensor per weight, each a view into the region file mapped copy-on-write."""
+    return map_region_weights(description).tensors
+
+
+def weights_snapshot(url: str, client: httpx.Client | None = None) -> WeightsSnapshot:
+    """The holder's sealed weights and its boot epoch, read without attaching (a standby's priming).
+
+    `client` (with its own timeouts) replaces a one-off request, e.g. a test's in-process holder.
+    """
+    try:
+        path = f"{url}/v1/weights/snapshot"
+        response = client.get(path) if client is not None else httpx.get(path, timeout=TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise HolderUnavailable(f"holder at {url} unreachable: {exc!r}") from None
+    if response.status_code != 200:
+        raise HolderUnavailable(f"holder at {url} gave no weights: HTTP {response.status_code} {response.text[:300]}")
+    return WeightsSnapshot.model_validate_json(response.content)
 
 
 def map_device_weights(description: WeightsDescription, device: str) -> dict[str, torch.Tensor]:

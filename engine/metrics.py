@@ -65,5 +65,11 @@ class EngineMetrics:
         self.kv_discarded_blocks = Counter(
             "lifeline_engine_kv_discarded_blocks", "KV blocks found inconsistent with their checksum and not used",
             registry=r)
+        self.weights_primed = Gauge(
+            "lifeline_engine_weights_primed",
+            "1 if the engine serves the views a standby mapped and self-tested before activation", registry=r)
+        self.prime_misses = Counter(
+            "lifeline_engine_prime_misses",
+            "Activations whose standby priming did not match the holder's region (re-mapped instead)", registry=r)
         self.holder_fallbacks = Counter(
             "lifeline_engine_holder_fallbacks", "Starts that wanted the holder and loaded from disk instead", registry=r)

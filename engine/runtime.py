@@ -24,8 +24,15 @@ from common.logs import get_logger
 from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
 from engine.boot_generation import next_boot_generation
 from engine.faults import FaultInjector
-from engine.holder_client import HolderTenancy, HolderUnavailable, attach, check_compatible, map_weights
-from contract.holder import KVValidity
+from engine.holder_client import (
+    HolderTenancy,
+    HolderUnavailable,
+    attach,
+    check_compatible,
+    map_weights,
+    region_file_id,
+)
+from contract.holder import AttachResponse, KVValidity, WeightsDescription
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from engine.kv_pool import HolderKVPool
 from engine.kv_transfer import KVCheckpointer, engine_validity
@@ -77,6 +84,9 @@ class WeightsOrigin:
     region_id: int | None = None
     holder_epoch: int | None = None
     takeover: bool = False
+    primed: bool = False  # the views a standby mapped, pre-faulted and self-tested before activation
+    prime_miss_reason: str | None = None  # why a standby's priming was not used (the region was re-mapped)
+    primed_self_test: list[int] | None = None  # the tokens the priming's self-test generated
     attach_s: float = 0.0  # the attach round trip
     map_s: float = 0.0  # building tensor views over the region
     load_s: float = 0.0  # reading and converting shards, and hashing them (disk only)
@@ -87,23 +97,81 @@ class WeightsOrigin:
         tenancy = self.tenancy
         return {"source": self.source, "holder_url": self.holder_url, "fallback_reason": self.fallback_reason,
                 "region_id": self.region_id, "holder_epoch": self.holder_epoch, "takeover": self.takeover,
+                "primed": self.primed, "prime_miss_reason": self.prime_miss_reason,
                 "holder_connected": bool(tenancy and tenancy.connected and not tenancy.superseded),
                 "kv_pool": bool(self.kv_pool and self.kv_pool.enabled),
                 "attach_s": round(self.attach_s, 6), "map_s": round(self.map_s, 6), "load_s": round(self.load_s, 6)}
 
 
+@dataclass
+class PrimedWeights:
+    """A holder's weights that a standby mapped, pre-faulted and self-tested before it knew what it would serve.
+
+    Built by `engine.standby.prime` off the restart's path; offered once to this
+    process (`offer_primed`) and taken by the engine it becomes, which uses it only
+    if the holder it attaches to still describes exactly this region (`mismatch`).
+    """
+
+    holder_url: str
+    model_dir: Path  # resolved
+    dtype: str
+    holder_epoch: int
+    description: WeightsDescription
+    file_id: tuple[int, int]  # (st_dev, st_ino) of the region file the views map
+    model: LlamaModel
+    self_test_tokens: list[int]
+
+    def mismatch(self, settings: EngineSettings, attached: AttachResponse) -> str | None:
+        """Why these views cannot serve `settings` under `attached` (a miss: re-map), or None when they can."""
+        if settings.holder != self.holder_url:
+            return f"primed from holder {self.holder_url}, serving from {settings.holder}"
+        if settings.model.resolve() != self.model_dir or settings.dtype != self.dtype:
+            return f"primed for {self.model_dir} in {self.dtype}, serving {settings.model} in {settings.dtype}"
+        if attached.holder_epoch != self.holder_epoch:
+            return f"the holder restarted since priming (epoch {self.holder_epoch} → {attached.holder_epoch})"
+        region = attached.weights.region
+        if attached.weights != self.description:
+            return (f"the holder's weights region changed since priming (region {self.description.region.region_id} "
+                    f"→ {region.region_id})")
+        if region_file_id(region.path) != self.file_id:
+            return f"region file {region.path} was replaced since priming"
+        return None
+
+
+_primed: list[PrimedWeights] = []  # at most one: a standby primes once and becomes at most one engine
+
+
+def offer_primed(primed: PrimedWeights) -> None:
+    """Hand this process's priming to the engine it will become (engine/standby.py)."""
+    _primed[:] = [primed]
+
+
+def _take_primed() -> PrimedWeights | None:
+    return _primed.pop() if _primed else None
+
+
 def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int, clock: Clock,
                  metrics: EngineMetrics) -> tuple[LlamaModel, str, WeightsOrigin]:
     assert settings.holder is not None  # noqa: S101 - checked by the caller
+    primed = _take_primed()
     started = clock.now()
     attached = attach(settings.holder, settings.instance_id, generation)
     check_compatible(attached.weights, settings.model, dtype)
     attached_at = clock.now()
-    model = LlamaModel.from_weights(settings.model, map_weights(attached.weights), dtype)
+    miss = primed.mismatch(settings, attached) if primed is not None else None
+    if primed is not None and miss is None:
+        model = primed.model
+    else:
+        if miss is not None:
+            metrics.prime_misses.inc()
+            log.warning("primed weights not used; re-mapping the region", reason=miss)
+        model = LlamaModel.from_weights(settings.model, map_weights(attached.weights), dtype)
     tenancy = HolderTenancy(settings.holder, settings.instance_id, generation, attached.heartbeat_interval_s)
     tenancy.holder_epoch = attached.holder_epoch
     origin = WeightsOrigin(source="holder", holder_url=settings.holder, region_id=attached.weights.region.region_id,
                            holder_epoch=attached.holder_epoch, takeover=attached.takeover,
+                           primed=primed is not None and miss is None, prime_miss_reason=miss,
+                           primed_self_test=primed.self_test_tokens if primed is not None and miss is None else None,
                            attach_s=attached_at - started, map_s=clock.now() - attached_at, tenancy=tenancy)
     if attached.kv is not None:
         validity = engine_validity(settings.model, attached.weights.weights_digest,
@@ -131,9 +199,10 @@ def load_weights_for(settings: EngineSettings, dtype: torch.dtype, generation: i
             assert origin.tenancy is not None  # noqa: S101
             origin.tenancy.start()
             metrics.weights_from_holder.set(1)
+            metrics.weights_primed.set(1 if origin.primed else 0)
             metrics.holder_connected.set_function(lambda: 1 if origin.tenancy and origin.tenancy.connected else 0)
             log.info("weights mapped from the holder", holder=settings.holder, region=origin.region_id,
-                     holder_epoch=origin.holder_epoch, takeover=origin.takeover,
+                     holder_epoch=origin.holder_epoch, takeover=origin.takeover, primed=origin.primed,
                      attach_s=round(origin.attach_s, 4), map_s=round(origin.map_s, 4))
             return model, digest, origin
     started = clock.now()
@@ -272,11 +341,11 @@ SELF_TEST_PROMPT_TOKENS = 2
 SELF_TEST_TOKENS = 2
 
 
-async def self_test(runtime: EngineRuntime) -> None:
-    """Generate greedy tokens end to end, through the prefill and a decode step; readiness waits on this."""
+async def self_test_tokens(tokenizer: Tokenizer, scheduler: Scheduler) -> list[int]:
+    """The self-test's greedy tokens, generated through `scheduler` (which must be running)."""
     seq = Sequence(
         request_id="self-test",
-        prompt_ids=runtime.tokenizer.encode(SELF_TEST_PROMPT, add_special_tokens=False).ids[:SELF_TEST_PROMPT_TOKENS],
+        prompt_ids=tokenizer.encode(SELF_TEST_PROMPT, add_special_tokens=False).ids[:SELF_TEST_PROMPT_TOKENS],
         max_tokens=SELF_TEST_TOKENS,
         sampling=SamplingParams(temperature=0.0),
         seed=0,
@@ -284,10 +353,24 @@ async def self_test(runtime: EngineRuntime) -> None:
         logprobs=None,
         loop=asyncio.get_running_loop(),
     )
-    runtime.scheduler.submit(seq)
+    scheduler.submit(seq)
     for _ in range(seq.max_tokens):
         event = await asyncio.wait_for(seq.events.get(), timeout=120)
         if isinstance(event, ErrorEvent):
             raise RuntimeError(f"self-test generation failed: {event.message}")
-    log.info("self-test passed", tokens=seq.output_ids)
+    return seq.output_ids
+
+
+async def self_test(runtime: EngineRuntime) -> None:
+    """Generate greedy tokens end to end, through the prefill and a decode step; readiness waits on this.
+
+    Weights a standby primed were self-tested there, through a scheduler over
+    these very views, before activation; the engine it became takes that
+    result instead of running the model again on the restart's path.
+    """
+    primed_tokens = runtime.weights_origin.primed_self_test
+    if primed_tokens is not None:
+        log.info("self-test passed", tokens=primed_tokens, at_priming=True)
+    else:
+        log.info("self-test passed", tokens=await self_test_tokens(runtime.tokenizer, runtime.scheduler))
     runtime.apply(LifecycleEvent.SELF_TEST_PASSED)

@@ -9,6 +9,7 @@
     POST /v1/kv/lookup                            KVLookupRequest → KVLookupResponse
     GET  /v1/tenants                              [TenantView]
     GET  /v1/weights                              WeightsDescription
+    GET  /v1/weights/snapshot                     WeightsSnapshot (a standby primes from it; no tenancy)
     GET  /v1/state                                epoch, replay report, regions, tenants
     GET  /healthz/live, /healthz/ready
 """
@@ -36,6 +37,7 @@ from contract.holder import (
     KVReserveResponse,
     TenantView,
     WeightsDescription,
+    WeightsSnapshot,
 )
 from holder.errors import BadRequest
 from holder.service import MemoryHolder
@@ -100,6 +102,12 @@ async def tenants(holder: Holder) -> list[TenantView]:
 @router.get("/v1/weights", response_model=WeightsDescription)
 async def weights(holder: Holder) -> WeightsDescription:
     return holder.ready_weights()
+
+
+@router.get("/v1/weights/snapshot", response_model=WeightsSnapshot)
+async def weights_snapshot(holder: Holder) -> WeightsSnapshot:
+    """The sealed region and this holder's boot, read together: records nothing, leases nothing."""
+    return holder.weights_snapshot()
 
 
 @router.get("/v1/state")

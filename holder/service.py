@@ -46,6 +46,7 @@ from contract.holder import (
     TenantView,
     TensorSpec,
     WeightsDescription,
+    WeightsSnapshot,
     kv_block_checksum,
     kv_block_hash,
     kv_layout_from_config,
@@ -346,6 +347,11 @@ class MemoryHolder:
         if self.weights is None:
             raise HolderNotReady("the holder is still replaying its ledger or loading weights", retry_after_s=1)
         return self.weights
+
+    def weights_snapshot(self) -> WeightsSnapshot:
+        """The description with this boot's epoch, under the lock so both come from the same state."""
+        with self._lock:
+            return WeightsSnapshot(holder_epoch=self.epoch, weights=self.ready_weights())
 
     def _view(self, tenant: TenantRecord) -> TenantView:
         ttl = self.settings.lease_ttl.total_seconds()

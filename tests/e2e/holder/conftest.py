@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from contract.standby import StandbyPrime
 from engine.standby import StandbyEngine
 from holder.process import HolderProcess
 from lifeline.processes import EngineProcess, built_model, free_port
@@ -48,11 +49,12 @@ class Fleet:
             engine.wait_ready()
         return engine
 
-    def start_standby(self, *, warm: bool = True) -> StandbyEngine:
-        """A standby engine process, as a supervisor keeps one; `warm` waits until its imports are done."""
+    def start_standby(self, *, warm: bool = True, prime: StandbyPrime | None = None) -> StandbyEngine:
+        """A standby engine process, as a supervisor keeps one; `warm` waits until its imports (and its
+        priming, with `prime`) are done."""
         index = len(self.standbys)
         standby = StandbyEngine(self.workdir / f"standby-{index}.log", self.workdir / f"standby-{index}.ready",
-                                torch_threads=1)
+                                torch_threads=1, prime=prime)
         self.standbys.append(standby)
         standby.spawn()
         if warm:
