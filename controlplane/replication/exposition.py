@@ -11,7 +11,8 @@ stores of each policy, per model, session class and destination (redacted):
                                                                 retention, not dead or cleared (store probe)
     lifeline_controlplane_replication_pending_session_records   session records of the class whose turn the
                                                                 destination lacks (store probe; session_records.py)
-    lifeline_controlplane_replication_session_records_invalid{side}  records the probe skipped as not records
+    lifeline_controlplane_replication_session_records_invalid   records the probe skipped as not records
+                                                                (oversized, malformed, misplaced; either store)
     lifeline_controlplane_replication_oldest_pending_age_seconds  now - the oldest pending checkpoint's created_at
                                                                 or session record's recorded_at (0 with none)
     lifeline_controlplane_replication_lag_seconds               the oldest pending one's age, or with none
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,7 +79,7 @@ class StoreProbe:
     pending_records: int = 0  # session records whose turn the destination lacks
     oldest_pending_created_at: float | None = None  # of either
     truncated: bool = False
-    invalid_records: tuple[tuple[str, int], ...] = ()  # (side, records skipped as not records)
+    invalid_records: int = 0  # session records skipped as not records, in either store
 
 
 @dataclass(frozen=True)
@@ -180,11 +180,10 @@ class ReplicationCollector:
             log.warning("replication metrics: a store did not answer", policy_id=row.id, error=str(exc))
             return StoreProbe(taken_at=taken_at, ok=False)
         oldest = [t for t in (scan.oldest_created_at, records.oldest_recorded_at) if t is not None]
-        invalid = Counter(bad.side for bad in records.invalid)
         return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count, pending_records=len(records.pending),
                           oldest_pending_created_at=min(oldest, default=None),
                           truncated=scan.unread > 0 or records.unread > 0,
-                          invalid_records=tuple(sorted(invalid.items())))
+                          invalid_records=len(records.invalid))
 
     # -- exposition ---------------------------------------------------------------------------------
 
@@ -232,7 +231,7 @@ class ReplicationCollector:
         pending_records = gauge("pending_session_records", "Session records whose turn the destination lacks "
                                 "(store probe)")
         invalid_records = gauge("session_records_invalid", "Session records the probe skipped as oversized, "
-                                "malformed or misplaced", [*LABELS, "side"])
+                                "malformed or misplaced (either store)")
         oldest = gauge("oldest_pending_age_seconds", "Age of the oldest pending checkpoint or session record "
                        "(store probe; 0: none)")
         lag = gauge("lag_seconds", "Oldest pending checkpoint's age, or the last copy's lag with none pending")
@@ -270,8 +269,7 @@ class ReplicationCollector:
             truncated.add_metric(labels, 1 if probe.truncated else 0)
             pending.add_metric(labels, probe.pending)
             pending_records.add_metric(labels, probe.pending_records)
-            for side in ("source", "destination"):
-                invalid_records.add_metric([*labels, side], dict(probe.invalid_records).get(side, 0))
+            invalid_records.add_metric(labels, probe.invalid_records)
             age = (max(0.0, now_wall - probe.oldest_pending_created_at)
                    if probe.oldest_pending_created_at is not None else 0.0)
             oldest.add_metric(labels, age)
