@@ -265,8 +265,10 @@ def delete_mesh_route(
 @router.post("/cutover-escalations", response_model=EscalationRead)
 def escalate_fault(body: EscalationRequest, request: Request, principal: EscalationReporter) -> EscalationRead:
     """Act on a fault: l7 for an instance, anycast + mesh for a zone, dns for a region; up one tier only when
-    the lower one's verification failed (cutover/escalation.py). Each cutover is automatic and names the evidence."""
-    from cutover.escalation import Fault, attempts_for, escalate
+    the lower one's verification failed or it had nothing to change (cutover/escalation.py). Each cutover is
+    automatic and names the evidence."""
+    from cutover.escalation import Fault
+    from cutover.escalation_flow import attempts_for, escalate
 
     runtime = build_runtime(request)
     fault = Fault(body.fault_id, Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region),

@@ -22,7 +22,8 @@ from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
 from cutover import service as cutover_service
 from cutover.driver_config import CutoverDriversConfig, build_drivers
-from cutover.escalation import Action, Fault, escalate
+from cutover.escalation import Action, Fault
+from cutover.escalation_flow import escalate
 from cutover.l7 import SnapshotL7Driver
 from cutover.models import ScopeKind
 from cutover.service import CutoverRuntime

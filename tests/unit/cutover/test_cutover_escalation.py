@@ -23,6 +23,12 @@ def _attempt(rung: int, tier: T, scope: Scope, outcome: Outcome, cutover_id: int
     return Attempt(cutover_id, rung, tier, scope, outcome, failure)
 
 
+def _skip(rung: int, tier: T, scope: Scope) -> Attempt:
+    """A rung whose tiers had nothing to change for the scope: no cutover was made."""
+    return Attempt(None, rung, tier, scope, Outcome.NOTHING_TO_CHANGE,
+                   f"no tier has anything to change for {scope.key}")
+
+
 @pytest.mark.parametrize(("fault", "attempts", "action", "tiers", "scope", "from_cutover"), [
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [], Action.CUT_OVER, (T.L7,), ENGINE, None,
                  id="instance-fault-starts-at-l7"),
@@ -55,6 +61,17 @@ def _attempt(rung: int, tier: T, scope: Scope, outcome: Outcome, cutover_id: int
                  [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
                   _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFIED, 2)],
                  Action.CONTAINED, (), None, None, id="the-highest-rung-decides"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A)],
+                 Action.CUT_OVER, (T.DNS,), EU, None, id="zone-with-nothing-to-change-below-dns-goes-to-dns"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
+                 [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 3), _skip(1, T.ANYCAST, EU_A)],
+                 Action.CUT_OVER, (T.DNS,), EU, None, id="instance-fault-skips-a-zone-with-nothing-to-change"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [_skip(0, T.L7, ENGINE)],
+                 Action.HOLD, (), None, None, id="an-instance-l7-cannot-act-on-never-widens-to-its-zone"),
+    pytest.param(Fault("f", EU, SEEN), [_skip(2, T.DNS, EU)],
+                 Action.EXHAUSTED, (), None, None, id="dns-with-nothing-to-change-nothing-left"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _attempt(2, T.DNS, EU, Outcome.REFUSED, 6)],
+                 Action.HOLD, (), None, None, id="the-dns-attempt-after-a-skip-is-held-by-a-safety-rule"),
 ])
 def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tuple[T, ...], scope: Scope | None,
                 from_cutover: int | None) -> None:
@@ -65,7 +82,9 @@ def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tu
         escalated = decision.evidence.get("escalated_from")
         assert (escalated or {}).get("cutover_id") == from_cutover
         if escalated:
-            assert escalated["outcome"] == "verification_failed"
+            below = max(attempts, key=lambda a: a.rung)
+            assert (escalated["outcome"], escalated["tier"], escalated["scope"]) == (
+                below.outcome.value, below.tier.value, below.scope.key)
     else:
         assert decision.evidence == {}
 
@@ -78,3 +97,9 @@ def test_an_automatic_action_needs_evidence() -> None:
 def test_a_recorded_only_attempt_says_a_person_must_act_at_that_tier() -> None:
     decision = decide(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.RECORDED_ONLY, 5)])
     assert "no dns driver is configured" in decision.reason and "a person must act" in decision.reason
+
+
+def test_a_skip_says_what_had_nothing_to_change_and_where_the_ladder_goes() -> None:
+    decision = decide(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A)])
+    assert decision.reason == "mesh for region:eu/zone:eu-a had nothing to change: escalating to dns"
+    assert decision.evidence["escalated_from"]["failure"] == "no tier has anything to change for region:eu/zone:eu-a"
