@@ -32,8 +32,9 @@ class DataPlaneEvent(_Record):
                   # the regional agent: a probe verdict changed; the pool promoted, demoted (a version roll keeps
                   # it warm), started, lost or stopped one
                   "probe.verdict", "pool.promoted", "pool.demoted", "pool.started", "pool.lost", "pool.stopped",
-                  # a cold-tier pool's staged artifacts of a version changed outcome (verified, missing, mismatch)
-                  "pool.staging"]
+                  # a cold-tier pool's staged artifacts of a version changed outcome (verified, missing, mismatch);
+                  # the pool refused to start an engine on a version whose artifacts are missing or mismatch
+                  "pool.staging", "pool.start_refused"]
     routing_tier: Literal["l7", "mesh", "anycast", "dns"] = "l7"
     actor: str = Field(min_length=1, max_length=160, description="gateway:<replica> or agent:<region>")
     region: str = Field(min_length=1, max_length=128)
@@ -115,6 +116,9 @@ class AgentStagedVersion(_Record):
     shard: str | None = Field(None, max_length=1000, description="the first missing or differing shard, when known")
     reason: str = Field("", max_length=2000)
     checked_at: datetime = Field(description="when the check finished (the agent's clock)")
+    held_starts: int = Field(0, ge=0, le=DB_INT_MAX, description="instances the pool wanted to start on this "
+                             "version at its last reconcile and refused, the outcome being missing or mismatch: "
+                             "the plan is short by that many")
 
 
 class AgentReport(_Record):

@@ -16,7 +16,9 @@ applied). Per reconcile:
                 version serves the plan and `old_generation_grace` has passed, each one when its engine has
                 no request in flight or `old_generation_drain_timeout` after it began to wait
                 (warm_pool/version_roll.py)
-    backfill    each zone is started to serving + warm from cold (`pool.started`)
+    backfill    each zone is started to serving + warm from cold (`pool.started`); a cold pool never starts a
+                version its staging check found missing or mismatch (warm_pool/staging.py): the start is
+                held and reported, nothing is started in its place
 
 It changes the agent's instances and leases only through its host (the
 agent): `admitted`, `register`, `release`, `forget`, `emit`, and
@@ -77,6 +79,7 @@ class PoolReconciler:
             log.warning("pool driver could not re-read its instances", error=repr(exc)[:200])
         now = self.host.clock.now()
         desired = self.desired_version()
+        held: dict[tuple[str, str], int] = {}  # (version, zone) → starts refused this reconcile
         for instance in [i for i in self.host.instances.values() if i.origin == "pool"]:
             if not driver.alive(instance.instance_id):
                 await self._lose(instance, "the process exited")
@@ -122,9 +125,11 @@ class PoolReconciler:
             present = [i for i in mine if i.zone == zone and i.version == desired
                        and i.state in (InstanceState.COLD, InstanceState.WARM, InstanceState.SERVING)]
             for _ in range(zone_target.serving + zone_target.warm - len(present)):
-                await self._start(zone, desired)
+                await self._start(zone, desired, held)
             for _ in range(roll.start_previous.get(zone, 0)):
-                await self._start(zone, previous)
+                await self._start(zone, previous, held)
+        if self.host.staging is not None:
+            self.host.staging.hold(held)
 
     def _track_versions(self, desired: str | None, mine: list[Instance]) -> str | None:
         """The previous version: the desired one before the alias last moved (or, for an agent that did not see
@@ -273,8 +278,13 @@ class PoolReconciler:
         instance.state = transition(instance.state, PoolEvent.STOPPED)
         self.host.forget(instance.instance_id)
 
-    async def _start(self, zone: str, version: str | None) -> None:
+    async def _start(self, zone: str, version: str | None, held: dict[tuple[str, str], int]) -> None:
         if self.host.driver is None or version is None:
+            return
+        if self.host.staging is not None and self.host.staging.refusal(version, self.host.snapshot) is not None:
+            # Its staged files are not the catalog's: never load them. Nothing else is started in its place
+            # (another version takes none of the alias' traffic); the plan is short until a check verifies it.
+            held[(version, zone)] = held.get((version, zone), 0) + 1
             return
         self._pool_seq += 1
         instance_id = f"{self.host.settings.region}-{zone}-{self._pool_seq}-{int(self.host.clock.wall())}"

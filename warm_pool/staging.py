@@ -31,12 +31,26 @@ Each change of a version's outcome (the first one too) is one `pool.staging`
 event; the last outcome of each is in the agent's report
 (`AgentReport.staging`) and on /metrics
 (`lifeline_agent_staged_version_verified{version}`: 1 verified, 0 not).
+
+The check gates starts (`refusal`): the pool never starts an engine on a
+version whose last check, against the catalog's present record, was
+`missing` or `mismatch`. Nothing is started in its place: an instance of
+another version takes none of the alias' traffic (gateways route the
+alias' version), so the pool holds the start and says so — the report's
+`held_starts`, `lifeline_agent_pool_held_starts{version}`, one
+`pool.start_refused` event and an error log per hold. A version not
+checked yet (or checked against an older record) is started: a loss-driven
+start does not wait for a hash of many GB (~20 s of a core for 16 GB), and
+the admission canary and the weights digest at /healthz/generation still
+keep bad weights from a lease. A bad version is checked again at the next
+interval, or at once when one of its files changes (inode, size or mtime: a re-sync),
+so a fixed copy is started without waiting for the interval.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -54,6 +68,7 @@ from warm_pool.settings import PoolSettings
 log = get_logger(__name__)
 
 HASH_WORKERS = 2  # shards hashed at once: the agent shares its machine with the engines it watches
+REFUSED: frozenset[StagingOutcome] = frozenset({"missing", "mismatch"})
 
 
 @dataclass(frozen=True)
@@ -118,11 +133,25 @@ def check_staged(entry: VersionEntry, directory: Path, *, workers: int = HASH_WO
     return StagingResult(version, "verified", f"{len(expected)} files match the catalog's sha256")
 
 
+def file_signature(entry: VersionEntry, directory: Path) -> tuple:
+    """(path, (inode, size, mtime_ns)) of each recorded file, None where absent: cheap (stat only); a change
+    re-checks. The inode tells a re-synced copy (written beside, renamed over) even within mtime's granularity."""
+    signature = []
+    for path in sorted(entry.shards or entry.files):
+        try:
+            stat = (directory / path).stat() if _inside(path) else None
+        except OSError:
+            stat = None
+        signature.append((path, (stat.st_ino, stat.st_size, stat.st_mtime_ns) if stat else None))
+    return tuple(signature)
+
+
 @dataclass(frozen=True)
 class _Checked:
     staged: AgentStagedVersion
     record: tuple  # the catalog's checksums it was checked against: a change is checked again at once
     at: float  # monotonic
+    files: tuple  # file_signature before hashing: a bad version whose files change is checked again at once
 
 
 class StagingCheck:
@@ -139,9 +168,13 @@ class StagingCheck:
         self.check = check
         self.every = pool.staging_check_every
         self.checked: dict[str, _Checked] = {}
+        self.held: dict[str, dict[str, int]] = {}  # version → zone → starts refused at the last reconcile
         self._task: asyncio.Task | None = None
         self.gauge = Gauge("lifeline_agent_staged_version_verified", "a cold pool's version: 1 when its staged "
                            "artifacts match the catalog at the last check, 0 when not", ["version"], registry=registry)
+        self.held_gauge = Gauge("lifeline_agent_pool_held_starts", "instances the pool refused to start on a version "
+                                "whose staged artifacts are missing or mismatch, at its last reconcile", ["version"],
+                                registry=registry)
 
     def wanted(self, snapshot: RoutingSnapshot | None) -> dict[str, VersionEntry]:
         """The pool's versions the snapshot describes: the ones a loss would load, checkable by their record."""
@@ -154,7 +187,45 @@ class StagingCheck:
         now = self.clock.now()
         return {v: entry for v, entry in self.wanted(snapshot).items()
                 if v not in self.checked or self.checked[v].record != _record(entry)
-                or now - self.checked[v].at >= self.every.total_seconds()}
+                or now - self.checked[v].at >= self.every.total_seconds()
+                or (self.checked[v].staged.outcome in REFUSED
+                    and file_signature(entry, self.pool.versions[v]) != self.checked[v].files)}
+
+    def refusal(self, version: str, snapshot: RoutingSnapshot | None) -> AgentStagedVersion | None:
+        """The last check when it forbids starting `version`: missing or mismatch against the catalog's present
+        record. None: verified, or not checked against that record yet (the start proceeds: see the module doc)."""
+        checked, entry = self.checked.get(version), self.wanted(snapshot).get(version)
+        if checked is None or entry is None or checked.record != _record(entry):
+            return None
+        return checked.staged if checked.staged.outcome in REFUSED else None
+
+    def hold(self, held: Mapping[tuple[str, str], int]) -> None:
+        """The reconcile's refused starts, (version, zone) → count: the report, the gauge, one event per hold."""
+        now: dict[str, dict[str, int]] = {}
+        for (version, zone), count in held.items():
+            now.setdefault(version, {})[zone] = count
+        for version in set(self.held) | set(now):
+            zones = now.get(version, {})
+            self.held_gauge.labels(version).set(sum(zones.values()))
+            if version in self.held and not zones:
+                log.info("pool starts no longer held", model=self.pool.model, version=version)
+            if zones and version not in self.held:
+                self._refused(version, zones)
+        self.held = now
+
+    def _refused(self, version: str, zones: dict[str, int]) -> None:
+        staged = self.checked[version].staged
+        count = sum(zones.values())
+        log.error("pool start refused: staged artifacts are not the catalog's", model=self.pool.model,
+                  version=version, outcome=staged.outcome, shard=staged.shard, held=count, zones=sorted(zones))
+        self.emit(DataPlaneEvent(
+            kind="pool.start_refused", actor=self.actor, region=self.region, at=self.clock.utcnow(),
+            reason=f"{count} start(s) of {self.pool.model}/{version} held in {', '.join(sorted(zones))}: staged at "
+            f"{staged.directory}: {staged.outcome}: {staged.reason}; nothing started in its place, the plan is "
+            f"short until a check verifies it"[:2000],
+            detail={"model": self.pool.model, "version": version, "outcome": staged.outcome, "shard": staged.shard,
+                    "held": count, "zones": ",".join(sorted(zones)), "directory": staged.directory,
+                    "changes_routing": False}))
 
     def start(self, snapshot: RoutingSnapshot | None) -> None:
         if self._task is not None and not self._task.done():
@@ -179,20 +250,21 @@ class StagingCheck:
     async def _run(self, due: dict[str, VersionEntry]) -> None:
         for version, entry in due.items():
             directory = self.pool.versions[version]
+            files = await asyncio.to_thread(file_signature, entry, directory)  # before: a change while hashing counts
             try:
                 # Hashing GBs takes seconds to minutes: in a thread, so the probe loop never waits for it.
                 result = await asyncio.to_thread(self.check, entry, directory)
             except Exception as exc:  # unreadable: not verified, and said so; the next interval tries again
                 log.exception("staging check failed", version=version)
                 result = StagingResult(version, "missing", f"could not read {directory}: {exc!r}"[:2000])
-            self._record(entry, directory, result)
+            self._record(entry, directory, result, files)
 
-    def _record(self, entry: VersionEntry, directory: Path, result: StagingResult) -> None:
+    def _record(self, entry: VersionEntry, directory: Path, result: StagingResult, files: tuple) -> None:
         staged = AgentStagedVersion(model=self.pool.model, version=result.version, directory=str(directory),
                                     outcome=result.outcome, shard=result.shard, reason=result.reason[:2000],
                                     checked_at=self.clock.utcnow())
         before = self.checked.get(result.version)
-        self.checked[result.version] = _Checked(staged, _record(entry), self.clock.now())
+        self.checked[result.version] = _Checked(staged, _record(entry), self.clock.now(), files)
         self.gauge.labels(result.version).set(1 if result.outcome == "verified" else 0)
         if before is not None and before.staged.outcome == result.outcome:
             return
@@ -208,7 +280,8 @@ class StagingCheck:
                     "directory": str(directory), "changes_routing": False}))
 
     def report(self) -> list[AgentStagedVersion]:
-        return [c.staged for _, c in sorted(self.checked.items())]
+        return [c.staged.model_copy(update={"held_starts": sum(self.held.get(v, {}).values())})
+                for v, c in sorted(self.checked.items())]
 
 
 def _record(entry: VersionEntry) -> tuple:

@@ -76,6 +76,7 @@ class ScriptedEngine:
         self.canaries = 0
         self.boot_generation, self.started_at = 1, 0.0
         self.own_lease = False  # True: started with --registry, sends X-Lifeline-Generation
+        self.weights_digest = "sha256:x"  # what /healthz/generation reports
         self.running, self.waiting = 0, 0  # requests in flight, as its /metrics says (vLLM's gauges); None: 404
 
     def handle(self, request: httpx.Request) -> httpx.Response:
@@ -88,7 +89,7 @@ class ScriptedEngine:
             return httpx.Response(200, headers={"x-lifeline-generation": "1"} if self.own_lease else {},
                                   json={"instance_id": self.instance_id, "generation": 1,
                                         "boot_generation": self.boot_generation, "model": self.version,
-                                        "weights_digest": "sha256:x", "zone": self.zone, "region": "r1",
+                                        "weights_digest": self.weights_digest, "zone": self.zone, "region": "r1",
                                         "started_at": self.started_at})
         if path == "/metrics" and self.running is not None:
             return httpx.Response(200, text=f"# TYPE vllm:num_requests_running gauge\n"
@@ -105,6 +106,7 @@ class ScriptedEngine:
 class Fleet:
     def __init__(self) -> None:
         self.engines: dict[str, ScriptedEngine] = {}
+        self.weights_digest = "sha256:x"  # the digest engines the driver starts report
 
     def transport(self) -> httpx.MockTransport:
         def handler(request: httpx.Request) -> httpx.Response:
@@ -122,7 +124,8 @@ class FakeDriver:
         self.stopped: list[str] = []
 
     async def start(self, *, instance_id: str, zone: str, version: str) -> PoolInstance:
-        self.fleet.engines[instance_id] = ScriptedEngine(instance_id, zone, version)
+        self.fleet.engines[instance_id] = engine = ScriptedEngine(instance_id, zone, version)
+        engine.weights_digest = self.fleet.weights_digest
         instance = PoolInstance(instance_id, zone, version, f"http://{instance_id}")
         self.started.append(instance)
         return instance

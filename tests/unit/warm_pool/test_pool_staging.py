@@ -16,6 +16,7 @@ from contract.snapshot import RoutingSnapshot, VersionEntry
 from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
 from warm_pool.report import ReportSender
 from warm_pool.staging import check_staged
+from warm_pool.states import InstanceState
 
 pytestmark = pytest.mark.unit
 
@@ -156,3 +157,87 @@ def test_the_check_interval_is_a_typed_setting(tmp_path: Path) -> None:
 
     settings = PoolSettings(model="m", versions={"v1": tmp_path}, state_dir=tmp_path)
     assert settings.staging_check_every == timedelta(minutes=10)
+
+
+def serving_snapshot(directory: Path) -> RoutingSnapshot:
+    """snapshot_for's, with the weights digest the scripted engines report: their instances pass the probe."""
+    snapshot = snapshot_for(directory)
+    model = snapshot.models["m"]
+    entry = model.versions["v1"].model_copy(update={"weights_digest": "sha256:x"})
+    return snapshot.model_copy(update={"models": {"m": model.model_copy(update={"versions": {"v1": entry}})}})
+
+
+def resync(path: Path, data: bytes) -> None:
+    """Put the catalog's bytes back as a re-sync does: written beside, renamed over."""
+    fresh = path.with_name(path.name + ".partial")
+    fresh.write_bytes(data)
+    fresh.replace(path)
+
+
+async def test_a_cold_pool_never_starts_a_version_found_bad_and_starts_it_once_the_file_is_fixed(tmp_path: Path) -> None:
+    """Unchecked, a loss-driven start proceeds; found mismatch, the replacement is held and said so; fixed, it starts."""
+    clock, fleet = ManualClock(), Fleet()
+    directory = stage(tmp_path / "v1")
+    shard = directory / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"\x01" * 4095 + b"\x00")  # bad on the region's disk before the agent ever looked
+    agent, _, shipper = make_agent(fleet, clock, pool={
+        "model": "m", "versions": {"v1": str(directory)}, "state_dir": str(tmp_path),
+        "staging_check_every": 600, "plan": {**PLAN_INPUTS, "tier": "cold"}})
+
+    class Snapshots:
+        current = serving_snapshot(directory)
+
+    agent.snapshots = Snapshots()  # type: ignore[assignment]
+
+    async def tick(ticks: int = 1) -> None:
+        for _ in range(ticks):
+            await settle(agent, clock)
+            await agent.staging.wait()
+
+    def held() -> float:
+        return agent.metrics.registry.get_sample_value("lifeline_agent_pool_held_starts", {"version": "v1"})
+
+    await tick(4)  # the first fill ran before the first check finished: not delayed for it
+    assert len(agent.driver.started) == 2
+    assert agent.report().staging[0].outcome == "mismatch"
+    serving = {i.zone: i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING}
+    assert set(serving) == {"x", "y"}
+
+    fleet.engines[serving["x"]].live = False  # a loss: x needs a new instance of v1
+    await tick(6)
+    assert len(agent.driver.started) == 2  # never loaded from the bad copy
+    assert not [i for i in agent.instances.values() if i.zone == "x"]
+    [refused] = [e for e in shipper.buffer if e.kind == "pool.start_refused"]  # one per hold, not one per tick
+    assert (refused.detail["version"], refused.detail["outcome"], refused.detail["shard"], refused.detail["held"],
+            refused.detail["zones"]) == ("v1", "mismatch", shard.name, 1, "x")
+    assert refused.instance_id is None and "nothing started in its place" in refused.reason
+    [staged] = agent.report().staging
+    assert (staged.outcome, staged.shard, staged.held_starts) == ("mismatch", shard.name, 1)
+    assert held() == 1
+
+    resync(shard, FILES[shard.name])
+    await tick()  # the file changed: checked again at once, not at the 10-minute interval
+    assert agent.report().staging[0].outcome == "verified"
+    await tick(3)
+    assert len(agent.driver.started) == 3 and agent.driver.started[-1].zone == "x"
+    assert agent.report().staging[0].held_starts == 0 and held() == 0
+    assert [e.detail["outcome"] for e in shipper.buffer if e.kind == "pool.staging"] == ["mismatch", "verified"]
+    assert len([e for e in shipper.buffer if e.kind == "pool.start_refused"]) == 1
+
+
+async def test_a_result_against_an_older_catalog_record_refuses_nothing(tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    directory = stage(tmp_path / "v1")
+    (directory / "config.json").write_bytes(b"{}")
+    agent, _, _ = make_agent(fleet, clock, pool={
+        "model": "m", "versions": {"v1": str(directory)}, "state_dir": str(tmp_path),
+        "plan": {**PLAN_INPUTS, "tier": "cold"}})
+    snapshot = snapshot_for(directory)
+    agent.staging.start(snapshot)
+    await agent.staging.wait()
+    assert agent.staging.refusal("v1", snapshot).outcome == "mismatch"
+    entry = snapshot.models["m"].versions["v1"]
+    recorded = entry.model_copy(update={"shards": {**entry.shards, "config.json": sha(b"{}")}})
+    newer = snapshot.model_copy(update={"models": {"m": snapshot.models["m"].model_copy(
+        update={"versions": {"v1": recorded}})}})
+    assert agent.staging.refusal("v1", newer) is None  # unknown against the new record until checked again
