@@ -13,6 +13,7 @@ from controlplane.body_limit import BodyLimitMiddleware
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory
 from controlplane.errors import install_error_handlers
+from controlplane.json_body import JsonBodyMiddleware
 from controlplane.health import router as health_router
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.metrics import router as metrics_router
@@ -110,7 +111,8 @@ def create_app(
         s3_endpoint_url=settings.s3_endpoint_url)])  # replication lag and RPO_context, at scrape time
     install_error_handlers(app)
     # The last added is outermost: an oversized body is refused before anything parses it, and audited;
-    # every answer is counted, a refused one too.
+    # so is a body holding text JSON cannot carry (NaN, a lone surrogate); every answer is counted, a refused one too.
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(AuditMiddleware)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)

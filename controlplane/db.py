@@ -62,13 +62,19 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        # OverflowError for one whose offset carries it past year 1 or 9999 in UTC: a 422 (controlplane.errors)
+        value = naive_as_utc(value).astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return naive_as_utc(value).astimezone(UTC)
+
+
+def naive_as_utc(value: datetime) -> datetime:
+    """`value` with UTC as its zone if it has none, as the database takes it; comparable with the clock's."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 class Base(DeclarativeBase):

@@ -18,7 +18,8 @@ with `Retry-After`.
 Services raise these; they never raise HTTPException. `install_error_handlers`
 renders every error, including FastAPI's own validation errors and database
 constraint races, in the one shape of `common.errors`:
-`{"error": {"message", "type", "param", "code"}}`.
+`{"error": {"message", "type", "param", "code"}}`. A value the driver
+cannot bind (a timestamp past year 9999 in UTC) is a 422 `invalid_request` too.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _render(status: int, type_: str, message: str, headers: dict[str, str] | Non
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError
+    from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError, StatementError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
     @app.exception_handler(LifelineError)
@@ -102,6 +103,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _data(_: Request, exc: DataError) -> JSONResponse:
         # A value the database cannot store (NUL byte, out-of-range integer).
         return _render(422, "invalid_request", "a value is out of range for storage")
+
+    @app.exception_handler(StatementError)
+    async def _unbindable(_: Request, exc: StatementError) -> JSONResponse:
+        # Raised before the database saw the statement. The database's own refusals are
+        # DBAPIError subclasses with handlers of their own (more specific, so they win).
+        if isinstance(exc.orig, OverflowError):
+            # A timestamp whose offset carries it past year 1 or 9999 once in UTC.
+            return _render(422, "invalid_request", "a value is out of range for storage")
+        log.error("unhandled_error", error=repr(exc))
+        return _render(500, "internal_error", "internal error")
 
     async def _database_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database_unavailable", error=repr(exc)[:300])
