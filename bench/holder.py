@@ -1,8 +1,11 @@
 """Restart-to-ready with the memory holder vs a cold load from disk, phase by phase.
 
-For each preset, three engines are SIGKILLed `--kills` times each, in turn,
+For each preset, one engine per mode is SIGKILLed `--kills` times, in turn,
 and restarted at once (as a supervisor that sees the exit would):
 
+    holder + primed standby  attached to the holder, restarted by activating a
+                       standby that mapped, pre-faulted and self-tested the
+                       holder's region before the kill (`--prime-holder`)
     holder + standby   attached to the holder, restarted by activating a
                        pre-started standby process (engine/standby.py)
     holder, new process  attached to the holder, a new interpreter per restart
@@ -20,7 +23,8 @@ Each restart is timed through the seed's phases:
     takeover     the attach round trip (the holder records the takeover)
     re-mapping   building tensor views over the region (holder) or reading,
                  converting and hashing the shards (cold)
-    ready        weights in place → /healthz/ready answers 200 (self-test)
+    ready        weights in place → /healthz/ready answers 200 (self-test;
+                 primed: the priming's, taken at activation)
     total        restart issued → ready
     serving      SIGKILL → ready (the seed's "serving again")
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import signal
@@ -60,6 +65,7 @@ from pathlib import Path
 import httpx
 
 from bench.docs import replace_section
+from contract.standby import StandbyPrime
 from engine.presets import ModelPreset
 from engine.standby import StandbyEngine
 from holder.process import HolderProcess
@@ -106,10 +112,11 @@ def tenant_frozen(holder: HolderProcess, tenant_id: str) -> bool:
     return bool(tenant and tenant["frozen"])
 
 
-MODES = {  # mode → (attached to the holder, restarted by activating a standby)
-    "standby": (True, True),  # holder + a pre-started standby engine: the restart path this bench measures
-    "holder": (True, False),  # holder, a new interpreter per restart (the path before engine/standby.py)
-    "cold": (False, False),  # the cold-load baseline: a new interpreter loading the shards from disk
+MODES = {  # mode → (attached to the holder, restarted by activating a standby, the standby primed)
+    "standby": (True, True, False),  # holder + a pre-started standby engine
+    "primed": (True, True, True),  # holder + a standby that primed the holder's weights: the path this bench measures
+    "holder": (True, False, False),  # holder, a new interpreter per restart (the path before engine/standby.py)
+    "cold": (False, False, False),  # the cold-load baseline: a new interpreter loading the shards from disk
 }
 
 
@@ -119,9 +126,10 @@ def serve_args(engine: EngineProcess) -> list[str]:
             "--state-dir", str(engine.state_dir), "--torch-threads", "1", *engine.extra_args]
 
 
-def spawn_standby(engine: EngineProcess, workdir: Path) -> StandbyEngine:
+def spawn_standby(engine: EngineProcess, workdir: Path, prime: StandbyPrime | None) -> StandbyEngine:
     """A standby for `engine`'s next restart; it logs into the engine's log, which `log_time` reads."""
-    standby = StandbyEngine(engine.log_path, workdir / f"{engine.instance_id}.standby-ready", torch_threads=1)
+    standby = StandbyEngine(engine.log_path, workdir / f"{engine.instance_id}.standby-ready", torch_threads=1,
+                            prime=prime)
     standby.spawn()
     return standby
 
@@ -135,8 +143,9 @@ def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess
     being measured."""
     engines: dict[str, EngineProcess] = {}
     standbys: dict[str, StandbyEngine] = {}
+    dtype = engine_args[engine_args.index("--dtype") + 1] if "--dtype" in engine_args else "float64"
     for mode in modes:
-        attached, _ = MODES[mode]
+        attached, _, _ = MODES[mode]
         instance = f"bench-{mode}"
         engines[mode] = EngineProcess(model, free_port(), instance, workdir / "state" / instance,
                                       workdir / f"{instance}.log",
@@ -145,29 +154,32 @@ def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess
     for engine in engines.values():
         engine.wait_ready(timeout=300)
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
-    warm_s: list[float] = []
-    standby_rss: list[dict[str, int]] = []
+    warm_s: dict[str, list[float]] = {mode: [] for mode in modes}
+    standby_rss: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
 
-    def warm_standby(engine: EngineProcess) -> StandbyEngine:
-        spawned_at, standby = time.time(), spawn_standby(engine, workdir)
+    def warm_standby(mode: str, engine: EngineProcess) -> StandbyEngine:
+        prime = StandbyPrime(holder.url, model, dtype) if MODES[mode][2] else None
+        spawned_at, standby = time.time(), spawn_standby(engine, workdir, prime)
         while not standby.warm:
             if not standby.alive:
                 raise RuntimeError(f"standby exited: {engine.logs()[-3000:]}")
             time.sleep(0.01)
-        warm_s.append(standby.ready_file.stat().st_mtime - spawned_at)
+        if prime is not None and not standby.primed:
+            raise RuntimeError(f"standby not primed: {standby.ready_file.read_text()}")
+        warm_s[mode].append(standby.ready_file.stat().st_mtime - spawned_at)
         assert standby.process is not None  # noqa: S101 - warm implies alive
-        standby_rss.append(private_rss_kib(standby.process.pid))
+        standby_rss[mode].append(private_rss_kib(standby.process.pid))
         return standby
 
     try:
         for kill in range(kills):
             for mode, engine in engines.items():
-                attached, from_standby = MODES[mode]
-                standby = (standbys.get(mode) or warm_standby(engine)) if from_standby else None
+                attached, from_standby, primed = MODES[mode]
+                standby = (standbys.get(mode) or warm_standby(mode, engine)) if from_standby else None
                 rows[mode].append(restart_once(engine, holder if attached else None, kill % lease_every == 0,
-                                               standby))
+                                               standby, primed))
                 if from_standby:  # warm again before anything else is measured: no overlap with a restart
-                    standbys[mode] = warm_standby(engine)
+                    standbys[mode] = warm_standby(mode, engine)
     finally:
         for standby in standbys.values():
             standby.close()
@@ -177,13 +189,14 @@ def restart_series(model: Path, workdir: Path, kills: int, holder: HolderProcess
 
 
 def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_lease: bool,
-                 standby: StandbyEngine | None) -> dict:
+                 standby: StandbyEngine | None, primed: bool = False) -> dict:
     instance = engine.instance_id
+    load_1min = os.getloadavg()[0]
     killed_at = time.time()
     engine.process.send_signal(signal.SIGKILL)
     engine.process.wait()
     exited_at = time.time()
-    row = {"detection": exited_at - killed_at}
+    row = {"detection": exited_at - killed_at, "load": load_1min}
     if holder is not None and wait_for_lease:
         while not tenant_frozen(holder, instance):
             time.sleep(0.01)
@@ -200,7 +213,7 @@ def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_l
     ready_at = wait_ready(engine.url, engine.process)
     origin = httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
     if holder is not None:
-        assert origin["source"] == "holder" and origin["takeover"], origin
+        assert origin["source"] == "holder" and origin["takeover"] and origin["primed"] is primed, origin
         mapped_at = log_time(engine, "weights mapped from the holder")
         weights_s = origin["attach_s"] + origin["map_s"]
         row |= {"takeover": origin["attach_s"], "remap": origin["map_s"]}
@@ -323,23 +336,31 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
 
 
 PHASES = ["detection", "lease", "start", "takeover", "remap", "ready", "self_test", "total", "serving"]
-MODE_NAMES = {"standby": "holder + standby process", "holder": "holder, new process", "cold": "disk, new process (cold load)"}
+MODE_NAMES = {"standby": "holder + standby process", "primed": "holder + primed standby",
+              "holder": "holder, new process", "cold": "disk, new process (cold load)"}
 
 
 def cell(values: list[float]) -> str:
     return f"{percentile(values, 50):.3f} / {percentile(values, 99):.3f}"
 
 
+def result_has_standby(result: dict) -> bool:
+    return bool(result["standby_rss"].get("standby"))
+
+
 def render(results: list[dict], kills: int, lease_every: int) -> str:
+    dtypes = ", ".join(f"{r['preset']} {r['dtype']}" for r in results)
     lines = [
-        (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
-        f"CPU only, torch threads 1, float64, on a shared machine: other sessions ran their tests on the same "
+        (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.machine()} "
+        f"({platform.processor() or 'cpu'}), CPU only, torch threads 1, {dtypes}, on a shared machine: other "
+        f"sessions ran their tests on the same "
         f"2 cores, so absolute figures carry their load; the modes alternate kill by kill, so it falls on each "
         f"alike. {kills} SIGKILLs per row, each restarted as soon as waitpid sees the exit. Seconds, p50 / p99."),
         "",
         ("| preset | restart | detection | lease (holder) | engine start | takeover | re-mapping / load "
-        "| ready | of which self-test | restart → ready | **SIGKILL → serving** | vs cold load p50 / p99 |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ready | of which self-test | restart → ready | **SIGKILL → serving** | vs cold load p50 / p99 "
+        "| load (1-min) p50 / max |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         cold = [row["serving"] for row in result.get("cold", [])]
@@ -355,7 +376,9 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
             serving = [row["serving"] for row in rows]
             ratio = (f"{percentile(serving, 50) / percentile(cold, 50):.2f}× / "
                      f"{percentile(serving, 99) / percentile(cold, 99):.2f}×") if cold else "—"
-            lines.append(f"| {result['preset']} | {MODE_NAMES[mode]} | " + " | ".join(cells) + f" | {ratio} |")
+            load = [row["load"] for row in rows]
+            lines.append(f"| {result['preset']} | {MODE_NAMES[mode]} | " + " | ".join(cells) + f" | {ratio} "
+                         f"| {statistics.median(load):.1f} / {max(load):.1f} |")
     lines += [
         "",
         ("Phases: detection = SIGKILL → the supervisor's waitpid returns; engine start = restart issued (a new "
@@ -367,24 +390,37 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
         "the seed's ≤ 2 s is about. "
         f"`lease` is the holder noticing the dead tenant by its lease alone (TTL 2.5 s, heartbeat 1 s), "
         f"measured on every {lease_every}th kill, where the bench waited for it before restarting; the restart "
-        "itself never waits for it: the same instance id under a higher boot generation takes over at once."),
+        "itself never waits for it: the same instance id under a higher boot generation takes over at once. "
+        "A primed standby mapped, pre-faulted and self-tested the holder's region before the kill: its re-mapping "
+        "is the check that the holder still describes that region, and its self-test is the priming's, taken "
+        "at activation. Load: the 1-minute load average when each kill was sent."),
+        "",
+    ]
+    for result in results:
+        for mode in [m for m in ("standby", "primed") if result["standby_warm_s"].get(m)]:
+            warm, rss = result["standby_warm_s"][mode], result["standby_rss"][mode]
+            lines.append(f"- {result['preset']}, {MODE_NAMES[mode]}: warm-up (spawn → ready file, off the restart's "
+                         f"path) {cell(warm)} s; RssAnon {statistics.median(r['RssAnon'] for r in rss) / 1024:.0f} MiB, "
+                         f"RssShmem {statistics.median(r.get('RssShmem', 0) for r in rss) / 1024:.0f} MiB "
+                         f"(the holder's pages it maps, not a copy).")
+    lines += [
         "",
         ("| preset | region bytes | tensor bytes | alignment overhead | holder first load | holder restart (adopt) "
         "| decode tok/s holder | decode tok/s disk | normal-path overhead | engine RssAnon holder / disk (MiB) "
         "| standby RssAnon (MiB) | standby warm-up p50 |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for result in [r for r in results if "normal" in r and r["standby_rss"]]:
+    for result in [r for r in results if "normal" in r and result_has_standby(r)]:
         normal = result["normal"]
         memory = normal["memory"]
-        standby_mib = statistics.median(rss["RssAnon"] for rss in result["standby_rss"]) / 1024
+        standby_mib = statistics.median(rss["RssAnon"] for rss in result["standby_rss"]["standby"]) / 1024
         lines.append(
             f"| {result['preset']} | {result['region_bytes']:,} | {result['tensor_bytes']:,} "
             f"| {(result['region_bytes'] / result['tensor_bytes'] - 1) * 100:.3f}% "
             f"| {result['holder_cold_s']:.2f} s | {result['holder_restart_s']:.2f} s "
             f"| {normal['holder_tok_s']:.1f} | {normal['disk_tok_s']:.1f} | {normal['overhead_pct']:+.1f}% "
             f"| {memory['holder']['RssAnon'] / 1024:.0f} / {memory['disk']['RssAnon'] / 1024:.0f} "
-            f"| {standby_mib:.0f} | {percentile(result['standby_warm_s'], 50):.2f} s |")
+            f"| {standby_mib:.0f} | {percentile(result['standby_warm_s']['standby'], 50):.2f} s |")
     lines += [
         "",
         ("Normal-path overhead is (disk tok/s ÷ holder tok/s − 1), medians of alternating runs: positive means "

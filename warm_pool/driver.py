@@ -24,6 +24,12 @@ for is up in the holder's attach + self-test time. `refresh` (each agent
 tick) retires standbys the pool no longer needs and spawns missing ones one
 at a time — a warm-up is a whole interpreter start, so never two at once and
 never in `start` itself, where it would compete with the engine it starts.
+Each standby is *primed* (contract.standby.StandbyPrime): the driver knows the
+holder URL, the model directory of the version its holder-backed instances
+run and the dtype, so the standby maps, pre-faults and self-tests the
+holder's weights while it waits, and the instance it becomes skips both on
+its start. `start` prefers a standby primed for the version it starts; one
+primed for another (or not at all) still serves, re-mapping as before.
 
 Why off by default: each standby is an idle interpreter with torch imported
 (~180 MiB anonymous memory, no CPU while it waits), one per holder-backed
@@ -44,6 +50,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -52,7 +59,7 @@ import httpx
 
 from common.logs import get_logger
 from common.ports import free_port
-from contract.standby import StandbyEngine
+from contract.standby import StandbyEngine, StandbyPrime
 from warm_pool.settings import PoolSettings
 
 log = get_logger(__name__)
@@ -93,14 +100,20 @@ class _Process:
     from_standby: bool = False
 
 
+def _flag_value(engine_args: list[str], flag: str) -> str | None:
+    """The value of `flag` in `engine serve` arguments (`--flag VALUE` / `--flag=VALUE`), the last one given."""
+    value = None
+    for index, arg in enumerate(engine_args):
+        if arg.startswith(f"{flag}="):
+            value = arg.removeprefix(f"{flag}=")
+        elif arg == flag and index + 1 < len(engine_args):
+            value = engine_args[index + 1]
+    return value
+
+
 def holder_url(engine_args: list[str]) -> str | None:
     """The memory holder `engine serve` with these flags attaches to (`--holder URL` / `--holder=URL`), if any."""
-    for index, arg in enumerate(engine_args):
-        if arg.startswith("--holder="):
-            return arg.removeprefix("--holder=")
-        if arg == "--holder" and index + 1 < len(engine_args):
-            return engine_args[index + 1]
-    return None
+    return _flag_value(engine_args, "--holder")
 
 
 def uses_holder(engine_args: list[str]) -> bool:
@@ -130,7 +143,8 @@ class LocalDriver:
                       "--instance-id", instance_id, "--zone", zone, "--region", self.region,
                       "--state-dir", str(directory), "--torch-threads", "1", *self.engine_args]
         holder_backed = uses_holder(self.engine_args)
-        popen = self._activate_standby(serve_args, directory) if self.standby and holder_backed else None
+        popen = (self._activate_standby(serve_args, directory, self.versions[version])
+                 if self.standby and holder_backed else None)
         log_file = None
         if popen is None:
             cmd = [sys.executable, "-m", "lifeline.cli", "engine", "serve", *serve_args]
@@ -142,11 +156,16 @@ class LocalDriver:
                  from_standby=log_file is None)
         return instance
 
-    def _activate_standby(self, serve_args: list[str], directory: Path) -> subprocess.Popen | None:
-        """The process of the first standby that takes `serve_args` (warm ones first), or None: start cold."""
-        for standby in sorted(self.standbys, key=lambda s: not s.warm):
+    def _activate_standby(self, serve_args: list[str], directory: Path, model_dir: Path) -> subprocess.Popen | None:
+        """The process of the first standby that takes `serve_args` (primed for `model_dir` first, then warm
+        ones), or None: start cold."""
+        def preference(standby: StandbyEngine) -> tuple[bool, bool]:
+            primed_here = standby.primed and standby.prime is not None and standby.prime.model_dir == model_dir
+            return not primed_here, not standby.warm
+
+        for standby in sorted(self.standbys, key=preference):
             self.standbys.remove(standby)
-            log_path, warm = standby.log_path, standby.warm
+            log_path, warm, primed = standby.log_path, standby.warm, standby.primed
             popen = standby.activate(serve_args)
             if popen is None:
                 log.warning("pool standby was dead; trying the next", log=str(log_path))
@@ -154,7 +173,7 @@ class LocalDriver:
             engine_log = directory / "engine.log"
             if not engine_log.exists():  # same filesystem: the standby keeps writing through its descriptor
                 log_path.replace(engine_log)
-            log.info("pool standby activated", pid=popen.pid, warm=warm)
+            log.info("pool standby activated", pid=popen.pid, warm=warm, primed=primed)
             return popen
         return None
 
@@ -178,16 +197,28 @@ class LocalDriver:
         if len(self.standbys) < wanted and all(s.warm for s in self.standbys):
             self._spawn_standby()
 
+    def _prime_for(self) -> StandbyPrime | None:
+        """What the next standby primes: the holder, and the version whose holder-backed instances have the
+        fewest standbys primed for them (the pool's most likely replacement)."""
+        url = holder_url(self.engine_args)
+        running = Counter(p.instance.version for p in self.processes.values() if p.holder_backed)
+        if url is None or not running:
+            return None
+        primed = Counter(s.prime.model_dir for s in self.standbys if s.prime is not None)
+        version = max(running, key=lambda v: running[v] - primed[self.versions[v]])
+        return StandbyPrime(url, self.versions[version], _flag_value(self.engine_args, "--dtype") or "float64")
+
     def _spawn_standby(self) -> StandbyEngine:
         self._standby_seq += 1
         directory = self.state_dir / "standbys"
         standby = StandbyEngine(directory / f"standby-{self._standby_seq}.log",
                                 directory / f"standby-{self._standby_seq}.ready", torch_threads=1,
-                                popen_kwargs={"start_new_session": True})
+                                prime=self._prime_for(), popen_kwargs={"start_new_session": True})
         standby.spawn()
         self.standbys.append(standby)
         assert standby.process is not None  # noqa: S101 - spawn() sets it
-        log.info("pool standby spawned", pid=standby.process.pid, wanted=self.standbys_wanted())
+        log.info("pool standby spawned", pid=standby.process.pid, wanted=self.standbys_wanted(),
+                 primed_for=str(standby.prime.model_dir) if standby.prime else None)
         return standby
 
     async def adopt(self) -> list[PoolInstance]:

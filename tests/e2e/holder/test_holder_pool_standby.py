@@ -2,8 +2,8 @@
 
 Promises tested, on real processes: service recovery (after a SIGKILL of an
 engine the driver runs, the instance the agent starts in its place is the
-standby process itself, attached to the holder's weights, not a new
-interpreter), semantic recovery (the stream the dead engine was sending
+standby process itself, attached to the holder's weights it primed while it
+waited, not a new interpreter), semantic recovery (the stream the dead engine was sending
 continues token-identically on it from `prompt ‖ committed`), and the
 driver's bookkeeping: one standby per holder-backed instance, refilled after
 use, retired when the pool shrinks, and none at all for an engine without a
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from contract.standby import StandbyPrime
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, wait_for
 from warm_pool.driver import LocalDriver
 
@@ -80,7 +81,9 @@ def test_driver_restarts_a_killed_holder_engine_from_its_standby_and_the_stream_
         expected = completion_tokens(first.url, PROMPT, MAX_TOKENS)
         ids = prompt_ids(first.url, PROMPT)
         [standby_pid] = warm_standbys(driver, 1)  # one per holder-backed instance
-        assert [t["tenant_id"] for t in holder.state()["tenants"]] == ["r1-z1-1"]  # the standby holds nothing
+        # primed for the version the pool runs: it mapped and self-tested the holder's weights, and holds nothing
+        assert driver.standbys[0].prime == StandbyPrime(holder.url, fleet.model) and driver.standbys[0].primed
+        assert [t["tenant_id"] for t in holder.state()["tenants"]] == ["r1-z1-1"]
 
         committed = kill_mid_stream(first, PROMPT, MAX_TOKENS, after=9)
         assert not driver.alive("r1-z1-1")
@@ -93,7 +96,7 @@ def test_driver_restarts_a_killed_holder_engine_from_its_standby_and_the_stream_
         assert driver.processes["r1-z1-2"].from_standby is True
         assert driver.standbys == []
         origin = httpx.get(f"{replacement.url}/healthz/weights", timeout=5).json()
-        assert origin["source"] == "holder"
+        assert (origin["source"], origin["primed"], origin["prime_miss_reason"]) == ("holder", True, None)
         assert "weights mapped from the holder" in (driver.state_dir / "r1-z1-2" / "engine.log").read_text()
         assert committed + completion_tokens(replacement.url, ids + committed, MAX_TOKENS - len(committed)) == expected
 
