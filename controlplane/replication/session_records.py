@@ -30,8 +30,9 @@ The rule, per record (`decide`, pure):
   copied (its checkpoint would be deleted on arrival). Replication never
   deletes a destination record: the gateways own them.
 - **Bad input is skipped.** An oversized, malformed or misplaced record (at the
-  source or the destination) is `SessionRecordInvalid`: listed in the
-  outcome with its reason, logged and counted by the caller; the sweep goes on.
+  source or the destination; a key that is no `session_key` is misplaced and
+  never read) is `SessionRecordInvalid`: listed in the outcome with its
+  reason, logged and counted by the caller; the sweep goes on.
 
 A record's lag is `replicated_at − recorded_at` when its turn first reaches the
 destination; pending records (the destination lacks their turn) count in the
@@ -46,10 +47,13 @@ reads of a scan (the metrics probe's cap); the rest are `unread`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from contract.kv_checkpoint import KVStore, split_manifest_key
 from contract.session import SESSION_KEY_PREFIX, SessionRecord, SessionRecordInvalid, parse_session_record
+
+SESSION_KEY = re.compile(re.escape(SESSION_KEY_PREFIX) + r"[0-9a-f]{64}\.json")  # contract.session.session_key
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ def scan_records(source: KVStore, target: KVStore, *, model: str, session_class:
     for key in source.list(SESSION_KEY_PREFIX):
         if max_reads is not None and reads >= max_reads:
             unread += 1
+            continue
+        if not SESSION_KEY.fullmatch(key):  # not a name a gateway writes: never read, never copied
+            invalid.append(InvalidRecord(key, "misplaced", "source"))
             continue
         reads += 1
         data = source.get(key)
