@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from contract.mesh import COHORT_HEADER
 from contract.openai import model_card, model_list
 from gateway import serving
+from gateway.errors import BadRequest
 from gateway.prompts import chat_prompt, completion_prompt, read_body
 from gateway.routing_table import ModelVersion, route_request
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import State
 
 router = APIRouter()
+
+# A sequence number a stream sent (0, 1, 2, ...), or -1 for "from the start". Not `int()`: it takes `1_0`, `+1`,
+# `-5`, non-ASCII digits and numbers past any stream's length, which the Redis token log turns into stream ids
+# Redis refuses, mid-body. 15 digits: past any stream's length, and `seq + 2` is still a Redis stream id.
+_CURSOR = re.compile(r"-1|[0-9]{1,15}")
 
 
 def _route(request: Request, st: State, body: CompletionRequest | ChatCompletionRequest) -> ModelVersion:
@@ -46,8 +54,16 @@ async def chat_completions(request: Request, st: State) -> Response:
 
 @router.get("/v1/streams/{request_id}")
 async def resume(request: Request, request_id: str, st: State) -> Response:
-    after = request.headers.get("last-event-id", request.query_params.get("after", "-1"))
-    return await serving.resume(st, request_id, after)
+    return await serving.resume(st, request_id, _resume_cursor(request))
+
+
+def _resume_cursor(request: Request) -> str:
+    """`Last-Event-ID`, else `?after=`, else -1; a 400 naming the one that is no sequence number."""
+    header = request.headers.get("last-event-id")
+    param, cursor = ("Last-Event-ID", header) if header is not None else ("after", request.query_params.get("after", "-1"))
+    if not _CURSOR.fullmatch(cursor):
+        raise BadRequest(f"{param} must be the sequence number of the last event received (or -1 for all)", param=param)
+    return cursor
 
 
 @router.delete("/v1/streams/{request_id}")
