@@ -39,6 +39,7 @@ import uuid
 
 from sqlalchemy.exc import IntegrityError
 
+from common.logs import get_logger
 from controlplane.db import session_scope
 from cutover import repository, safety
 from cutover import service as cutover_service
@@ -49,11 +50,14 @@ from cutover.errors import (
     SafetyRuleViolation,
     ScopeBusy,
 )
+from cutover.metrics import ABORT_REQUESTS
 from cutover.models import Cutover
 from cutover.policy import aware
 from cutover.runner import ABORT_KIND, Runner, abort_request, claim_live
 from cutover.service import CutoverRuntime, get_or_raise
 from cutover.states import ACTIVE_STATES, TERMINAL_STATES, CutoverEvent, CutoverState, transition
+
+log = get_logger(__name__)
 
 
 def execute(
@@ -146,7 +150,7 @@ def rollback(runtime: CutoverRuntime, *, cutover_id: int, actor: str, reason: st
     """
     clock = runtime.clock
     with session_scope(runtime.factory) as session:
-        cutover = get_or_raise(session, cutover_id=cutover_id)
+        cutover = get_or_raise(session, cutover_id=cutover_id, lock=True)
         state = CutoverState(cutover.state)
         if state == CutoverState.ROLLED_BACK:
             return cutover
@@ -176,19 +180,36 @@ def abort(runtime: CutoverRuntime, *, cutover_id: int, actor: str, reason: str) 
     A cutover whose runner is gone (its claim lapsed) is rolled back here
     at once. Planned or finished cutovers cannot be aborted (409: plan
     another, or roll back); one already rolling back is returned as it is.
+
+    The cutover's row is locked while this decides, and the runner locks it
+    to complete: two aborts write one request, and an abort either reaches
+    the runner before it completes or finds the cutover completed (409).
     """
     with session_scope(runtime.factory) as session:
-        cutover = get_or_raise(session, cutover_id=cutover_id)
+        cutover = get_or_raise(session, cutover_id=cutover_id, lock=True)
         state = CutoverState(cutover.state)
         if state == CutoverState.ROLLING_BACK:
+            _aborted("already_rolling_back", cutover, actor)
             return cutover
         if state not in (CutoverState.EXECUTING, CutoverState.VERIFYING):
             raise InvalidTransition(f"cutover #{cutover.id} is {state}: only an executing or verifying cutover can "
                                     "be aborted (roll back a finished one)")
-        live = claim_live(cutover, runtime)
-        if live and abort_request(session, cutover) is None:
+        if claim_live(cutover, runtime):
+            if abort_request(session, cutover) is not None:
+                _aborted("repeated", cutover, actor)
+                return cutover
             cutover_service.record(session, cutover, kind=ABORT_KIND, actor=actor, reason=reason, clock=runtime.clock,
                                    outcome="requested", after={"cutover_id": cutover.id, "state": state.value})
-        if live:
+            _aborted("requested", cutover, actor)
             return cutover
-    return rollback(runtime, cutover_id=cutover_id, actor=actor, reason=f"abort: {reason}")
+        runner = Runner(runtime, cutover, runner_id=uuid.uuid4().hex, actor=actor, reason=f"abort: {reason}",
+                        break_glass=cutover.break_glass)
+        # in this transaction, so a second abort waits for it and finds the cutover rolling back
+        runner.cas(session, event=CutoverEvent.ROLLBACK, failure=f"aborted by {actor}: {reason}")
+    _aborted("rolled_back_now", cutover, actor)
+    return runner._run_rollback()
+
+
+def _aborted(outcome: str, cutover: Cutover, actor: str) -> None:
+    ABORT_REQUESTS.labels(outcome=outcome).inc()
+    log.info("cutover_abort", cutover_id=cutover.id, outcome=outcome, actor=actor, state=cutover.state)

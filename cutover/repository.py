@@ -13,10 +13,17 @@ from cutover.models import Cutover, CutoverGate, CutoverStep, ZonalShift
 from cutover.states import ACTIVE_STATES, CutoverState
 
 
-def get_cutover(session: Session, *, cutover_id: int, fresh: bool = False) -> Cutover | None:
-    """`fresh`: re-read the row even if the session holds it (after a compare-and-set)."""
+def get_cutover(session: Session, *, cutover_id: int, fresh: bool = False, lock: bool = False) -> Cutover | None:
+    """`fresh`: re-read the row even if the session holds it (after a compare-and-set).
+
+    `lock`: `SELECT … FOR UPDATE` (fresh too), so admin calls on one cutover — an abort, a rollback, the
+    runner's completion — take turns until the transaction ends. PostgreSQL only; SQLite's write
+    transactions already queue on its one write lock (`BEGIN IMMEDIATE`, controlplane.db).
+    """
     query = select(Cutover).where(Cutover.id == cutover_id).options(selectinload(Cutover.steps))
-    if fresh:
+    if lock:
+        query = query.with_for_update(of=Cutover)
+    if fresh or lock:
         query = query.execution_options(populate_existing=True)
     return session.scalar(query)
 

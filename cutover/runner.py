@@ -81,22 +81,21 @@ class Runner:
         self.state = new_state
         return cutover
 
-    def _abort_requested(self) -> dict[str, Any] | None:
+    def _abort_requested(self, session: Any, *, lock: bool = False) -> dict[str, Any] | None:
         """An operator's abort of this cutover (`abort()`), if one is in the event log."""
-        with session_scope(self.rt.reads) as session:
-            cutover = get_or_raise(session, cutover_id=self.cutover_id)
-            request = abort_request(session, cutover)
-            if request is None:
-                return None
-            return {"abort_event_id": request.id, "actor": request.actor, "reason": request.reason}
+        cutover = get_or_raise(session, cutover_id=self.cutover_id, lock=lock)
+        request = abort_request(session, cutover)
+        if request is None:
+            return None
+        return {"abort_event_id": request.id, "actor": request.actor, "reason": request.reason}
 
     def _stop_if_aborted(self) -> Cutover | None:
         """At a step boundary: roll back what was done if an operator asked to abort."""
-        request = self._abort_requested()
+        with session_scope(self.rt.reads) as session:
+            request = self._abort_requested(session)
         if request is None:
             return None
-        return self._fail_to_rollback(CutoverEvent.ROLLBACK,
-                                      f"aborted by {request['actor']}: {request['reason']}", request)
+        return self._fail_to_rollback(CutoverEvent.ROLLBACK, _aborted_by(request), request)
 
     def _steps(self) -> list[CutoverStep]:
         with session_scope(self.rt.factory) as session:
@@ -224,8 +223,12 @@ class Runner:
                     {"step": step.position, "evidence": check.evidence},
                 )
         with session_scope(self.rt.factory) as session:
-            return self.cas(session, event=CutoverEvent.VERIFIED,
-                            evidence={"steps_verified": sorted(results)})
+            # Under the row lock `abort()` takes: an abort that answered 202 is seen here, never lost to completion.
+            request = self._abort_requested(session, lock=True)
+            if request is None:
+                return self.cas(session, event=CutoverEvent.VERIFIED, evidence={"steps_verified": sorted(results)})
+            self.cas(session, event=CutoverEvent.ROLLBACK, failure=_aborted_by(request), evidence=request)
+        return self._run_rollback()
 
     # -- rolling back
     def _run_rollback(self) -> Cutover:
@@ -255,6 +258,10 @@ class Runner:
 
 
 ABORT_KIND = "cutover.abort_requested"
+
+
+def _aborted_by(request: dict[str, Any]) -> str:
+    return f"aborted by {request['actor']}: {request['reason']}"
 
 
 def abort_request(session: Any, cutover: Cutover) -> Any | None:

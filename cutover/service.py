@@ -70,8 +70,8 @@ def record(session: Session, cutover: Cutover, *, kind: str, actor: str, clock: 
     )
 
 
-def get_or_raise(session: Session, *, cutover_id: int, fresh: bool = False) -> Cutover:
-    cutover = repository.get_cutover(session, cutover_id=cutover_id, fresh=fresh)
+def get_or_raise(session: Session, *, cutover_id: int, fresh: bool = False, lock: bool = False) -> Cutover:
+    cutover = repository.get_cutover(session, cutover_id=cutover_id, fresh=fresh, lock=lock)
     if cutover is None:
         raise CutoverNotFound(f"no cutover #{cutover_id}")
     return cutover

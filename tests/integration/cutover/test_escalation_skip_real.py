@@ -102,7 +102,7 @@ def _answer(bind: BindServer) -> list[str]:
 
 def _events(runtime: CutoverRuntime, kind: str) -> list[Any]:
     with session_scope(runtime.factory) as session:
-        return list(reversed(event_service.list_events(session, EventFilter(kind=kind), limit=100)))
+        return sorted(event_service.list_events(session, EventFilter(kind=kind), limit=100), key=lambda e: e.id)
 
 
 def _cutovers(runtime: CutoverRuntime) -> list[Any]:
