@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract.kv_checkpoint import MemoryKVStore
 from contract.session import (
     MAX_SESSION_RECORD_BYTES,
     SessionRecord,
@@ -13,7 +14,7 @@ from contract.session import (
     parse_session_record,
     session_key,
 )
-from controlplane.replication.session_records import decide
+from controlplane.replication.session_records import decide, scan_records
 from gateway.sessions import SessionTurn
 
 pytestmark = pytest.mark.unit
@@ -86,3 +87,20 @@ def test_a_stored_record_reads_back_as_written():
 def test_a_replicated_record_counts_the_next_turn_elsewhere(previous, continuity):
     turn = SessionTurn("s1", "chat", "tiny", None, previous, 90, lambda ids, _: ids, cached_tokens=80)
     assert (turn.turn, turn.continuity, turn.context_recomputed_tokens) == (4, continuity, 10)
+
+
+def test_a_scan_copies_only_its_class_within_retention_and_reads_at_most_its_cap():
+    source, target = MemoryKVStore(), MemoryKVStore()
+    mine = [record(session_id=f"s{i}", checkpoint_key=None, recorded_at=130.0 + i) for i in range(3)]
+    old = record(session_id="old", checkpoint_key=None, recorded_at=10.0)  # before retention
+    other = record(session_id="other", session_class="batch", checkpoint_key=None)
+    for one in [*mine, old, other]:
+        source.put(session_key(one.model, one.session_id), one.model_dump_json().encode())
+
+    scan = scan_records(source, target, model="tiny", session_class="chat", not_before=100.0)
+    assert sorted(c.record.session_id for c in scan.copies) == ["s0", "s1", "s2"]
+    assert (len(scan.pending), scan.oldest_recorded_at, scan.unread) == (3, 130.0, 0)
+    capped = scan_records(source, target, model="tiny", session_class="chat", not_before=100.0, max_reads=2)
+    read = set(source.list("sessions/")[:2])  # the first two in the listing's order
+    assert capped.unread == 3
+    assert {c.key for c in capped.copies} == read & {session_key("tiny", one.session_id) for one in mine}
