@@ -241,3 +241,42 @@ async def test_a_result_against_an_older_catalog_record_refuses_nothing(tmp_path
     newer = snapshot.model_copy(update={"models": {"m": snapshot.models["m"].model_copy(
         update={"versions": {"v1": recorded}})}})
     assert agent.staging.refusal("v1", newer) is None  # unknown against the new record until checked again
+
+
+async def test_an_alias_moved_to_a_bad_copy_starts_nothing_of_it_and_the_old_serving_set_keeps_its_leases(
+        tmp_path: Path) -> None:
+    clock, fleet = ManualClock(), Fleet()
+    good, bad = stage(tmp_path / "v1"), stage(tmp_path / "v2")
+    (bad / "model-00002-of-00002.safetensors").unlink()
+    agent, registry, shipper = make_agent(fleet, clock, pool={
+        "model": "m", "versions": {"v1": str(good), "v2": str(bad)}, "state_dir": str(tmp_path),
+        "old_generation_grace": 3, "plan": {**PLAN_INPUTS, "tier": "cold"}})
+    agent.canary_records["v2"] = agent.canary_records["v1"]
+    snapshot = serving_snapshot(good)
+    model = snapshot.models["m"]
+    entries = {"v1": model.versions["v1"], "v2": model.versions["v1"].model_copy(update={"version": "v2"})}
+
+    class Snapshots:
+        current = snapshot.model_copy(update={"models": {"m": model.model_copy(update={"versions": entries})}})
+
+    agent.snapshots = Snapshots()  # type: ignore[assignment]
+
+    async def tick(ticks: int = 1) -> None:
+        for _ in range(ticks):
+            await settle(agent, clock)
+            await agent.staging.wait()
+
+    await tick(4)
+    assert {s.version: s.outcome for s in agent.report().staging} == {"v1": "verified", "v2": "missing"}
+    v1 = {lease.instance_id for lease in await registry.live()}
+    assert len(v1) == 2
+
+    moved = Snapshots.current.model_dump()
+    moved["models"]["m"]["aliases"]["prod"] = {"version": "v2", "revision": 2}
+    Snapshots.current = RoutingSnapshot.model_validate(moved)
+    await tick(20)  # 10 s: long past the grace
+    assert {s.version for s in agent.driver.started} == {"v1"}  # nothing of v2 was loaded
+    assert {lease.instance_id for lease in await registry.live()} == v1  # old_generation: established ones finish
+    assert {s.version: s.held_starts for s in agent.report().staging} == {"v1": 0, "v2": 2}
+    [refused] = [e for e in shipper.buffer if e.kind == "pool.start_refused"]
+    assert (refused.detail["version"], refused.detail["outcome"], refused.detail["zones"]) == ("v2", "missing", "x,y")
