@@ -26,9 +26,10 @@ Per turn:
   failover: the record is a replica (`replicated_at`, copied with the
   session's KV by the control plane's replication), or there is none yet the
   prompt carries context (not replicated, or lost). With a replica the
-  standby knows the session's turns and, for a completion, its context. Every turn re-prefills its context's last partial block,
-  fault or not; summed over `continuity="elsewhere"` the histogram is what
-  faults cost, not that ordinary remainder.
+  standby knows the session's turns and, for a completion, its context.
+  Every turn re-prefills its context's last partial block, fault or not;
+  summed over `continuity="elsewhere"` the histogram is what faults cost,
+  not that ordinary remainder.
 
 After the turn (in the background, never delaying the client's last event) the
 record is updated and, when `checkpoint_due`, the engine that served the last
