@@ -25,7 +25,7 @@ class GatewayMetrics:
         self.session_context_recomputed = Histogram(
             "lifeline_gateway_session_context_recomputed_tokens",
             "Context tokens a session turn prefilled again (context - engine cached_tokens); continuity=elsewhere: "
-            "the previous turn was not recorded in this region (a failover)",
+            "the previous turn was not recorded in this region, or its record is a replica (a failover)",
             ["session_class", "continuity"], buckets=(0, 16, 64, 256, 1024, 4096, 16384), registry=r,
         )
         self.session_checkpoints = Counter("lifeline_gateway_session_checkpoints", "Session KV checkpoints asked of engines, by outcome", ["session_class", "outcome"], registry=r)
