@@ -554,9 +554,12 @@ class Agent:
                   revision=failure.revision, instances=list(failure.instances), outcome=outcome, answer=str(answer)[:300])
 
     def forget(self, instance_id: str) -> None:
+        """Stop tracking it; its per-instance series go too (a pool's instance ids never come back)."""
         instance = self.instances.pop(instance_id, None)
         if instance is not None and instance.canary_task is not None:
             instance.canary_task.cancel()
+        with contextlib.suppress(KeyError):  # never canaried: no series
+            self.metrics.instance_canaries.remove(instance_id)
 
     # -- reporting -----------------------------------------------------------------------------------
     def emit(self, kind: str, instance: Instance, reason: str, **detail: str | int | float | bool | None) -> None:
@@ -626,7 +629,7 @@ class Agent:
         return outcome
 
     def status(self) -> dict:
-        """What the agent believes, for tests and `/agent/status`."""
+        """What the agent believes, for tests and benches (the control plane shows its report: GET /api/v1/agents)."""
         return {"snapshot_version": self.snapshot.version if self.snapshot else None,
                 "instances": {i.instance_id: {"url": i.url, "zone": i.zone, "version": i.version, "origin": i.origin,
                                               "state": i.state.value if i.state else None,

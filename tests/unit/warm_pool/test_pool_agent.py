@@ -270,6 +270,23 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     assert [e.instance_id for e in shipper.buffer if e.kind == "pool.stopped"] == [promoted.instance_id]
 
 
+async def test_an_instance_the_agent_forgets_leaves_no_per_instance_series_behind(tmp_path: Path) -> None:
+    """Every backfill is a new instance id: series of gone ones would grow /metrics without bound."""
+    clock, fleet = ManualClock(), Fleet()
+    agent, _, _ = make_agent(fleet, clock, **pool_settings(tmp_path))
+    await settle(agent, clock, 4)
+    [serving] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
+
+    def canaries(instance_id: str) -> float | None:
+        return agent.metrics.registry.get_sample_value("lifeline_agent_instance_canaries", {"instance": instance_id})
+
+    assert canaries(serving) >= 1
+    fleet.engines[serving].live = False
+    await settle(agent, clock, 2)
+    assert serving not in agent.instances and canaries(serving) is None
+    assert all(canaries(i) is not None for i in agent.instances if agent.instances[i].canaries)
+
+
 async def test_pool_puts_serving_where_the_plan_says_when_the_other_zone_loads_first(tmp_path: Path) -> None:
     clock, fleet = ManualClock(), Fleet()
     agent, registry, shipper = make_agent(fleet, clock, **pool_settings(tmp_path))
