@@ -50,6 +50,7 @@ so a fixed copy is started without waiting for the interval.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -234,6 +235,8 @@ class StagingCheck:
         for version in [v for v in self.checked if v not in wanted]:  # left the snapshot: nothing to say of it
             del self.checked[version]
             self.gauge.remove(version)
+            with contextlib.suppress(KeyError):  # never held: no series
+                self.held_gauge.remove(version)
         due = self.due(snapshot)
         if due:
             self._task = asyncio.create_task(self._run(due), name="staging-check")
