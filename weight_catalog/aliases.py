@@ -51,6 +51,8 @@ def alias_history(session: Session, *, model: str, name: str) -> Sequence[AliasM
 
 
 def _refuse_critical(session: Session, target: WeightVersion, *, force: bool) -> None:
+    """Locks the target first: an issue opened meanwhile is seen here, or opened after this move commits."""
+    repository.lock_version(session, target)
     issues = repository.open_critical_issues(session, version_id=target.id)
     if issues and not force:
         titles = "; ".join(f"#{i.id} {i.title}" for i in issues)

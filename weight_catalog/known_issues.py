@@ -29,6 +29,7 @@ def add_issue(
     clock: Clock,
 ) -> KnownIssue:
     weight_version = get_version_or_raise(session, model=model, version=version)
+    repository.lock_version(session, weight_version)  # a promote deciding on this version's issues goes first, or sees it
     issue = KnownIssue(
         version_id=weight_version.id,
         severity=severity.value,

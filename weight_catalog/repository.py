@@ -18,6 +18,18 @@ def get_version(session: Session, *, model: str, version: str) -> WeightVersion 
     )
 
 
+def lock_version(session: Session, version: WeightVersion) -> None:
+    """Lock `version`'s row (PostgreSQL) and re-read it into the session.
+
+    An alias guard (open critical issues, the last verify) and the writes it
+    guards (opening an issue, recording a verify) then take turns: without it,
+    READ COMMITTED let an issue commit between a promote's guard read and its
+    commit, unseen (tests/integration/weight_catalog/test_catalog_guard_races.py).
+    """
+    session.execute(select(WeightVersion).where(WeightVersion.id == version.id).with_for_update()
+                    .execution_options(populate_existing=True))
+
+
 def list_versions(session: Session, *, model: str | None = None) -> Sequence[WeightVersion]:
     query = select(WeightVersion).order_by(WeightVersion.model, WeightVersion.id)
     if model is not None:
