@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from warm_pool.settings import PoolSettings
 
 pool_app = typer.Typer(no_args_is_help=True, add_completion=False)
 agent_app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -88,18 +91,26 @@ def serve(
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     configure_logging(settings.log_level, component="agent")
-    if settings.pool is not None and settings.pool.plan_record is not None:
-        from common.logs import get_logger
-
-        record = settings.pool.plan_record
-        get_logger(__name__).info("pool sized by its plan", model=settings.pool.model, tier=str(record.tier),
-                                  zones={z.zone: [z.serving, z.warm, z.warm_previous] for z in record.zones},
-                                  survives_zone_loss=record.survives_zone_loss, replay_seconds=record.replay_seconds)
+    if settings.pool is not None:
+        log_plan(settings.pool)
     try:
         driver = build_driver(settings.region, settings.pool) if settings.pool is not None else None
     except PoolDriverError as exc:
         raise typer.BadParameter(str(exc)) from None
     run_agent(settings, driver=driver)
+
+
+def log_plan(pool: PoolSettings) -> None:
+    """At start, the pool's tier and the arithmetic that sized it (docs/warm_pool.md): why it holds what it holds."""
+    from common.logs import get_logger
+
+    record = pool.plan_record
+    if record is None:
+        return
+    get_logger(__name__).info("pool sized by its plan", model=pool.model, tier=str(record.tier),
+                              zones={z.zone: [z.serving, z.warm, z.warm_previous] for z in record.zones},
+                              survives_zone_loss=record.survives_zone_loss, replay_seconds=record.replay_seconds,
+                              arithmetic=[f"{step.name}: {step.formula}" for step in record.arithmetic])
 
 
 @agent_app.command("canary-record")

@@ -65,3 +65,19 @@ async def test_the_agent_fills_the_plans_layout(tmp_path: Path) -> None:
     expected = {(z, s): n for z, t in agent.settings.pool.zones.items()
                 for s, n in ((InstanceState.SERVING, t.serving), (InstanceState.WARM, t.warm)) if n}
     assert layout == Counter(expected) and len(await registry.live()) == agent.settings.pool.plan_record.required_serving
+
+
+def test_the_agent_logs_its_tier_and_the_arithmetic_that_sized_it_at_start(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from warm_pool.cli import log_plan
+
+    settings = AgentSettings(region="r1", pool=pool(tmp_path, tier="warm"))
+    with capture_logs() as logs:
+        log_plan(settings.pool)
+    [line] = [entry for entry in logs if entry["event"] == "pool sized by its plan"]
+    record = settings.pool.plan_record
+    assert line["tier"] == "warm" and line["zones"] == {z.zone: [z.serving, z.warm, z.warm_previous]
+                                                         for z in record.zones}
+    assert line["arithmetic"] == [f"{step.name}: {step.formula}" for step in record.arithmetic]
+    assert "required serving N: max(2, 9, 1)" in line["arithmetic"]  # the hand-worked case's N = 9
