@@ -4,8 +4,9 @@ Reference §3: health-check traffic above a tenth of the instance count per
 second shows up in production latency. So, cluster-wide:
 
     rate   = instances × per_instance_per_s      (0.1 by default: each instance once per 10 s)
-    bucket = a token bucket at `rate`, holding at most rate × burst_s tokens
-             → in any window of W seconds, probes ≤ rate × (W + burst_s)
+    bucket = a token bucket at `rate`, holding max(rate × burst_s, 1) tokens (a bucket that cannot hold
+             one token never sends one: fewer than 10 instances at the defaults)
+             → in any window of W seconds, probes ≤ rate × W + max(rate × burst_s, 1)
 
 Each instance has its own due time, first drawn uniformly over one interval
 (so 30 instances that appear together are not probed together) and then

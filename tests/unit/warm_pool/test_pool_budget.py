@@ -119,3 +119,20 @@ async def test_the_agent_keeps_the_budget_with_30_engines_and_shows_its_probe_ra
     rate = metric("lifeline_agent_inference_probe_rate_per_second", {})
     assert rate is not None and 30 * 0.1 * 0.7 <= rate <= 30 * 0.1 * (60 + 1) / 60
     assert all(e.canaries >= 1 for e in fleet.engines.values())
+
+
+@pytest.mark.parametrize("count", [1, 3, 9])
+def test_a_small_pool_still_gets_canaries_and_the_bound_holds_with_the_one_canary_floor(count: int) -> None:
+    """Below 10 instances a second's worth of budget is under one canary; the bucket holds one instead."""
+    clock = ManualClock()
+    budget = ProbeBudget(clock, per_instance_per_s=0.1, jitter=0.2, rng=random.Random(count))
+    instances = INSTANCES[:count]
+    sent = []
+    for _ in range(int(600 / TICK)):
+        clock.advance(TICK)
+        sent += [clock.now() for _ in budget.due(instances)]
+    rate = count * 0.1
+    for window in (1.0, 10.0, 60.0):
+        worst = max(sum(1 for t in sent if start <= t < start + window) for start in sent)
+        assert worst <= rate * window + max(rate * budget.burst_s, 1.0), window
+    assert len(sent) >= 600 * rate * 0.8  # and it spends about what it may
