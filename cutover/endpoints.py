@@ -197,10 +197,7 @@ def get_gate(session: DbSession, _: Viewer) -> GateRead:
 @router.put("/cutover-gate", response_model=GateRead)
 def set_gate(body: GateUpdate, request: Request, session: DbSession, principal: Operator) -> GateRead:
     """Stop every new cutover (operator) or release the stop (admin). Rollbacks and expiries are never stopped."""
-    from controlplane.errors import Forbidden
-
-    if not body.stopped and not principal.role.allows(Role.ADMIN):
-        raise Forbidden("releasing the cutover stop switch needs an admin token")
+    cutover_service.require_gate_role(principal.role, stopped=body.stopped)
     gate = cutover_service.set_gate(session, stopped=body.stopped, reason=body.reason, actor=principal.actor,
                                     clock=request.app.state.clock, expected_revision=body.expected_revision)
     return _gate_read(gate)

@@ -3,7 +3,7 @@
     lifeline_cutover_escalation_decisions_total{action,fault_scope,tier}   every decision of the ladder
     lifeline_cutover_abort_requests_total{outcome}                          requested | repeated | rolled_back_now
                                                                             | already_rolling_back
-    lifeline_cutover_gate_changes_total{to}                                 stopped | released | unchanged
+    lifeline_cutover_gate_changes_total{to}                                 stopped | released
 """
 
 from __future__ import annotations

@@ -15,14 +15,19 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from common.clock import Clock
+from common.logs import get_logger
+from controlplane.auth.roles import Role
 from controlplane.event import service as event_service
 from cutover import repository
 from cutover.errors import CutoverNotFound, EvidenceRequired, NothingToCutOver, TierNotConfigured
+from cutover.metrics import GATE_CHANGES
 from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, CutoverTier, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.safety import CapacityPlan, Violation, evaluate
 from cutover.states import CutoverState, StepStatus
 from cutover.tiers import RECORDED_ONLY, RecordedOnlyDriver, Scope, StepDriver, describe_target
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -156,10 +161,21 @@ def get_gate(session: Session) -> CutoverGate | None:
     return repository.get_gate(session)
 
 
+def require_gate_role(role: Role, *, stopped: bool) -> None:
+    """Stopping every new cutover is an operator's call; releasing the stop needs an admin (API, console)."""
+    from controlplane.errors import Forbidden
+
+    if not stopped and not role.allows(Role.ADMIN):
+        raise Forbidden("releasing the cutover stop switch needs an admin token")
+
+
 def set_gate(
     session: Session, *, stopped: bool, reason: str, actor: str, clock: Clock, expected_revision: int | None = None
 ) -> CutoverGate:
-    """Turn the global stop switch on or off (compare-and-set on its revision), writing an event."""
+    """Turn the global stop switch on or off (compare-and-set on its revision), writing an event.
+
+    The caller checks the role first (`require_gate_role`).
+    """
     from sqlalchemy import update
 
     from cutover.errors import CutoverInProgress
@@ -171,9 +187,14 @@ def set_gate(
         raise CutoverInProgress(f"the stop switch is at revision {before['revision']}, not {expected_revision}",
                                 type="gate_conflict")
     if gate is None:
+        from sqlalchemy.exc import IntegrityError
+
         gate = CutoverGate(id=1, stopped=stopped, reason=reason, actor=actor, revision=1, changed_at=now)
-        session.add(gate)
-        session.flush()  # two first writers: the primary key decides (409 from the handler)
+        try:
+            with session.begin_nested():
+                session.add(gate)  # two first writers: the primary key decides
+        except IntegrityError as exc:
+            raise CutoverInProgress("the stop switch changed concurrently; retry", type="gate_conflict") from exc
     else:
         result = session.execute(
             update(CutoverGate).where(CutoverGate.id == 1, CutoverGate.revision == gate.revision)
@@ -187,6 +208,8 @@ def set_gate(
         session, kind="cutover.gate", actor=actor, reason=reason, scope="global", clock=clock,
         before=before, after={"stopped": stopped, "revision": gate.revision},
     )
+    GATE_CHANGES.labels(to="stopped" if stopped else "released").inc()
+    log.info("cutover_gate_set", stopped=stopped, revision=gate.revision, actor=actor)
     return gate
 
 

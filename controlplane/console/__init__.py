@@ -14,9 +14,10 @@ from fastapi import APIRouter
 
 
 def build_console_router() -> APIRouter:
-    from controlplane.console import cutovers, drills, events, pages, signin
+    from controlplane.console import cutover_controls, cutovers, drills, events, pages, signin
 
     console = APIRouter(include_in_schema=False)
-    for router in (signin.router, pages.router, cutovers.router, events.router, drills.router):
+    for router in (signin.router, pages.router, cutovers.router, cutover_controls.router, events.router,
+                   drills.router):
         console.include_router(router)
     return console

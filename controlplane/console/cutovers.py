@@ -8,7 +8,9 @@ Execute, roll back, start and cancel each sit behind a confirmation page
 that shows the steps' expected effect and the safety rules as they stand
 now (re-checked by the flow itself when it runs). Operator role;
 break-glass on execute needs admin, checked here exactly as the REST route
-checks it.
+checks it. Aborting a running cutover and the stop switch are in
+`controlplane.console.cutover_controls`, on `cutover_page` and `page_user`
+from here.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from cutover import service as cutover_service
 from cutover.endpoints import runtime_for
 from cutover.errors import BreakGlassNeedsAdmin
 from cutover.models import ScopeKind
+from cutover.runner import abort_request
 from cutover.schemas import CutoverPlanRequest, ExecuteRequest, RollbackRequest, ZonalShiftStart
 from cutover.states import CutoverState
 from cutover.tiers import Scope
@@ -47,16 +50,17 @@ from cutover.tiers import Scope
 router = APIRouter()
 
 ROLLBACK_FROM = {CutoverState.COMPLETED.value, CutoverState.FAILED.value}
+ABORT_FROM = {CutoverState.EXECUTING.value, CutoverState.VERIFYING.value}  # what cutover.flows.abort takes
 
 
-def _page_user(request: Request) -> ConsoleUser | Response:
+def page_user(request: Request) -> ConsoleUser | Response:
     user = current_user(request)
     return to_sign_in(request) if user is None else user
 
 
 @router.get("/console/cutovers", include_in_schema=False, name="console.cutovers")
 def cutovers(request: Request, state: CutoverState | None = None) -> Response:
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
     with request.app.state.read_session_factory() as session:
@@ -113,33 +117,36 @@ def _violations(request: Request, session: Any, cutover: Any) -> list[dict[str, 
                                                  clock=runtime.clock, capacity=runtime.capacity)]
 
 
-def _cutover_page(request: Request, user: ConsoleUser, cutover_id: int, template: str, **extra: Any) -> Response:
+def cutover_page(request: Request, user: ConsoleUser, cutover_id: int, template: str, **extra: Any) -> Response:
+    """A cutover's page (or one of its confirmations): summary, steps, and which actions its state allows."""
     with request.app.state.read_session_factory() as session:
         cutover = cutover_service.get_or_raise(session, cutover_id=cutover_id)
         steps = sorted(cutover.steps, key=lambda s: s.position)
         violations = _violations(request, session, cutover) if cutover.state == CutoverState.PLANNED else []
         shift = next((s for s in zonal_shift.list_shifts(session) if s.cutover_id == cutover.id), None)
+        abort = abort_request(session, cutover) if cutover.state in ABORT_FROM else None
     return render(request, template, user=user, section="cutovers", cutover=cutover, steps=steps,
-                  violations=violations, shift=shift, can_roll_back=cutover.state in ROLLBACK_FROM, **extra)
+                  violations=violations, shift=shift, can_roll_back=cutover.state in ROLLBACK_FROM,
+                  abort_request=abort, can_abort=cutover.state in ABORT_FROM and abort is None, **extra)
 
 
 @router.get("/console/cutovers/{cutover_id}", include_in_schema=False, name="console.cutover")
 def cutover_detail(cutover_id: IdPath, request: Request) -> Response:
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
-    return run_action(request, user, lambda: _cutover_page(request, user, cutover_id, "cutover.jinja"),
+    return run_action(request, user, lambda: cutover_page(request, user, cutover_id, "cutover.jinja"),
                       back="/console/cutovers")
 
 
 @router.get("/console/cutovers/{cutover_id}/execute", include_in_schema=False, name="console.cutover_confirm")
 def confirm_execute(cutover_id: IdPath, request: Request) -> Response:
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
     # One key per confirmation: a double submit of this form runs the cutover once (flows.execute is idempotent).
     key = f"console-{cutover_id}-{secrets.token_hex(8)}"
-    return run_action(request, user, lambda: _cutover_page(request, user, cutover_id, "confirm_execute.jinja",
+    return run_action(request, user, lambda: cutover_page(request, user, cutover_id, "confirm_execute.jinja",
                                                            idempotency_key=key), back=f"/console/cutovers/{cutover_id}")
 
 
@@ -166,10 +173,10 @@ def execute(cutover_id: IdPath, request: Request, form: Form) -> Response:
 
 @router.get("/console/cutovers/{cutover_id}/rollback", include_in_schema=False, name="console.rollback_confirm")
 def confirm_rollback(cutover_id: IdPath, request: Request) -> Response:
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
-    return run_action(request, user, lambda: _cutover_page(request, user, cutover_id, "confirm_rollback.jinja"),
+    return run_action(request, user, lambda: cutover_page(request, user, cutover_id, "confirm_rollback.jinja"),
                       back=f"/console/cutovers/{cutover_id}")
 
 
@@ -204,7 +211,7 @@ def _shift_form(form: dict[str, str]) -> ZonalShiftStart:
 def confirm_shift(request: Request, region: str = "", zone: str = "", expires_in_h: str = "",
                   reason: str = "") -> Response:
     """What starting the shift would do: the zone's clusters drain (l7), anycast withdraws if configured."""
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
 
@@ -244,14 +251,14 @@ def start_shift(request: Request, form: Form) -> Response:
 
 @router.get("/console/zonal-shifts/{shift_id}/cancel", include_in_schema=False, name="console.shift_cancel_confirm")
 def confirm_cancel(shift_id: IdPath, request: Request) -> Response:
-    user = _page_user(request)
+    user = page_user(request)
     if not isinstance(user, ConsoleUser):
         return user
 
     def page() -> Response:
         with request.app.state.read_session_factory() as session:
             shift = zonal_shift.get_or_raise(session, shift_id=shift_id)
-        return _cutover_page(request, user, shift.cutover_id, "confirm_cancel.jinja", cancel_shift=shift)
+        return cutover_page(request, user, shift.cutover_id, "confirm_cancel.jinja", cancel_shift=shift)
 
     return run_action(request, user, page, back="/console/cutovers")
 

@@ -119,7 +119,7 @@ def test_every_action_refuses_anonymous_viewer_and_bad_csrf_and_changes_nothing(
     console: TestClient, tokens: dict[str, str], session_factory: Any,
 ) -> None:
     actions = action_paths(console.app)
-    assert len(actions) >= 11, actions  # promote, roll back, plan, execute, roll back, shift ×2, drill ×4
+    assert len(actions) >= 13, actions  # promote, roll back, plan, execute, roll back, abort, gate, shift ×2, drill ×4
     before = world(session_factory)
 
     def refused(name: str, path: str, form: dict[str, str], status: int, kind: str) -> None:
@@ -203,6 +203,12 @@ SHIFT = {"region": "eu", "zone": "eu-b", "expires_in_h": "1", "reason": "r"}
     ("/console/zonal-shifts", {**SHIFT, "expires_in_h": "-1"}, 422, "invalid_expiry"),
     ("/console/cutovers/1/execute", {"idempotency_key": ""}, 422, "invalid_request"),
     ("/console/cutovers/1/rollback", {"reason": "r"}, 409, "invalid_transition"),
+    ("/console/cutovers/1/abort", {"reason": "r"}, 409, "invalid_transition"),  # #1 is planned, not running
+    ("/console/cutovers/1/abort", {"reason": "\x00\x00"}, 422, "invalid_request"),
+    ("/console/cutover-gate", {"stopped": "maybe", "reason": "r"}, 422, "invalid_request"),
+    ("/console/cutover-gate", {"stopped": "on", "reason": "r", "expected_revision": "9" * 30}, 422, "invalid_request"),
+    ("/console/cutover-gate", {"stopped": "on", "reason": "r", "expected_revision": "5"}, 409, "gate_conflict"),
+    ("/console/cutover-gate", {"stopped": "off", "reason": "r"}, 403, "forbidden"),  # releasing needs an admin
     ("/console/catalog/tiny/promote", {"alias": "../etc", "version": "v2", "reason": "r"}, 422, "invalid_request"),
     ("/console/catalog/tiny/promote", {"alias": "prod", "version": "v9", "reason": "r"}, 404, "version_not_found"),
     ("/console/drills", {"spec": "[1, 2"}, 422, "invalid_request"),
