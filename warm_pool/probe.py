@@ -163,8 +163,10 @@ class Prober:
             response = await self.client.get(f"{url}/metrics")
             if not response.is_success:
                 return None
+            # only the two families' lines are parsed: vLLM's whole exposition (histograms per model) is far larger
+            lines = "\n".join(line for line in response.text.splitlines() if any(g in line for g in IN_FLIGHT_GAUGES))
             found = {family.name: sum(sample.value for sample in family.samples)
-                     for family in text_string_to_metric_families(response.text) if family.name in IN_FLIGHT_GAUGES}
+                     for family in text_string_to_metric_families(lines + "\n") if family.name in IN_FLIGHT_GAUGES}
         except (httpx.TransportError, ValueError):
             return None
         if set(found) != set(IN_FLIGHT_GAUGES):

@@ -110,3 +110,35 @@ async def test_canary_over_the_wire(response, verdict) -> None:
     assert sent[0] | {"prompt": None} == {"model": "v2", "prompt": None, "max_tokens": 4, "temperature": 0.0,
                                           "ignore_eos": True, "return_token_ids": True, "stream": True}
     assert sent[0]["prompt"] == [1, 2, 3]
+
+
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 3.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 9.0
+vllm:time_to_first_token_seconds_count{model_name="m"} 9.0
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
+"""
+
+
+@pytest.mark.parametrize(("name", "answer", "in_flight"), [
+    ("vLLM's gauges, summed over their labels", httpx.Response(200, text=VLLM_METRICS), 7),
+    ("the reference engine's, unlabelled", httpx.Response(200, text="# TYPE vllm:num_requests_running gauge\n"
+     "vllm:num_requests_running 0.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0.0\n"), 0),
+    ("one gauge missing: cannot say it is idle",
+     httpx.Response(200, text="# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"), None),
+    ("no /metrics", httpx.Response(404), None),
+    ("not Prometheus text", httpx.Response(200, text="vllm:num_requests_running zero\nvllm:num_requests_waiting 0\n"),
+     None),
+    ("unreachable", httpx.ConnectError("refused"), None),
+])
+async def test_in_flight_is_running_plus_waiting_from_the_engines_metrics(name, answer, in_flight) -> None:
+    prober = Prober(httpx.AsyncClient(transport=engine({"/metrics": answer})), clock=ManualClock())
+    assert await prober.in_flight("http://e1") == in_flight, name
