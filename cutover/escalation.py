@@ -120,7 +120,7 @@ def fault_evidence(fault: Fault) -> dict[str, Any]:
 
 
 def decide(fault: Fault, attempts: Sequence[Attempt]) -> Decision:
-    """The next step for `fault` given the automatic cutovers already made for it (oldest first)."""
+    """The next step for `fault` given the rungs tried for it (its automatic cutovers and skips, oldest first)."""
     if not fault.evidence:
         raise EvidenceRequired("an automatic cutover must name the evidence that triggered it")
     if not attempts:

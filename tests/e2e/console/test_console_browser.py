@@ -573,11 +573,90 @@ def test_keyboard_only_promote_and_roll_back_an_alias(page_for: Callable[[], Any
     page.wait_for_selector(f'[data-testid="alias-tiny-prod"] [data-testid="alias-version"]:text-is("{current}")')
 
 
+def test_abort_a_running_cutover_and_flip_the_stop_switch_from_the_console(
+    page_for: Callable[[], Any], console: Console, artifacts: Path,
+) -> None:
+    """A real cutover held running by a SIGSTOPped gateway: its l7 step waits for every fresh gateway to apply."""
+    generation = console.gateways[0].leases()["engine-1"]
+    with console.api("operator") as api:  # engine-1's generation ejected at l7: a scope no other test cuts over
+        planned = api.post("/api/v1/cutovers", json={
+            "scope": {"kind": "instance", "region": "eu", "name": "engine-1"}, "tier": "l7",
+            "generation": generation, "reason": "e2e: engine-1 stalls"})
+        assert planned.status_code == 201, planned.text
+    cutover_id = planned.json()["id"]
+    stalled = console.gateways[0]
+    executed: dict[str, Any] = {}
+
+    def execute() -> None:
+        with console.api("operator") as api:
+            executed["answer"] = api.post(f"/api/v1/cutovers/{cutover_id}/execute", json={"idempotency_key": "e2e"},
+                                          timeout=120.0)
+
+    os.kill(stalled.process.pid, signal.SIGSTOP)  # its last report is fresh: the step waits for it to apply
+    runner = threading.Thread(target=execute)
+    try:
+        runner.start()
+        with console.api("viewer") as api:
+            until(lambda: api.get(f"/api/v1/cutovers/{cutover_id}").json()["state"] == "executing",
+                  "the cutover is executing")
+        page = page_for()
+        sign_in(page, console.tokens["operator"])
+        page.goto(f"/console/cutovers/{cutover_id}")
+        assert page.get_by_test_id("cutover-state").inner_text() == "executing"
+        page.get_by_test_id("review-abort").click()
+        page.wait_for_url("**/abort")
+        assert "A runner holds this cutover" in page.get_by_test_id("abort-effect").inner_text()
+        shoot(page, artifacts, "cutover-abort-confirm-running")
+        page.fill("#ab-reason", "e2e: wrong instance")
+        page.get_by_role("button", name=f"Abort cutover #{cutover_id}").click()
+        page.wait_for_url(f"**/console/cutovers/{cutover_id}")
+        assert "e2e: wrong instance" in page.get_by_test_id("abort-requested").inner_text()
+        assert page.get_by_test_id("review-abort").count() == 0
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+        runner.join(120)
+    done = executed["answer"].json()  # the step verified once the gateway applied it; the runner then stopped
+    assert (done["state"], done["failure"]) == ("rolled_back", "aborted by token:e2e-operator#2: e2e: wrong instance")
+    page.reload()
+    assert page.get_by_test_id("cutover-state").inner_text() == "rolled_back"
+    with console.api("viewer") as api:
+        assert api.get("/api/v1/snapshot").json()["ejections"] == []  # engine-1 is routable again
+        requests = api.get("/api/v1/events", params={"kind": "cutover.abort_requested"}).json()
+    assert [(e["actor"], e["after"]["cutover_id"]) for e in requests] == [("token:e2e-operator#2", cutover_id)]
+
+    # The stop switch: an operator stops every new cutover behind its confirmation; releasing needs an admin.
+    page.get_by_role("link", name="Cutovers", exact=True).click()
+    page.get_by_test_id("review-gate").click()
+    page.wait_for_url("**/console/cutover-gate")
+    assert page.get_by_test_id("gate-running-none").count() == 1
+    page.fill("#gate-reason", "e2e: change freeze")
+    page.get_by_role("button", name="Stop every new cutover").click()
+    page.wait_for_url("**/console/cutovers")
+    assert "ON" in page.get_by_test_id("gate").inner_text() and "e2e: change freeze" in page.get_by_test_id(
+        "gate").inner_text()
+    page.get_by_test_id("review-gate").click()
+    assert page.get_by_test_id("gate-needs-admin").count() == 1 and page.locator("#gate-reason").count() == 0
+    shoot(page, artifacts, "gate-operator-cannot-release")
+    admin = page_for()
+    sign_in(admin, console.tokens["admin"])
+    admin.goto("/console/cutover-gate")
+    admin.fill("#gate-reason", "e2e: freeze over")
+    admin.get_by_role("button", name="Release the stop switch").click()
+    admin.wait_for_url("**/console/cutovers")
+    assert "off." in admin.get_by_test_id("gate").inner_text()
+    with console.api("viewer") as api:
+        gates = api.get("/api/v1/events", params={"kind": "cutover.gate"}).json()
+        assert api.get("/api/v1/cutover-gate").json()["stopped"] is False
+    assert sorted((e["actor"], e["after"]["stopped"]) for e in gates) == [
+        ("token:e2e-admin#3", False), ("token:e2e-operator#2", True)]
+
+
 # Every page of the console, by the name its screenshot gets; `{cutover}` and `{run}` are filled in below.
 PAGES = {
     "fleet": "/console/fleet", "catalog": "/console/catalog", "cutovers": "/console/cutovers",
     "cutover": "/console/cutovers/{cutover}", "cutover-execute-confirm": "/console/cutovers/{cutover}/execute",
     "cutover-rollback-confirm": "/console/cutovers/{cutover}/rollback",
+    "cutover-abort-confirm": "/console/cutovers/{cutover}/abort", "cutover-gate-confirm": "/console/cutover-gate",
     "zonal-shift-confirm": "/console/zonal-shifts/new?region=eu&zone=eu-b&expires_in_h=1&reason=e2e",
     "events": "/console/events", "drills": "/console/drills", "drill-request-confirm": "/console/drills/every-page/request",
     "drill-run": "/console/drills/runs/{run}", "drill-abort-confirm": "/console/drills/runs/{run}/abort",
