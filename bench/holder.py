@@ -403,6 +403,9 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
                          f"path) {cell(warm)} s; RssAnon {statistics.median(r['RssAnon'] for r in rss) / 1024:.0f} MiB, "
                          f"RssShmem {statistics.median(r.get('RssShmem', 0) for r in rss) / 1024:.0f} MiB "
                          f"(the holder's pages it maps, not a copy).")
+    normal_rows = [r for r in results if "normal" in r and result_has_standby(r)]
+    if not normal_rows:  # --rounds 0: no HTTP decode rows, no table for them
+        return "\n".join(lines)
     lines += [
         "",
         ("| preset | region bytes | tensor bytes | alignment overhead | holder first load | holder restart (adopt) "
@@ -410,7 +413,7 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
         "| standby RssAnon (MiB) | standby warm-up p50 |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for result in [r for r in results if "normal" in r and result_has_standby(r)]:
+    for result in normal_rows:
         normal = result["normal"]
         memory = normal["memory"]
         standby_mib = statistics.median(rss["RssAnon"] for rss in result["standby_rss"]["standby"]) / 1024
