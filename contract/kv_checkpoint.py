@@ -31,6 +31,8 @@ retry) or `KVCheckpointInvalid` (what it holds is not a valid checkpoint).
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +91,11 @@ class KVCheckpointManifest(BaseModel):
     generation: int | None = None  # the writer's (instance_id, generation): which process wrote it
     request_id: str | None = None
     created_at: float | None = None  # Unix seconds
+    # The session class whose key point wrote it (contract.session.KVCheckpointRequest): replication copies
+    # it only for that class's policy. None: unclassed, an engine's streaming checkpoint or a manifest from
+    # before this field; every policy whose source is the store copies it. Left out of the JSON when None,
+    # so an unclassed manifest is byte for byte what readers before this field accept (extra="forbid").
+    session_class: str | None = Field(None, min_length=1, max_length=200)
 
     @property
     def last_hash(self) -> str:
@@ -178,6 +185,13 @@ class KVStore(Protocol):
         """Every key that starts with `prefix`, sorted."""
         ...
 
+    def versions(self, prefix: str) -> dict[str, str]:
+        """Every key under `prefix` with a token that changes whenever its object is replaced: how a scan
+        of mutable objects (session records) tells which changed without reading them. From the listing's
+        own metadata where the backend has it (a file's mtime, size and inode; S3's ETag); Redis keeps none,
+        so there it is the value's SHA-1, computed by the server (one script call per 500 keys)."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove the object if present."""
         ...
@@ -230,6 +244,18 @@ class FilesystemKVStore:
                     found.append(key)
         return sorted(found)
 
+    def versions(self, prefix: str) -> dict[str, str]:
+        found = {}
+        for key in self.list(prefix):
+            try:
+                stat = self._path(key).stat()
+            except FileNotFoundError:
+                continue  # deleted since the walk
+            except OSError as exc:
+                raise KVStoreUnavailable(f"{self.location}: {exc}") from exc
+            found[key] = f"{stat.st_mtime_ns}:{stat.st_size}:{stat.st_ino}"  # a write renames a new file in
+        return found
+
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
@@ -279,8 +305,30 @@ class RedisKVStore:
             raise KVStoreUnavailable(f"{self.location}: {type(exc).__name__}: {exc}") from exc
         return sorted(k[len(self.key_prefix):] for k in keys)
 
+    def versions(self, prefix: str) -> dict[str, str]:
+        keys = self.list(prefix)
+        found = {}
+        for start in range(0, len(keys), _REDIS_VERSION_BATCH):
+            batch = keys[start:start + _REDIS_VERSION_BATCH]
+            digests = self._call("eval", _REDIS_SHA1_SCRIPT, len(batch), *(self.key_prefix + k for k in batch))
+            for key, digest in zip(batch, digests, strict=True):
+                if digest:  # deleted since the scan: nothing
+                    found[key] = digest.decode() if isinstance(digest, bytes) else digest
+        return found
+
     def delete(self, key: str) -> None:
         self._call("delete", self.key_prefix + _check_key(key))
+
+
+_REDIS_VERSION_BATCH = 500
+_REDIS_SHA1_SCRIPT = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local value = redis.call('GET', key)
+  out[i] = value and redis.sha1hex(value) or false
+end
+return out
+"""
 
 
 class S3KVStore:
@@ -323,20 +371,27 @@ class S3KVStore:
         return [self._call("head_object", Key=self.prefix + _check_key(key)) is not None for key in keys]
 
     def list(self, prefix: str) -> list[str]:
-        found: list[str] = []
+        return list(self.versions(prefix))  # the listing's ETags come free with it
+
+    def versions(self, prefix: str) -> dict[str, str]:
+        found: dict[str, str] = {}
         token = None
         while True:
             kwargs: dict[str, Any] = {"Prefix": self.prefix + prefix}
             if token:
                 kwargs["ContinuationToken"] = token
             page = self._call("list_objects_v2", **kwargs) or {}
-            found += [item["Key"][len(self.prefix):] for item in page.get("Contents", [])]
+            found.update((item["Key"][len(self.prefix):], f"{item.get('ETag', '')}:{item.get('Size', 0)}")
+                         for item in page.get("Contents", []))
             if not page.get("IsTruncated"):
-                return sorted(found)
+                return dict(sorted(found.items()))
             token = page.get("NextContinuationToken")
 
     def delete(self, key: str) -> None:
         self._call("delete_object", Key=self.prefix + _check_key(key))
+
+
+_MEMORY_STORES = itertools.count(1)
 
 
 class MemoryKVStore:
@@ -344,7 +399,7 @@ class MemoryKVStore:
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
-        self.location = "memory"
+        self.location = f"memory:{next(_MEMORY_STORES)}"  # one per store: scans cache what they read by it
 
     def put(self, key: str, data: bytes) -> None:
         self.objects[_check_key(key)] = bytes(data)
@@ -357,6 +412,9 @@ class MemoryKVStore:
 
     def list(self, prefix: str) -> list[str]:
         return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def versions(self, prefix: str) -> dict[str, str]:
+        return {k: hashlib.sha1(self.objects[k]).hexdigest() for k in self.list(prefix)}  # noqa: S324 - not security
 
     def delete(self, key: str) -> None:
         self.objects.pop(_check_key(key), None)
@@ -443,7 +501,9 @@ class KVCheckpointStore:
 
     def write_manifest(self, manifest: KVCheckpointManifest) -> None:
         """Write after every block it names: a reader that finds a manifest finds its blocks."""
-        self.store.put(manifest_key(manifest.root_hash, manifest.last_hash), manifest.model_dump_json().encode())
+        unclassed = {"session_class"} if manifest.session_class is None else None  # readable by older readers
+        self.store.put(manifest_key(manifest.root_hash, manifest.last_hash),
+                       manifest.model_dump_json(exclude=unclassed).encode())
 
     def longest_manifest(self, root_hash: str, hashes: Sequence[str]) -> str | None:
         """The last hash of the longest prefix in `hashes` (chain order) that has a manifest."""

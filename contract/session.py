@@ -102,6 +102,9 @@ class KVCheckpointRequest(BaseModel):
 
     token_ids: list[int] = Field(min_length=1, max_length=1 << 17)
     request_id: str | None = Field(None, max_length=300, description="provenance in the manifest (a session)")
+    session_class: str | None = Field(None, min_length=1, max_length=200,
+                                      description="the session's class, kept in the manifest: replication copies "
+                                                  "the checkpoint only for that class's policy")
 
 
 class KVCheckpointWritten(BaseModel):
