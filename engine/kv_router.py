@@ -111,7 +111,8 @@ async def kv_checkpoint(request: Request, runtime: Runtime, serving: Serving) ->
     if not blocks:
         raise KVBlocksAbsent("the prefix cache evicted the blocks before they were written")
     try:
-        manifest = await asyncio.to_thread(checkpointer.write_chain, blocks, body.request_id)
+        manifest = await asyncio.to_thread(checkpointer.write_chain, blocks, body.request_id,
+                                              body.session_class)
     except KVStoreUnavailable as exc:
         raise KVStoreDown(f"the checkpoint store did not take the checkpoint: {exc}") from None
     return KVCheckpointWritten(root_hash=manifest.root_hash, last_hash=manifest.last_hash,

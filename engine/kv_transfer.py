@@ -338,7 +338,8 @@ class KVCheckpointer:
         self.remember_stored(block.hash, checksum)
         return checksum
 
-    def write_chain(self, blocks: list[KVBlock], request_id: str | None) -> KVCheckpointManifest:
+    def write_chain(self, blocks: list[KVBlock], request_id: str | None,
+                    session_class: str | None = None) -> KVCheckpointManifest:
         """Write one chain of blocks from the root (each block the store lacks, then the manifest), now.
 
         For a caller that must know the checkpoint is stored before it answers (a session's key point,
@@ -351,7 +352,8 @@ class KVCheckpointer:
                    for b in blocks]
         manifest = KVCheckpointManifest(validity=self.validity, root_hash=self.root_hash, blocks=entries,
                                         instance_id=self.instance_id, generation=self.generation_of(),
-                                        request_id=request_id, created_at=self.clock.wall())
+                                        request_id=request_id, created_at=self.clock.wall(),
+                                        session_class=session_class)  # replication's scope
         self.store.write_manifest(manifest)
         self.metrics.kv_checkpoints.labels(outcome="written").inc()
         log.info("kv checkpoint written", request_id=request_id, blocks=len(entries),

@@ -249,7 +249,8 @@ class SessionKeeper:
             log.warning("session record not stored", session_id=turn.session_id, error=str(exc))
 
     async def _checkpoint(self, turn: SessionTurn, engine_url: str, context: list[int]) -> KVCheckpointWritten | None:
-        body = KVCheckpointRequest(token_ids=context, request_id=f"session:{turn.session_id}#turn:{turn.turn}")
+        body = KVCheckpointRequest(token_ids=context, request_id=f"session:{turn.session_id}#turn:{turn.turn}",
+                                   session_class=turn.session_class)
         labels = {"session_class": turn.session_class}
         try:
             response = await self.http.post(f"{engine_url.rstrip('/')}/admin/kv/checkpoint",

@@ -112,7 +112,8 @@ async def test_a_critical_session_is_checkpointed_after_every_turn_and_measures_
     first = await turn(h, keeper, [1, 2, 3], [5, 6], cached=0)
     assert (first["turn"], first["context_tokens"], first["context_recomputed_tokens"]) == (1, 0, 0)
     assert admin.bodies == [("http://a/admin/kv/checkpoint", {"token_ids": [1, 2, 3, 5, 6],
-                                                              "request_id": "session:s1#turn:1"})]
+                                                              "request_id": "session:s1#turn:1",
+                                                              "session_class": "chat"})]
 
     # The next prompt starts with the last turn's prompt ‖ answer: that is its context; the engine restored 4.
     second = await turn(h, keeper, [1, 2, 3, 5, 6, 7, 8], [9, 10], cached=4)
