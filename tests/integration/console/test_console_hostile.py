@@ -28,7 +28,7 @@ from controlplane.console.web import MAX_FORM_BYTES
 from controlplane.db import session_scope
 from controlplane.drill.models import DrillDefinition, DrillRun
 from controlplane.event.models import Event
-from cutover.models import Cutover, CutoverStep, ZonalShift
+from cutover.models import Cutover, CutoverGate, CutoverStep, ZonalShift
 from tests.integration.console.conftest import csrf_of, sign_in
 from tests.integration.console.test_console_pages import register
 from tests.support.controlplane_testing import ON_SQLITE
@@ -70,7 +70,7 @@ def action_paths(app: Any) -> list[tuple[str, str]]:
 
 
 def world(session_factory: Any) -> dict[str, Any]:
-    """What an action could change: row counts, and the state of every cutover, shift and drill run."""
+    """What an action could change: row counts, the state of every cutover, shift and drill run, the stop switch."""
     with session_factory() as session:
         counts = {model.__name__: session.query(model).count()
                   for model in (Event, Cutover, CutoverStep, ZonalShift, DrillDefinition, DrillRun, AliasMove)}
@@ -78,6 +78,7 @@ def world(session_factory: Any) -> dict[str, Any]:
                 "cutovers": sorted((c.id, c.state, c.revision) for c in session.query(Cutover)),
                 "shifts": sorted((s.id, s.ended_at is None) for s in session.query(ZonalShift)),
                 "runs": sorted((r.id, r.state, r.approved_by) for r in session.query(DrillRun)),
+                "gate": [(g.stopped, g.revision) for g in session.query(CutoverGate)],
                 "aliases": catalog_aliases.get_alias_or_raise(session, model="tiny", name="prod").revision}
 
 
