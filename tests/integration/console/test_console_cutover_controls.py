@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 
 from common.clock import ManualClock
 from controlplane.auth.models import AuditRecord
@@ -90,6 +91,11 @@ def _audit(session_factory: Any, action: str) -> list[tuple[str, int | None]]:
                 .order_by(AuditRecord.id)]
 
 
+def _abort_count(outcome: str) -> float:
+    """The process's abort counter (the default registry, which the control plane's /metrics serves)."""
+    return REGISTRY.get_sample_value("lifeline_cutover_abort_requests_total", {"outcome": outcome}) or 0.0
+
+
 def _type(response: Any) -> tuple[int, str]:
     found = response.text.split('data-testid="error-type">')
     return response.status_code, (found[1].split("<")[0] if len(found) > 1 else "")
@@ -113,6 +119,7 @@ def test_an_operator_aborts_a_running_cutover_behind_its_confirmation(
     assert _type(console.post(f"{page}/abort", data={"csrf_token": csrf, "reason": "  "})) == (422, "invalid_request")
     assert _events(session_factory, "cutover.abort_requested") == []  # every refusal changed nothing
 
+    requested_before = _abort_count("requested")
     asked = console.post(f"{page}/abort", data={"csrf_token": csrf, "reason": "wrong region"}, follow_redirects=False)
     assert (asked.status_code, asked.headers["location"]) == (303, page)
     after = console.get(page).text
@@ -120,6 +127,8 @@ def test_an_operator_aborts_a_running_cutover_behind_its_confirmation(
     again = console.post(f"{page}/abort", data={"csrf_token": csrf, "reason": "again"}, follow_redirects=False)
     assert again.status_code == 303
     (request,) = _events(session_factory, "cutover.abort_requested")  # asking twice is one request
+    assert _abort_count("requested") == requested_before + 1  # the second is counted as `repeated`
+    assert 'lifeline_cutover_abort_requests_total{outcome="repeated"}' in console.get("/metrics").text
     assert (request.actor, request.reason, request.after["cutover_id"]) == (
         "token:test-operator#2", "wrong region", running.id)
 

@@ -18,6 +18,7 @@ from typing import Any
 import dns.message
 import dns.query
 import pytest
+from prometheus_client import REGISTRY
 
 from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
@@ -114,8 +115,11 @@ def test_a_zone_no_lower_tier_can_act_on_escalates_to_the_real_dns_record(
         session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
         bind_dns: list[Any], bind_server: BindServer) -> None:
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
+    skips = {"action": "skipped", "fault_scope": "zone", "tier": "mesh"}
+    skipped_before = REGISTRY.get_sample_value("lifeline_cutover_escalation_decisions_total", skips) or 0.0
     decisions = escalate(runtime, FAULT, actor="token:agent-eu#5")
     assert [d.action for d in decisions] == [Action.SKIPPED, Action.CUT_OVER, Action.CONTAINED]
+    assert REGISTRY.get_sample_value("lifeline_cutover_escalation_decisions_total", skips) == skipped_before + 1
     assert (decisions[0].tiers, decisions[0].scope) == ((CutoverTier.MESH,), EU_A)
     assert _answer(bind_server) == [REGION_B]  # read back from the authoritative server
 
