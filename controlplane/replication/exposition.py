@@ -10,7 +10,8 @@ stores of each policy, per model, session class and destination (redacted):
     lifeline_controlplane_replication_pending_checkpoints       at the source, not at the destination, within
                                                                 retention, not dead or cleared (store probe)
     lifeline_controlplane_replication_pending_session_records   session records of the class whose turn the
-                                                                destination lacks (store probe; session_records.py)
+                                                                destination lacks, and those the probe's cap
+                                                                left unread (store probe; session_records.py)
     lifeline_controlplane_replication_session_records_invalid   records the probe skipped as not records
                                                                 (oversized, malformed, misplaced; either store)
     lifeline_controlplane_replication_oldest_pending_age_seconds  now - the oldest pending checkpoint's created_at
@@ -31,8 +32,9 @@ stores of each policy, per model, session class and destination (redacted):
 Bounded cost. The database part is a few queries per policy. A store probe
 lists each store's manifests (one LIST / SCAN / readdir each, as every sweep
 does) and reads at most `max_reads` manifests it has not read before (their
-`created_at` is kept in an LRU of `age_cache_size` keys, so a backlog is read
-once, a few hundred at a time, not at every scrape). A probe is kept for
+`created_at` and class are kept in an LRU of `age_cache_size` keys, so a backlog
+is read once, a few hundred at a time, not at every scrape); likewise at most
+`max_reads` session records that changed since it last read them. A probe is kept for
 `probe_ttl` (30 s): scraping more often than that costs the stores nothing,
 and a store that does not answer costs one timeout per TTL. Probes run under
 one lock, so concurrent scrapes never probe twice.
@@ -115,7 +117,7 @@ class ReplicationCollector:
         self.probe_ttl = probe_ttl.total_seconds()
         self.max_reads = max_reads
         self._open = open_store or (lambda url: flows.open_checkpoints(url, s3_endpoint_url=s3_endpoint_url))
-        self._ages = flows.CreatedAtCache(age_cache_size)
+        self._ages = flows.ReadCache(age_cache_size)
         self._probes: dict[tuple[int, int], StoreProbe] = {}
         self._lock = threading.Lock()
         self.probes_taken = 0  # how many times the stores were listed: the cost a test can count
@@ -172,15 +174,19 @@ class ReplicationCollector:
         try:
             source, target = self._open(row.source_store), self._open(row.destination_store)
             scan = flows.scan_pending(source, target, skip=row.skip, not_before=not_before, ages=self._ages,
-                                      max_reads=self.max_reads, source_id=row.source_store)
-            records = session_records.scan_records(source.store, target.store, model=row.labels[0],
-                                                   session_class=row.labels[1], not_before=not_before,
-                                                   max_reads=self.max_reads)
+                                      max_reads=self.max_reads, source_id=row.source_store,
+                                      session_class=row.labels[1])
+            now = self.clock.wall()
+            seen = session_records.read_source(source.store, cache=self._ages, now=now, max_reads=self.max_reads)
+            records = session_records.plan_records(seen, source.store, target.store, cache=self._ages,
+                                                   model=row.labels[0], session_class=row.labels[1],
+                                                   not_before=not_before, now=now, max_reads=self.max_reads)
         except (KVCheckpointError, ValueError, OSError) as exc:
             log.warning("replication metrics: a store did not answer", policy_id=row.id, error=str(exc))
             return StoreProbe(taken_at=taken_at, ok=False)
         oldest = [t for t in (scan.oldest_created_at, records.oldest_recorded_at) if t is not None]
-        return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count, pending_records=len(records.pending),
+        return StoreProbe(taken_at=taken_at, ok=True, pending=scan.count,
+                          pending_records=len(records.pending) + records.unread,  # unread: pending until read
                           oldest_pending_created_at=min(oldest, default=None),
                           truncated=scan.unread > 0 or records.unread > 0,
                           invalid_records=len(records.invalid))

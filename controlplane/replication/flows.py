@@ -1,13 +1,16 @@
 """Replication's work on the stores: what is pending, one verified copy, retention. No database here.
 
 A checkpoint is pending when the source holds its manifest, the destination
-does not, it is no older than the policy's retention (it would be deleted on
-arrival) and it was not dead-lettered. Finding its age costs one manifest
-read, so `scan_pending` reads at most `max_reads` manifests it has not read
-before (ages kept in a `CreatedAtCache`): a backlog of thousands after a
-destination outage is read a few hundred at a time over several sweeps, not
-all at every sweep; the ones not read yet are counted (`unread`), their age
-unknown. A copy is `contract.kv_checkpoint.
+does not, it is of the policy's session class (or of none: an unclassed
+manifest, see `KVCheckpointManifest.session_class`, is in every policy's
+scope), it is no older than the policy's retention (it would be deleted on
+arrival) and it was not dead-lettered. Finding its age and class costs one
+manifest read, so `scan_pending` reads at most `max_reads` manifests it has
+not read before (what it learnt kept in a `ReadCache`): a backlog of thousands
+after a destination outage is read a few hundred at a time over several
+sweeps, not all at every sweep; the ones not read yet are counted (`unread`),
+their age and class unknown. Session records (session_records.py) keep what
+their scans read in the same cache. A copy is `contract.kv_checkpoint.
 copy_checkpoint` (blocks, then the manifest, each block verified on both
 sides) followed by a read-back of the whole checkpoint at the destination:
 if any block is missing or differs there (retention raced the copy and
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from contract.kv_checkpoint import (
     KVCheckpointInvalid,
@@ -48,21 +52,27 @@ def open_checkpoints(url: str, *, s3_endpoint_url: str | None) -> KVCheckpointSt
     return KVCheckpointStore(open_kv_store(url, s3_endpoint_url=s3_endpoint_url))
 
 
-class CreatedAtCache:
-    """LRU of (store location, manifest key) → created_at (None: undated). A manifest is immutable once written."""
+class ReadCache:
+    """LRU of what scans learnt by reading store objects: (store location, key) → (version, what was learnt).
+
+    A manifest is immutable once written, so its entry has no version (None). A session record is
+    replaced after every turn, so its entry holds the store's version token (`KVStore.versions`) and
+    holds only while the listing shows the same token. One cache per process, shared by its scans.
+    """
 
     def __init__(self, size: int = 100_000) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], float | None] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[str | None, Any]] = OrderedDict()
 
-    def get(self, key: tuple[str, str]) -> tuple[bool, float | None]:
-        if key not in self._items:
-            return False, None
-        self._items.move_to_end(key)
-        return True, self._items[key]
+    def get(self, key: tuple[str, str]) -> tuple[str | None, Any] | None:
+        """(version, value) as last put, or None if unknown (never read, or evicted)."""
+        entry = self._items.get(key)
+        if entry is not None:
+            self._items.move_to_end(key)
+        return entry
 
-    def put(self, key: tuple[str, str], created_at: float | None) -> None:
-        self._items[key] = created_at
+    def put(self, key: tuple[str, str], value: Any, *, version: str | None = None) -> None:
+        self._items[key] = (version, value)
         self._items.move_to_end(key)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
@@ -83,23 +93,24 @@ class PendingScan:
 
 
 def scan_pending(source: KVCheckpointStore, target: KVCheckpointStore, *, skip: set[str] | frozenset[str],
-                 not_before: float, ages: CreatedAtCache | None = None, max_reads: int | None = None,
-                 source_id: str | None = None) -> PendingScan:
-    """What the source holds that the destination lacks, within retention and not skipped.
+                 not_before: float, ages: ReadCache | None = None, max_reads: int | None = None,
+                 source_id: str | None = None, session_class: str | None = None) -> PendingScan:
+    """What the source holds that the destination lacks, of `session_class` or unclassed (None: any class),
+    within retention and not skipped.
 
-    Lists both stores once; reads at most `max_reads` manifests that `ages` does not already date.
-    An unreadable manifest stays pending (undated), so its copy refuses it and it is dead-lettered.
-    `source_id` names the source in `ages` (the policy's store URL; default: the store's location).
+    Lists both stores once; reads at most `max_reads` manifests that `ages` does not already know.
+    An unreadable manifest stays pending (undated, unclassed), so its copy refuses it and it is
+    dead-lettered. `source_id` names the source in `ages` (the policy's store URL; default: its location).
     """
-    ages = ages if ages is not None else CreatedAtCache()
+    ages = ages if ages is not None else ReadCache()
     held = set(target.manifests())
     location = source_id or source.store.location
     pending, unread, reads = [], 0, 0
     for key in source.manifests():
         if key in held or key in skip:
             continue
-        known, created_at = ages.get((location, key))
-        if not known:
+        known = ages.get((location, key))
+        if known is None:
             if max_reads is not None and reads >= max_reads:
                 unread += 1
                 continue
@@ -108,9 +119,13 @@ def scan_pending(source: KVCheckpointStore, target: KVCheckpointStore, *, skip: 
                 manifest = source.manifest_at(key)
             except KVCheckpointInvalid:
                 manifest = None
-            created_at = manifest.created_at if manifest is not None else None
+            created_at, of_class = (manifest.created_at, manifest.session_class) if manifest else (None, None)
             if manifest is not None:  # a manifest deleted meanwhile is not cached as undated
-                ages.put((location, key), created_at)
+                ages.put((location, key), (created_at, of_class))
+        else:
+            created_at, of_class = known[1]
+        if session_class is not None and of_class is not None and of_class != session_class:
+            continue  # another class's checkpoint: its own policy copies it
         if created_at is not None and created_at < not_before:
             continue  # past retention: it would be deleted on arrival
         pending.append(PendingCheckpoint(key, created_at))

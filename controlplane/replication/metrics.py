@@ -14,6 +14,8 @@
                                                                      without_checkpoint (its KV not there yet)
     lifeline_replication_session_record_lag_seconds{model,session_class}     histogram: a turn's record at the
                                                                      source → its copy at the destination
+    lifeline_replication_pending_session_records{model,session_class}      at the last sweep: records deferred
+                                                                     past the read cap (pending, unread)
     lifeline_replication_session_records_invalid_total{model,session_class,reason,side}   skipped records:
                                                                      oversized | malformed | misplaced, at the
                                                                      source | destination
@@ -46,5 +48,8 @@ SESSION_RECORDS = Counter("lifeline_replication_session_records_total", "Session
 SESSION_RECORD_LAG = Histogram("lifeline_replication_session_record_lag_seconds", "A session turn's record at the "
                                "source to its copy at the destination", LABELS,
                                buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600))
+PENDING_SESSION_RECORDS = Gauge("lifeline_replication_pending_session_records", "Session records the last sweep "
+                                "deferred past its read cap (pending; unread ones of unknown class count for "
+                                "every policy on the store)", LABELS)
 SESSION_RECORDS_INVALID = Counter("lifeline_replication_session_records_invalid_total", "Session records a sweep "
                                   "skipped as oversized, malformed or misplaced", [*LABELS, "reason", "side"])

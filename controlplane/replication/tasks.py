@@ -2,12 +2,15 @@
 
     lifeline.replication.sweep       beat, every `LIFELINE_REPLICATION_SWEEP_EVERY` (5 s): one replicate
                                      task per policy that is due (critical: every sweep; interactive:
-                                     every `every_seconds`; rebuildable: never)
-    lifeline.replication.replicate   one policy: list the source's checkpoints the destination lacks, send
-                                     one copy task for each (reading at most `sweep_max_reads` manifests
-                                     not read before), apply retention at the destination, then copy the
-                                     class's session records (session_records.py: a record claims a
-                                     checkpoint at the destination only once that is there)
+                                     every `every_seconds`; rebuildable: never), and one records task per
+                                     source store those policies share
+    lifeline.replication.replicate   one policy: list the source's checkpoints of its class (or unclassed)
+                                     the destination lacks, send one copy task for each (reading at most
+                                     `sweep_max_reads` manifests not read before), apply retention at the
+                                     destination
+    lifeline.replication.records     one source store: its session records, read once for the due policies
+                                     on it (record_sweep.py; a record claims a checkpoint at the destination
+                                     only once that is there)
     lifeline.replication.copy        one checkpoint: copy, verify at both ends (flows.copy_verified)
 
 A copy is acknowledged late and rejected when its worker dies, so a worker
@@ -36,9 +39,9 @@ from celery.schedules import schedule
 
 from common.clock import Clock
 from common.logs import get_logger
-from contract.kv_checkpoint import KVCheckpointInvalid, KVCheckpointStore, KVStoreUnavailable
+from contract.kv_checkpoint import KVCheckpointInvalid, KVStoreUnavailable
 from controlplane.db import session_scope
-from controlplane.replication import flows, metrics, repository, service, session_records
+from controlplane.replication import flows, metrics, record_sweep, repository, service
 from controlplane.replication.config import ReplicationSettings
 from controlplane.replication.schemas import ReplicationMode
 
@@ -46,6 +49,7 @@ log = get_logger(__name__)
 
 SWEEP = "lifeline.replication.sweep"
 REPLICATE = "lifeline.replication.replicate"
+RECORDS = "lifeline.replication.records"
 COPY = "lifeline.replication.copy"
 SWEEP_ENTRY = "replication-sweep"
 RETRIED = (KVStoreUnavailable, KVCheckpointInvalid, ValueError)
@@ -62,7 +66,7 @@ def sweep_due(factory: Any, *, clock: Clock, replan_after: timedelta | None = No
 
 
 def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | None,
-         ages: flows.CreatedAtCache | None = None, max_reads: int | None = None) -> list[str]:
+         ages: flows.ReadCache | None = None, max_reads: int | None = None) -> list[str]:
     """Record a sweep of one policy and apply its retention; the keys of the checkpoints to copy.
 
     At most `max_reads` source manifests not yet in `ages` are read: a backlog past that is planned over
@@ -80,7 +84,7 @@ def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | N
         source = flows.open_checkpoints(source_url, s3_endpoint_url=s3_endpoint_url)
         target = flows.open_checkpoints(target_url, s3_endpoint_url=s3_endpoint_url)
         scan = flows.scan_pending(source, target, skip=skip, not_before=not_before, ages=ages,
-                                  max_reads=max_reads, source_id=source_url)
+                                  max_reads=max_reads, source_id=source_url, session_class=labels["session_class"])
         pending = scan.pending
         deleted = flows.apply_retention(target, not_before=not_before)
     except (KVStoreUnavailable, ValueError) as exc:
@@ -97,40 +101,7 @@ def plan(factory: Any, policy_id: int, *, clock: Clock, s3_endpoint_url: str | N
         metrics.DELETED.labels(**labels).inc(deleted)
     log.info("replication swept", policy_id=policy_id, planned=len(pending), unread=scan.unread, deleted=deleted,
              **labels)
-    sync_session_records(factory, policy_id, source, target, labels=labels, not_before=not_before, clock=clock)
     return [p.key for p in pending]
-
-
-def sync_session_records(factory: Any, policy_id: int, source: KVCheckpointStore, target: KVCheckpointStore, *,
-                         labels: dict[str, str], not_before: float, clock: Clock) -> None:
-    """Copy the policy's session records after its checkpoints were planned (session_records.py says how).
-
-    Apart from the checkpoints' planning, so a store that fails here costs the records this sweep, never the
-    checkpoint copies already queued; invalid records are skipped, logged and counted.
-    """
-    try:
-        scan, lags = session_records.sync_records(source.store, target.store, not_before=not_before,
-                                                  now=clock.wall(), **labels)
-    except KVStoreUnavailable as exc:
-        log.warning("session records not replicated this sweep", policy_id=policy_id, error=str(exc), **labels)
-        with session_scope(factory) as session:
-            service.record_error(session, policy_id=policy_id, error=f"session records: {exc}")
-        return
-    for bad in scan.invalid:
-        metrics.SESSION_RECORDS_INVALID.labels(**labels, reason=bad.reason, side=bad.side).inc()
-        log.warning("session record skipped", policy_id=policy_id, key=bad.key, reason=bad.reason, side=bad.side,
-                    **labels)
-    for copy in scan.copies:
-        metrics.SESSION_RECORDS.labels(**labels, outcome="replicated" if copy.whole else "without_checkpoint").inc()
-    for lag in lags:
-        metrics.SESSION_RECORD_LAG.labels(**labels).observe(lag)
-    if lags:
-        with session_scope(factory) as session:
-            service.record_session_records(session, policy_id=policy_id, lag_seconds=max(lags), clock=clock)
-    if scan.copies:
-        log.info("session records replicated", policy_id=policy_id, records=len(scan.copies),
-                 without_checkpoint=sum(not c.whole for c in scan.copies),
-                 max_lag_seconds=max(lags, default=None), **labels)
 
 
 def copy(factory: Any, policy_id: int, key: str, *, clock: Clock, s3_endpoint_url: str | None) -> str:
@@ -204,7 +175,7 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
             start_http_server(port, addr="127.0.0.1")
 
         worker_init.connect(serve_metrics, weak=False)
-    ages = flows.CreatedAtCache(settings.sweep_age_cache_size)  # per worker process
+    ages = flows.ReadCache(settings.sweep_age_cache_size)  # per worker process
     backoff = max(0, int(settings.retry_backoff.total_seconds()))
     backoff_max = max(backoff, int(settings.retry_backoff_max.total_seconds()))
 
@@ -213,6 +184,8 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
         due = sweep_due(factory(), clock=clock, replan_after=settings.replan_after)
         for policy_id in due:
             replicate_task.apply_async((policy_id,), queue=queue)
+        for group in record_sweep.by_source_store(factory(), due, clock=clock):  # one read of each store
+            records_task.apply_async((group,), queue=queue)
         return due
 
     @app.task(name=REPLICATE, shared=False)
@@ -222,6 +195,11 @@ def register(app: Celery, *, factory: Callable[[], Any], clock: Clock, s3_endpoi
         for key in keys:
             copy_task.apply_async((policy_id, key), queue=queue)
         return len(keys)
+
+    @app.task(name=RECORDS, shared=False)
+    def records_task(policy_ids: list[int]) -> int:
+        return record_sweep.sync_store(factory(), policy_ids, clock=clock, s3_endpoint_url=s3_endpoint_url,
+                                       cache=ages, max_reads=settings.sweep_max_reads)
 
     # acks_late + reject_on_worker_lost: a worker killed mid-copy returns the message to the broker.
     @app.task(name=COPY, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)

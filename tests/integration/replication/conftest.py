@@ -88,8 +88,9 @@ def block_bytes(seed: int) -> bytes:
 
 
 def write_checkpoint(store: KVCheckpointStore, token_ids: list[int], *, created_at: float | None,
-                     seed: int = 0) -> str:
-    """Blocks, then the manifest, as an engine writes them; the manifest key."""
+                     seed: int = 0, session_class: str | None = None) -> str:
+    """Blocks, then the manifest, as an engine writes them (a session's key point names its class); the
+    manifest key."""
     size = VALIDITY.layout.block_tokens
     parent, entries = ROOT, []
     for index in range(len(token_ids) // size):
@@ -103,6 +104,6 @@ def write_checkpoint(store: KVCheckpointStore, token_ids: list[int], *, created_
         if not store.store.exists([f"kv/{ROOT}/blocks/{parent}.safetensors"])[0]:
             store.write_block(ROOT, parent, data)
     manifest = KVCheckpointManifest(validity=VALIDITY, root_hash=ROOT, blocks=entries, instance_id="synthetic",
-                                    generation=1, created_at=created_at)
+                                    generation=1, created_at=created_at, session_class=session_class)
     store.write_manifest(manifest)
     return manifest_key(ROOT, manifest.last_hash)

@@ -115,7 +115,7 @@ def test_a_backlog_past_the_read_cap_is_planned_a_share_per_sweep_and_each_manif
             reads.append(key)
         return read(self, key)
 
-    ages = flows.CreatedAtCache()
+    ages = flows.ReadCache()
     planned: list[list[str]] = []
     for _ in range(3):
         with pytest.MonkeyPatch.context() as patch:  # count the sweep's reads, not the copies'
@@ -136,7 +136,7 @@ def test_a_scan_counts_what_it_did_not_read_and_dates_it_at_a_later_scan(clock, 
     source, target = (KVCheckpointStore(open_kv_store(url)) for url in (source_url, target_url))
     now = clock.wall()
     keys = [write_checkpoint(source, list(range(4 * (i + 1))), created_at=now - 50 + i) for i in range(5)]
-    ages = flows.CreatedAtCache()
+    ages = flows.ReadCache()
     first = flows.scan_pending(source, target, skip=set(), not_before=0.0, ages=ages, max_reads=2)
     assert (len(first.pending), first.unread, first.count) == (2, 3, 5)
     second = flows.scan_pending(source, target, skip=set(), not_before=0.0, ages=ages, max_reads=2)

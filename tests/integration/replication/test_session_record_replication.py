@@ -25,7 +25,8 @@ from prometheus_client import REGISTRY
 
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import MAX_SESSION_RECORD_BYTES, KVCheckpointWritten, SessionRecord, session_key
-from controlplane.replication import tasks
+from controlplane.replication import record_sweep, tasks
+from controlplane.replication.flows import ReadCache
 from gateway.metrics import GatewayMetrics
 from gateway.routing_table import ModelVersion, StaticRoutingTable
 from gateway.schemas import CompletionRequest
@@ -54,9 +55,11 @@ class RegionEngine:
     def handler(self, request: httpx.Request) -> httpx.Response:
         if self.fail:
             return httpx.Response(503, json={"error": {"type": "kv_store_unavailable", "message": "down"}})
-        ids = json.loads(request.content)["token_ids"]
+        body = json.loads(request.content)
+        ids = body["token_ids"]
         tokens = len(ids) // 4 * 4
-        key = write_checkpoint(self.store, ids[:tokens], created_at=self.clock.wall())
+        key = write_checkpoint(self.store, ids[:tokens], created_at=self.clock.wall(),
+                               session_class=body.get("session_class"))
         last = key.rsplit("/", 1)[1].removesuffix(".json")
         written = KVCheckpointWritten(root_hash=ROOT, last_hash=last, key=key, blocks=tokens // 4, tokens=tokens,
                                       computed_tokens=0)
@@ -81,6 +84,13 @@ async def serve_turn(keeper: SessionKeeper, version: ModelVersion, prompt: list[
     await keeper.wait_recorded()
 
 
+def sweep(session_factory: Any, policy_id: int, clock: Any, cache: ReadCache) -> list[str]:
+    """One sweep of the policy, as the beat's sends it: its checkpoints planned, then its store's records."""
+    keys = tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None, ages=cache)
+    record_sweep.sync_store(session_factory, [policy_id], clock=clock, s3_endpoint_url=None, cache=cache)
+    return keys
+
+
 def worker_sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, {**LABELS, **labels}) or 0.0
 
@@ -92,6 +102,7 @@ async def test_a_completion_sessions_record_reaches_the_standby_and_claims_its_c
     source = KVCheckpointStore(open_kv_store(source_url))
     target = KVCheckpointStore(open_kv_store(target_url))
     policy_id = make_policy(session_factory, clock, source_url, target_url)  # critical, RPO_context 60 s
+    cache = ReadCache()  # the worker's
     version = ModelVersion("tiny", "tiny-v1", tmp_path)
     engine_a = RegionEngine(source, clock)
     region_a = region_keeper(source_url, engine_a, clock)
@@ -109,7 +120,7 @@ async def test_a_completion_sessions_record_reaches_the_standby_and_claims_its_c
     before = {outcome: worker_sample("lifeline_replication_session_records_total", outcome=outcome)
               for outcome in ("replicated", "without_checkpoint")}
     lags_before = worker_sample("lifeline_replication_session_record_lag_seconds_count")
-    keys = tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None)
+    keys = sweep(session_factory, policy_id, clock, cache)
     assert written.checkpoint_key in keys and target.manifests() == []  # the checkpoints are only queued
 
     # B's gateway knows the session now: its turns and its context, the previous turn served elsewhere.
@@ -125,7 +136,7 @@ async def test_a_completion_sessions_record_reaches_the_standby_and_claims_its_c
 
     for key in keys:
         assert tasks.copy(session_factory, policy_id, key, clock=clock, s3_endpoint_url=None) == "replicated"
-    assert tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None) == []
+    assert sweep(session_factory, policy_id, clock, cache) == []
     late = await open_turn(region_b, version, next_prompt)
     assert late.record is not None and late.record.replicated_at == pytest.approx(clock.wall())
     assert late.record.model_copy(update={"replicated_at": None}) == written  # A's record, whole
@@ -142,7 +153,7 @@ async def test_a_completion_sessions_record_reaches_the_standby_and_claims_its_c
     assert (seen["pending_checkpoints"], seen["pending_session_records"]) == (0, 1)
     assert seen["oldest_pending_age_seconds"] == pytest.approx(31)
     assert seen["lag_seconds"] == pytest.approx(31) and seen["within_rpo"] == 1
-    assert tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None) == []
+    assert sweep(session_factory, policy_id, clock, cache) == []
     third = await open_turn(region_b, version, [*next_prompt, *range(28, 34), 35])
     assert (third.turn, third.context_tokens) == (4, len(next_prompt) + 6)
     assert third.record is not None and third.record.checkpoint_key == written.checkpoint_key  # turn 2's, there
@@ -158,6 +169,7 @@ async def test_records_that_are_not_records_are_skipped_counted_and_the_sweep_go
     source = KVCheckpointStore(open_kv_store(source_url))
     target = KVCheckpointStore(open_kv_store(target_url))
     policy_id = make_policy(session_factory, clock, source_url, target_url)
+    cache = ReadCache()
     version = ModelVersion("tiny", "tiny-v1", tmp_path)
     region_a = region_keeper(source_url, RegionEngine(source, clock), clock)
     await serve_turn(region_a, version, list(range(1, 11)), list(range(11, 17)))
@@ -175,7 +187,7 @@ async def test_records_that_are_not_records_are_skipped_counted_and_the_sweep_go
               for reason, side in [("malformed", "source"), ("oversized", "source"), ("misplaced", "source"),
                                    ("malformed", "destination")]}
 
-    keys = tasks.plan(session_factory, policy_id, clock=clock, s3_endpoint_url=None)
+    keys = sweep(session_factory, policy_id, clock, cache)
     assert len(keys) == 1  # the checkpoint is planned all the same
     for (reason, side), count in before.items():
         assert worker_sample("lifeline_replication_session_records_invalid_total", reason=reason,

@@ -14,7 +14,8 @@ from contract.session import (
     parse_session_record,
     session_key,
 )
-from controlplane.replication.session_records import decide, scan_records
+from controlplane.replication.flows import ReadCache
+from controlplane.replication.session_records import RecordFacts, decide, plan_records, read_source
 from gateway.sessions import SessionTurn
 
 pytestmark = pytest.mark.unit
@@ -48,20 +49,17 @@ STRIPPED = {"checkpointed_turn": 0, "checkpointed_tokens": 0, "checkpointed_at":
     (record(turns=1, recorded_at=150.0), True, None),  # the destination's own gateways wrote it: never replaced
 ])
 def test_a_record_goes_whole_only_where_its_checkpoint_is_and_never_over_a_newer_one(held, present, outcome):
-    copy = decide(KEY, record(), held, checkpoint_present=present)
+    verdict = decide(RecordFacts.of(record()), held and RecordFacts.of(held), checkpoint_present=present)
     if outcome is None:
-        assert copy is None
+        assert verdict is None
         return
     kind, new_turn = outcome
-    assert copy is not None and (copy.key, copy.whole, copy.new_turn) == (KEY, kind == "whole", new_turn)
-    expected = record() if kind == "whole" else record(**STRIPPED)
-    assert copy.record == expected
-    assert (copy.record.turns, copy.record.context_tokens) == (3, 90)  # the turn and its context, always
+    assert verdict is not None and (verdict.whole, verdict.new_turn) == (kind == "whole", new_turn)
 
 
 def test_a_record_that_never_had_a_checkpoint_goes_whole():
-    copy = decide(KEY, record(**STRIPPED), None, checkpoint_present=False)
-    assert copy is not None and copy.whole and copy.record.checkpoint_key is None
+    verdict = decide(RecordFacts.of(record(**STRIPPED)), None, checkpoint_present=False)
+    assert verdict is not None and verdict.whole
 
 
 @pytest.mark.parametrize("data, reason", [
@@ -89,6 +87,13 @@ def test_a_replicated_record_counts_the_next_turn_elsewhere(previous, continuity
     assert (turn.turn, turn.continuity, turn.context_recomputed_tokens) == (4, continuity, 10)
 
 
+def scan_chat(source: MemoryKVStore, target: MemoryKVStore, cache: ReadCache, *, max_reads: int | None = None,
+              now: float = 200.0):
+    seen = read_source(source, cache=cache, now=now, max_reads=max_reads)
+    return plan_records(seen, source, target, cache=cache, model="tiny", session_class="chat", not_before=100.0,
+                        now=now, max_reads=max_reads)
+
+
 def test_a_scan_copies_only_its_class_within_retention_and_reads_at_most_its_cap():
     source, target = MemoryKVStore(), MemoryKVStore()
     mine = [record(session_id=f"s{i}", checkpoint_key=None, recorded_at=130.0 + i) for i in range(3)]
@@ -97,10 +102,11 @@ def test_a_scan_copies_only_its_class_within_retention_and_reads_at_most_its_cap
     for one in [*mine, old, other]:
         source.put(session_key(one.model, one.session_id), one.model_dump_json().encode())
 
-    scan = scan_records(source, target, model="tiny", session_class="chat", not_before=100.0)
+    scan = scan_chat(source, target, ReadCache())
     assert sorted(c.record.session_id for c in scan.copies) == ["s0", "s1", "s2"]
     assert (len(scan.pending), scan.oldest_recorded_at, scan.unread) == (3, 130.0, 0)
-    capped = scan_records(source, target, model="tiny", session_class="chat", not_before=100.0, max_reads=2)
-    read = set(source.list("sessions/")[:2])  # the first two in the listing's order
-    assert capped.unread == 3
+    assert all(c.whole and c.record == mine[int(c.record.session_id[1:])] for c in scan.copies)
+    capped = scan_chat(source, target, ReadCache(), max_reads=2)
+    read = set(source.list("sessions/")[:2])  # the first two in the listing's order (all first seen at once)
+    assert capped.unread == 3  # never read: class unknown, so pending for this policy too
     assert {c.key for c in capped.copies} == read & {session_key("tiny", one.session_id) for one in mine}
