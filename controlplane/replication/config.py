@@ -23,8 +23,9 @@ class ReplicationSettings(BaseSettings):
     # A policy whose last sweep's copies are still pending is not planned again until this has passed
     # (controlplane.replication.service.is_due): a long copy is not queued twice by the next sweep.
     replan_after: timedelta = timedelta(minutes=2)
-    # A sweep reads at most this many source manifests it has not read before (their ages are kept in an LRU
-    # of sweep_age_cache_size keys per worker process): a backlog is planned a share at a time.
+    # A sweep reads at most this many source manifests it has not read before, and at most this many session
+    # records that changed since it last read them (what it learnt is kept in an LRU of sweep_age_cache_size
+    # keys per worker process, manifests and records together): a backlog is planned a share at a time.
     sweep_max_reads: int = Field(1024, ge=1, le=1_000_000)
     sweep_age_cache_size: int = Field(100_000, ge=1, le=10_000_000)
     # The Celery queue replication tasks go to (workers consume it with `-Q`).
