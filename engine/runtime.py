@@ -159,19 +159,18 @@ def _from_holder(settings: EngineSettings, dtype: torch.dtype, generation: int, 
     check_compatible(attached.weights, settings.model, dtype)
     attached_at = clock.now()
     miss = primed.mismatch(settings, attached) if primed is not None else None
-    if primed is not None and miss is None:
-        model = primed.model
-    else:
-        if miss is not None:
-            metrics.prime_misses.inc()
-            log.warning("primed weights not used; re-mapping the region", reason=miss)
-        model = LlamaModel.from_weights(settings.model, map_weights(attached.weights), dtype)
+    if miss is not None:
+        primed = None  # dropped: its views (and the pages they pin) go with it
+        metrics.prime_misses.inc()
+        log.warning("primed weights not used; re-mapping the region", reason=miss)
+    model = primed.model if primed is not None else LlamaModel.from_weights(settings.model,
+                                                                            map_weights(attached.weights), dtype)
     tenancy = HolderTenancy(settings.holder, settings.instance_id, generation, attached.heartbeat_interval_s)
     tenancy.holder_epoch = attached.holder_epoch
     origin = WeightsOrigin(source="holder", holder_url=settings.holder, region_id=attached.weights.region.region_id,
                            holder_epoch=attached.holder_epoch, takeover=attached.takeover,
-                           primed=primed is not None and miss is None, prime_miss_reason=miss,
-                           primed_self_test=primed.self_test_tokens if primed is not None and miss is None else None,
+                           primed=primed is not None, prime_miss_reason=miss,
+                           primed_self_test=primed.self_test_tokens if primed is not None else None,
                            attach_s=attached_at - started, map_s=clock.now() - attached_at, tenancy=tenancy)
     if attached.kv is not None:
         validity = engine_validity(settings.model, attached.weights.weights_digest,

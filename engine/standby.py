@@ -109,7 +109,7 @@ def prime(holder_url: str, model_dir: Path, dtype: str, client: httpx.Client | N
     """Map the holder's sealed weights, pre-fault them, build the model and self-test it: no tenancy, no lease.
 
     Raises `HolderUnavailable` (holder down, not ready, weights for another
-    config or dtype): the standby then stays unprimed.
+    config or dtype); on that or any other failure the standby stays unprimed.
     """
     import torch
     from tokenizers import Tokenizer
@@ -146,6 +146,9 @@ def _prime_or_say_why(args: argparse.Namespace) -> str | None:
     except HolderUnavailable as exc:
         log.warning("standby not primed", holder=args.prime_holder, reason=str(exc))
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failed priming leaves a standby that serves as an unprimed one
+        log.exception("standby not primed", holder=args.prime_holder, reason=repr(exc))
+        return repr(exc)
     offer_primed(primed)
     log.info("standby primed", holder=args.prime_holder, holder_epoch=primed.holder_epoch,
              region=primed.description.region.region_id, tokens=primed.self_test_tokens)
