@@ -15,7 +15,11 @@ connection", SQLAlchemy invalidates the connection, and the request is
 answered 503 `database_unavailable`. The pool's liveness ping runs the same
 way, in the `checkout` event (SQLAlchemy's documented pessimistic-disconnect
 recipe raising `DisconnectionError`), replacing `pool_pre_ping`, whose ping
-no event can guard. Rejected: a `threading.Timer` per statement (a thread
+no event can guard. A transaction ends with the driver's own `commit()` or
+`rollback()` (the pool's reset on return too), which no cursor event sees:
+a server silent at that moment held the worker thread for as long as it
+stayed silent. SQLAlchemy has no event around them, so `install` wraps the
+dialect's `do_commit` and `do_rollback` with the same deadline. Rejected: a `threading.Timer` per statement (a thread
 per query) and cancelling the query (`PQcancel` opens another connection to
 the same silent server).
 """
@@ -124,6 +128,10 @@ def install(engine: Engine, *, statement_s: float, ping_s: float) -> SocketWatch
         if context.connection is not None:
             _disarm(context.connection)
 
+    dialect = engine.dialect
+    for name in ("do_commit", "do_rollback"):
+        setattr(dialect, name, _guarded(getattr(dialect, name), watchdog, statement_s))
+
     @event.listens_for(engine.pool, "checkout")
     def _ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         fd = _fd(dbapi_connection)
@@ -140,3 +148,18 @@ def install(engine: Engine, *, statement_s: float, ping_s: float) -> SocketWatch
                 watchdog.disarm(key)
 
     return watchdog
+
+
+def _guarded(end_transaction: Any, watchdog: SocketWatchdog, seconds: float) -> Any:
+    """`end_transaction` (a dialect's do_commit / do_rollback) under a deadline on the connection's socket."""
+
+    def guarded(dbapi_connection: Any) -> None:
+        fd = _fd(dbapi_connection)
+        key = watchdog.arm(fd, seconds) if fd is not None else None
+        try:
+            end_transaction(dbapi_connection)
+        finally:
+            if key is not None:
+                watchdog.disarm(key)
+
+    return guarded
