@@ -33,6 +33,10 @@ def gateway_report(at: str, endpoint_id: str = "e1", applied_at: str | None = No
             f'"live_endpoints": [{{"instance_id": "{endpoint_id}", "generation": 3, "version": "v1", "zone": "eu-a"}}]}}')
 
 
+def agent_report(at: str) -> str:
+    return f'{{"region": "eu", "agent_id": "host-1:42", "sent_at": "{at}", "instances": []}}'
+
+
 def event_batch(at: str, detail: str = "{}") -> str:
     return ('{"events": [{"kind": "instance.suppressed", "actor": "gateway:gw-1", "region": "eu", '
             f'"instance_id": "e1", "generation": 3, "reason": "refused", "at": "{at}", "detail": {detail}}}]}}')
@@ -92,14 +96,17 @@ def test_nan_and_infinity_are_a_422_on_both_databases(
     ("/api/v1/events/dataplane", "POST", event_batch("9999-12-31T23:59:59-23:00")),
     ("/api/v1/gateways/gw-1", "PUT", gateway_report("0001-01-01T00:00:00+23:00")),
     ("/api/v1/gateways/gw-1", "PUT", gateway_report("2026-01-01T00:00:00Z", applied_at="9999-12-31T23:59:59-23:00")),
+    ("/api/v1/agents/eu", "PUT", agent_report("0001-01-01T00:00:00+23:00")),
 ])
 def test_a_timestamp_past_the_storable_range_in_utc_is_a_422(
     client: TestClient, as_role: Any, path: str, method: str, raw: str
 ) -> None:
-    response = client.request(method, path, content=raw.encode(), headers={**as_role("gateway"), **JSON})
+    role = "admin" if "agents" in path else "gateway"  # an admin may report as the region's agent
+    response = client.request(method, path, content=raw.encode(), headers={**as_role(role), **JSON})
     assert response.status_code == 422, response.text
     assert response.json()["error"]["type"] == "invalid_request"
     assert_nothing_stored(client, as_role)
+    assert client.get("/api/v1/agents", headers=as_role("viewer")).json() == []
 
 
 def test_a_report_timestamp_without_an_offset_is_taken_as_utc(
@@ -111,6 +118,10 @@ def test_a_report_timestamp_without_an_offset_is_taken_as_utc(
     assert response.status_code == 200, response.text
     [shown] = client.get("/api/v1/gateways", headers=as_role("viewer")).json()
     assert datetime.fromisoformat(shown["reported_at"]) == clock.utcnow().astimezone(UTC)
+    agent = client.put("/api/v1/agents/eu", content=agent_report(naive).encode(), headers={**as_role("admin"), **JSON})
+    assert agent.status_code == 200, agent.text
+    [region] = client.get("/api/v1/agents", headers=as_role("viewer")).json()
+    assert datetime.fromisoformat(region["sent_at"]) == clock.utcnow().astimezone(UTC)
 
 
 def test_the_api_keeps_answering_after_every_hostile_body(client: TestClient, as_role: Any) -> None:
