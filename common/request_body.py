@@ -33,10 +33,20 @@ from pydantic import BaseModel, ValidationError
 Body = TypeVar("Body", bound=BaseModel)
 
 # Where a lone surrogate could hide: a \uD800-\uDFFF escape or its raw (surrogatepass) UTF-8 bytes.
-# Only bodies that match are walked, so an ordinary body costs one regex scan.
+# Only bodies that match are walked, so an ordinary body costs a few byte scans.
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-# Where a non-finite number could hide: the two constants, or an exponent of three digits or more.
-_MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[eE][+]?[0-9]{3}")
+# Where a number too large for a double could hide: an exponent of three digits or more (JSON's follows a
+# digit), or 309 digits in a row (`1000…0.5` past 1.8e308 reads as infinity too).
+_BIG_NUMBER = re.compile(rb"[0-9](?:[eE]\+?[0-9]{3}|[0-9]{308})")
+
+
+def _maybe_surrogate(raw: bytes) -> bool:
+    # `in` first: a byte search is several times faster than the regex over a megabyte report.
+    return (b"\\u" in raw or b"\xed" in raw) and _MAYBE_SURROGATE.search(raw) is not None
+
+
+def _maybe_non_finite(raw: bytes) -> bool:
+    return b"NaN" in raw or b"Infinity" in raw or _BIG_NUMBER.search(raw) is not None
 
 
 class TextDefect(NamedTuple):
@@ -77,7 +87,7 @@ def text_defect(raw: bytes) -> TextDefect | None:
 
     For a framework that parses the body itself: not-JSON is left to it, with its own message.
     """
-    if not (_MAYBE_SURROGATE.search(raw) or _MAYBE_NON_FINITE.search(raw)):
+    if not (_maybe_surrogate(raw) or _maybe_non_finite(raw)):
         return None
     try:
         payload = json.loads(raw)
@@ -88,7 +98,7 @@ def text_defect(raw: bytes) -> TextDefect | None:
 
 def payload_defect(raw: bytes, payload: Any) -> TextDefect | None:
     """The first value of `payload` (parsed from `raw`) that is not JSON text; only walked when `raw` may hold one."""
-    surrogates, non_finite = bool(_MAYBE_SURROGATE.search(raw)), bool(_MAYBE_NON_FINITE.search(raw))
+    surrogates, non_finite = _maybe_surrogate(raw), _maybe_non_finite(raw)
     if not (surrogates or non_finite):
         return None
     found = _first_defect(payload, surrogates=surrogates, non_finite=non_finite)

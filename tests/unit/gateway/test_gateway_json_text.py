@@ -34,6 +34,7 @@ def client(tiny_model):
     ("/v1/chat/completions", CHAT % '"repetition_penalty": 1e400', "repetition_penalty"),
     ("/v1/completions", COMPLETION % '"logit_bias": {"7": NaN}', "logit_bias.7"),
     ("/v1/completions", COMPLETION % '"top_p": -Infinity', "top_p"),
+    ("/v1/chat/completions", CHAT % ('"repetition_penalty": ' + "9" * 320 + ".5"), "repetition_penalty"),
 ])
 def test_non_finite_numbers_and_surrogate_keys_are_a_400_naming_the_field(client, path, raw, param):
     response = client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
@@ -43,6 +44,6 @@ def test_non_finite_numbers_and_surrogate_keys_are_a_400_naming_the_field(client
 
 
 @pytest.mark.parametrize("raw", [b'{"x": 1e308, "y": "1e999 in a string", "z": "NaN", "w": "\\\\ud800 literally"}',
-                                 b'{"x": 1e-400}', b"not json NaN", b'{"x": [1, 2]}'])
+                                 b'{"x": 1e-400}', b"not json NaN", b'{"x": [1, 2]}', b'{"x": ' + b"9" * 400 + b"}"])
 def test_finite_numbers_and_lookalikes_in_strings_are_not_defects(raw):
     assert text_defect(raw) is None
