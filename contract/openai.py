@@ -30,7 +30,7 @@ class SamplingFields(BaseModel):
 
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
+    top_k: int = Field(-1, ge=-1, description="-1 or 0: no top-k (vLLM's values)")
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None

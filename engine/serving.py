@@ -118,6 +118,9 @@ class OpenAIServing:
         if not runtime.ready:
             raise NotReady(f"engine is {runtime.status}; not taking new requests", retry_after_s=1)
         limit = runtime.model.shape.max_positions
+        if body.max_tokens is None and len(prompt_ids) >= limit:
+            raise BadRequest(f"prompt ({len(prompt_ids)} tokens) leaves no room for output in the context length {limit}",
+                             param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
         max_tokens = body.max_tokens if body.max_tokens is not None else limit - len(prompt_ids)
         if max_tokens <= 0:
             raise BadRequest("max_tokens must be positive", param="max_tokens")

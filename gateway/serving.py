@@ -77,6 +77,9 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
             raise BadRequest("X-Lifeline-Timeout-Ms must be positive", param="X-Lifeline-Timeout-Ms")
     limit = version.max_model_len
     budget = body.token_budget()
+    if budget is None and len(prompt_ids) >= limit:
+        raise BadRequest(f"prompt ({len(prompt_ids)} tokens) leaves no room for output in the context length {limit}",
+                         param="messages" if kind == "chat" else "prompt")
     max_tokens = budget if budget is not None else limit - len(prompt_ids)
     if max_tokens <= 0 or len(prompt_ids) + max_tokens > limit:
         raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}", param="max_tokens")

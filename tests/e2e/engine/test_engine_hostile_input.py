@@ -14,6 +14,8 @@ MODEL = "tiny-seed0"
 DEEP = b'{"model": "tiny-seed0", "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
 SURROGATE_PROMPT = b'{"model": "tiny-seed0", "prompt": "cut over \\ud800 now", "max_tokens": 2}'
 SURROGATE_CHAT = b'{"model": "tiny-seed0", "messages": [{"role": "user", "content": "hi \\udfff"}], "max_tokens": 2}'
+FULL_CONTEXT = json.dumps({"model": MODEL, "prompt": [5] * 4096}).encode()  # tiny's whole context, no max_tokens
+NEGATIVE_TOP_K = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_k": -2}).encode()
 GOOD = json.dumps({"model": MODEL, "prompt": "The standby region", "max_tokens": 3, "temperature": 0,
                    "ignore_eos": True, "return_token_ids": True}).encode()
 
@@ -35,6 +37,8 @@ CASES = [
     (("POST", "/v1/completions", DEEP), (400, "BadRequestError", None)),
     (("POST", "/v1/completions", SURROGATE_PROMPT), (400, "BadRequestError", "prompt")),
     (("POST", "/v1/chat/completions", SURROGATE_CHAT), (400, "BadRequestError", "messages.0.content")),
+    (("POST", "/v1/completions", FULL_CONTEXT), (400, "BadRequestError", "prompt")),
+    (("POST", "/v1/completions", NEGATIVE_TOP_K), (400, "BadRequestError", "top_k")),
     (("GET", "/v1/completions", None), (405, "MethodNotAllowedError", None)),
     (("GET", "/v1/chat/completions", None), (405, "MethodNotAllowedError", None)),
     (("POST", "/v1/no-such-route", b"{}"), (404, "NotFoundError", None)),
@@ -42,6 +46,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("request_", "expected"), CASES, ids=["deep-json", "surrogate-prompt", "surrogate-chat",
+                                                                 "prompt-fills-the-context", "negative-top-k",
                                                                  "get-completions", "get-chat", "unknown-route"])
 def test_hostile_request_gets_a_typed_openai_error(engine, request_: tuple, expected: tuple) -> None:
     conn = http.client.HTTPConnection(urlsplit(engine.url).netloc, timeout=30)

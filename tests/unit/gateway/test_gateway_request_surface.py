@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.engine_client import EngineFailure
+from gateway.errors import BadRequest
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.serving import stream_request
 from gateway.settings import GatewaySettings
@@ -111,3 +112,21 @@ async def test_a_client_resume_of_a_stateful_stream_ends_not_resumable(tiny_mode
     out = await frames_of(resumed.run())
     assert [f.kind for f in out] == ["token", "error"] and out[1].error["type"] == "not_resumable"
     assert h.engines.payloads == []  # nothing was sent to an engine
+
+
+def test_a_prompt_that_fills_the_context_without_max_tokens_names_the_prompt(tiny_model):
+    settings = GatewaySettings(models=[{"alias": "tiny", "version": tiny_model.name, "model_dir": tiny_model}])
+    version = ModelVersion("tiny", tiny_model.name, tiny_model)
+    body = CompletionRequest.model_validate({"model": "tiny", "prompt": "x"})
+    with pytest.raises(BadRequest, match="leaves no room for output") as refused:
+        stream_request({}, settings, body, version, [1] * version.max_model_len, kind="completion", wall=1000.0)
+    assert refused.value.param == "prompt"
+    one_short = stream_request({}, settings, body, version, [1] * (version.max_model_len - 1), kind="completion",
+                               wall=1000.0)
+    assert one_short.max_tokens == 1
+
+
+def test_top_k_below_minus_one_is_a_400(client):
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_k": -2})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_k"
+    assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_k": 0}).status_code == 503
