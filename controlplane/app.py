@@ -74,6 +74,7 @@ def create_app(
 ) -> FastAPI:
     from controlplane.api import build_api_router
     from controlplane.console import build_console_router
+    from controlplane.console.web import install_error_pages as install_console_error_pages
 
     settings = settings or ControlPlaneSettings()
     engine = build_engine(settings.resolved_database_url(), timeouts=settings.database_timeouts())
@@ -110,6 +111,7 @@ def create_app(
         session_factory=app.state.read_session_factory, clock=app.state.clock,
         s3_endpoint_url=settings.s3_endpoint_url)])  # replication lag and RPO_context, at scrape time
     install_error_handlers(app)
+    install_console_error_pages(app)  # the same refusals, as pages under /console
     # The last added is outermost: an oversized body is refused before anything parses it, and audited;
     # so is a body holding text JSON cannot carry (NaN, a lone surrogate); every answer is counted, a refused one too.
     app.add_middleware(JsonBodyMiddleware)

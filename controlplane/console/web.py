@@ -203,3 +203,36 @@ def parse(schema: type[M], data: dict[str, Any]) -> M:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or None
         raise InvalidInput(f"{field or 'form'}: {first['msg']}", param=field) from None
+
+
+def install_error_pages(app: Any) -> None:
+    """Answer errors under /console as the console's typed page, not the API's JSON.
+
+    A request the router refuses before any console code runs (an id past the
+    integer range, an unknown path, the database down while a page resolves
+    its user) reaches the app's JSON handlers. Each one is wrapped: under
+    /console the same status, `type` and message come back as `error.jinja`,
+    so a person in a browser reads the refusal. No user is looked up: the
+    error may be that the database is unreachable.
+    """
+    for exc_class, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[exc_class] = _as_page(handler)
+
+
+def _as_page(handler: Callable[[Request, Exception], Any]) -> Callable[[Request, Exception], Any]:
+    async def wrapped(request: Request, exc: Exception) -> Response:
+        response = await handler(request, exc)
+        if not request.url.path.startswith("/console") or response.media_type != "application/json":
+            return response
+        try:
+            error = json.loads(response.body)["error"]
+            error_type, message = str(error["type"]), str(error["message"])
+        except (ValueError, KeyError, TypeError):
+            return response
+        page = problem(request, user=None, status_code=response.status_code, error_type=error_type,
+                       message=message, back="/console")
+        for name in ("retry-after", "allow"):
+            if name in response.headers:
+                page.headers[name] = response.headers[name]
+        return page
+    return wrapped

@@ -275,3 +275,21 @@ def test_an_unknown_filter_value_is_refused_not_ignored(console: TestClient, tok
     assert "carrier-pigeon" in page.text and "l7" in page.text  # it names the value and what is allowed
     assert console.get("/console/events", params={"routing_tier": "l7"}).status_code == 200
     csrf_of(console.get("/console/events").text)
+
+
+@pytest.mark.parametrize("path", ["/console/cutovers/99999999999999999999", "/console/drills/runs/-1",
+                                  "/console/zonal-shifts/1x/cancel", "/console/no-such-page"])
+def test_a_path_the_router_refuses_is_a_typed_page_not_json(console: TestClient, tokens: dict[str, str],
+                                                            path: str) -> None:
+    sign_in(console, tokens["viewer"])
+    response = console.get(path)
+    assert response.status_code in (404, 422), response.text[:300]
+    assert response.headers["content-type"].startswith("text/html")
+    assert error_type(response) == ("not_found" if response.status_code == 404 else "invalid_request")
+    assert response.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def test_the_api_keeps_its_json_errors(console: TestClient, tokens: dict[str, str]) -> None:
+    response = console.get("/api/v1/cutovers/99999999999999999999",
+                           headers={"Authorization": f"Bearer {tokens['viewer']}"})
+    assert response.status_code == 422 and response.json()["error"]["type"] == "invalid_request"
