@@ -120,11 +120,22 @@ def uses_holder(engine_args: list[str]) -> bool:
     return holder_url(engine_args) is not None
 
 
+# An engine's SIGTERM drain (engine/drain.py) with its default settings: the unroute wait (1 s), in-flight
+# requests finishing (`drain_timeout`, 30 s), then the stragglers' `engine_draining` flushed (5 s); and a margin.
+ENGINE_DRAIN_S = 1.0 + 30.0 + 5.0 + 4.0
+
+
 class LocalDriver:
-    """`lifeline engine serve` processes on this machine, one port each (embedded default, demo, tests)."""
+    """`lifeline engine serve` processes on this machine, one port each (embedded default, demo, tests).
+
+    `stop_timeout` is how long a stop waits for the process before SIGKILL. It covers a whole
+    drain, so a stream still running at a retire ends with `engine_draining`, not a reset; a
+    graceful stop runs in the background of the pool's tick, so the wait holds nothing else up.
+    """
 
     def __init__(self, *, region: str, versions: dict[str, Path], state_dir: Path,
-                 engine_args: list[str] | None = None, stop_timeout: float = 10.0, standby: bool = False) -> None:
+                 engine_args: list[str] | None = None, stop_timeout: float = ENGINE_DRAIN_S,
+                 standby: bool = False) -> None:
         self.region = region
         self.versions = versions
         self.state_dir = state_dir
