@@ -11,22 +11,15 @@ give it back its serving share (z2's instance drains and is backfilled).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
-from common.clock import SystemClock
-from contract.lease import RedisLeaseRegistry
+from tests.support.pool_agent import ticking_agent
 from tests.support.waiting import until
-from warm_pool.agent import Agent
-from warm_pool.driver import LocalDriver
-from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
@@ -44,17 +37,9 @@ async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfi
         probe_timeout=1.5, pool={"model": "tiny", "versions": {tiny_model.name: str(tiny_model)},
                                  "state_dir": str(tmp_path / "pool"),
                                  "zones": {"z1": {"serving": 1, "warm": 0}, "z2": {"serving": 0, "warm": 1}}})
-    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
-    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir)
-    shipper = EventShipper(None, None)
-    shipper.url = "kept"  # no control plane here: keep the events for the test to read
-    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
-    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
+    async with ticking_agent(settings) as lab:
+        agent, registry, driver, shipper = lab.agent, lab.registry, lab.driver, lab.shipper
 
-    stop = asyncio.Event()
-
-    ticking = asyncio.create_task(agent.run_ticks(stop))
-    try:
         def in_state(state: InstanceState, zone: str | None = None) -> list[str]:
             return [i.instance_id for i in agent.instances.values()
                     if i.state is state and zone in (None, i.zone)]
@@ -89,11 +74,3 @@ async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfi
 
         await until(restored, "z1 backfilled and serving, z2 warm again")
         assert any(e.kind == "pool.stopped" and e.instance_id == standby for e in shipper.buffer)
-    finally:
-        stop.set()
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
-        await agent.close()
-        await registry.close()
-        await http.aclose()

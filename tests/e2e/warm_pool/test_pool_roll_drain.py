@@ -22,13 +22,8 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from common.clock import SystemClock
-from contract.lease import RedisLeaseRegistry
-from contract.snapshot import RoutingSnapshot
+from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
-from warm_pool.agent import Agent
-from warm_pool.driver import LocalDriver
-from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
@@ -39,15 +34,6 @@ REGION = "r-drain"
 PROMPT = [11, 42, 7, 99, 5]
 MAX_TOKENS = 400  # at 250 ms a token, far longer than v2's start and the grace; the delay is lifted once seen
 
-
-class Snapshots:
-    def __init__(self) -> None:
-        self.current: RoutingSnapshot | None = None
-
-    def point(self, version: str, revision: int) -> None:
-        self.current = RoutingSnapshot.model_validate({"version": revision, "models": {"tiny": {
-            "aliases": {"prod": {"version": version, "revision": revision}},
-            "versions": {v: {"version": v, "fingerprint": "f", "location": "/x"} for v in ("v1", "v2")}}}})
 
 
 async def stream_tokens(http: httpx.AsyncClient, url: str, first_token: asyncio.Event | None = None) -> list[int]:
@@ -77,74 +63,59 @@ async def test_a_stream_on_the_old_version_survives_the_roll_past_the_grace_and_
                                  "state_dir": str(tmp_path / "pool"), "engine_args": ["--enable-fault-admin"],
                                  "old_generation_grace": 1.0, "old_generation_drain_timeout": 600,
                                  "zones": {"z1": {"serving": 1, "warm": 0, "warm_previous": 0}}})
-    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
-    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir,
-                         engine_args=settings.pool.engine_args)
-    shipper = EventShipper(None, None)
-    shipper.url = "kept"
-    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
-    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
-    agent.snapshots = snapshots = Snapshots()  # type: ignore[assignment]
+    snapshots = AliasSnapshots()
     snapshots.point("v1", 1)
-    stop = asyncio.Event()
-    ticking = asyncio.create_task(agent.run_ticks(stop))
-    client = httpx.AsyncClient(timeout=httpx.Timeout(60.0))
     streaming: asyncio.Task | None = None
-    try:
-        def of(version: str, state: InstanceState) -> list[str]:
-            return [i.instance_id for i in agent.instances.values() if i.version == version and i.state is state]
+    async with ticking_agent(settings, snapshots=snapshots) as lab, \
+            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
+        agent, registry, driver, shipper = lab.agent, lab.registry, lab.driver, lab.shipper
+        try:
+            def of(version: str, state: InstanceState) -> list[str]:
+                return [i.instance_id for i in agent.instances.values() if i.version == version and i.state is state]
 
-        async def leased() -> list[str]:
-            return sorted(lease.version for lease in await registry.live())
+            async def leased() -> list[str]:
+                return sorted(lease.version for lease in await registry.live())
 
-        async def serving(version: str) -> bool:
-            return len(of(version, InstanceState.SERVING)) == 1 and version in await leased()
+            async def serving(version: str) -> bool:
+                return len(of(version, InstanceState.SERVING)) == 1 and version in await leased()
 
-        await until(lambda: serving("v1"), "v1 serves")
-        [old] = of("v1", InstanceState.SERVING)
-        url = agent.instances[old].url
-        reference = await stream_tokens(client, url)  # the same greedy request, undisturbed
-        assert len(reference) == MAX_TOKENS
+            await until(lambda: serving("v1"), "v1 serves")
+            [old] = of("v1", InstanceState.SERVING)
+            url = agent.instances[old].url
+            reference = await stream_tokens(client, url)  # the same greedy request, undisturbed
+            assert len(reference) == MAX_TOKENS
 
-        (await client.post(f"{url}/admin/faults", json={"token_delay_ms": 250})).raise_for_status()
-        first_token = asyncio.Event()
-        streaming = asyncio.create_task(stream_tokens(client, url, first_token))
-        await asyncio.wait_for(first_token.wait(), 60)
+            (await client.post(f"{url}/admin/faults", json={"token_delay_ms": 250})).raise_for_status()
+            first_token = asyncio.Event()
+            streaming = asyncio.create_task(stream_tokens(client, url, first_token))
+            await asyncio.wait_for(first_token.wait(), 60)
 
-        snapshots.point("v2", 2)  # promote: v2 loads, serves the plan, the grace runs out
+            snapshots.point("v2", 2)  # promote: v2 loads, serves the plan, the grace runs out
 
-        def waits_on_the_stream() -> bool:
-            instance = agent.instances.get(old)
-            return instance is not None and instance.in_flight == 1 and \
-                agent.metrics.registry.get_sample_value("lifeline_agent_roll_waiting_instances") == 1
+            def waits_on_the_stream() -> bool:
+                instance = agent.instances.get(old)
+                return instance is not None and instance.in_flight == 1 and \
+                    agent.metrics.registry.get_sample_value("lifeline_agent_roll_waiting_instances") == 1
 
-        await until(waits_on_the_stream, "the roll, past the grace, waits for the old version's stream")
-        assert await serving("v2") and not streaming.done()
-        await asyncio.sleep(2 * settings.pool.old_generation_grace.total_seconds())  # well past it, still there
-        assert driver.alive(old) and old in agent.instances and not streaming.done()
-        assert not [e for e in shipper.buffer if e.kind == "pool.stopped" and e.instance_id == old]
+            await until(waits_on_the_stream, "the roll, past the grace, waits for the old version's stream")
+            assert await serving("v2") and not streaming.done()
+            await asyncio.sleep(2 * settings.pool.old_generation_grace.total_seconds())  # well past it, still there
+            assert driver.alive(old) and old in agent.instances and not streaming.done()
+            assert not [e for e in shipper.buffer if e.kind == "pool.stopped" and e.instance_id == old]
 
-        (await client.post(f"{url}/admin/faults", json={})).raise_for_status()  # decode at full speed again
-        assert await asyncio.wait_for(streaming, 120) == reference  # token-identical, nothing cut or resumed
+            (await client.post(f"{url}/admin/faults", json={})).raise_for_status()  # decode at full speed again
+            assert await asyncio.wait_for(streaming, 120) == reference  # token-identical, nothing cut or resumed
 
-        def retired() -> list:
-            return [e for e in shipper.buffer if e.kind == "pool.stopped" and e.instance_id == old]
+            def retired() -> list:
+                return [e for e in shipper.buffer if e.kind == "pool.stopped" and e.instance_id == old]
 
-        [stopped] = await until(retired, "the old version's instance is retired once its stream ended")
-        assert (stopped.detail["drain_cut"], stopped.detail["in_flight"]) == (False, 0)
-        await until(lambda: not driver.alive(old), "its process exits")
-        assert await leased() == ["v2"]
-        assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_retired_total", {"drain": "idle"}) == 1
-    finally:
-        if streaming is not None:
-            streaming.cancel()
-            with contextlib.suppress(BaseException):
-                await streaming
-        stop.set()
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
-        await agent.close()
-        await registry.close()
-        await client.aclose()
-        await http.aclose()
+            [stopped] = await until(retired, "the old version's instance is retired once its stream ended")
+            assert (stopped.detail["drain_cut"], stopped.detail["in_flight"]) == (False, 0)
+            await until(lambda: not driver.alive(old), "its process exits")
+            assert await leased() == ["v2"]
+            assert agent.metrics.registry.get_sample_value("lifeline_agent_roll_retired_total", {"drain": "idle"}) == 1
+        finally:
+            if streaming is not None:
+                streaming.cancel()
+                with contextlib.suppress(BaseException):
+                    await streaming

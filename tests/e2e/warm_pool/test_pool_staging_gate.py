@@ -12,23 +12,15 @@ serving.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import shutil
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
-from common.clock import SystemClock
-from contract.lease import RedisLeaseRegistry
-from contract.snapshot import RoutingSnapshot
+from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
-from warm_pool.agent import Agent
-from warm_pool.driver import LocalDriver
-from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
@@ -40,12 +32,6 @@ ONE_ZONE_COLD = {"zones": ["x"], "demand_seqs": 2, "demand_tokens_per_s": 50, "c
                  "instance_seqs": 4, "instance_tokens_per_s": 100, "instance_prefill_tokens_per_s": 1000,
                  "recovery_target_s": 5.0, "tier": "cold"}
 
-
-class Snapshots:
-    def __init__(self, shards: dict[str, str]) -> None:
-        self.current = RoutingSnapshot.model_validate({"version": 1, "models": {"tiny": {
-            "aliases": {"prod": {"version": "v1", "revision": 1}},
-            "versions": {"v1": {"version": "v1", "fingerprint": "f", "location": "/catalog/v1", "shards": shards}}}}})
 
 
 async def test_a_loss_never_loads_the_corrupted_staged_copy_and_the_re_synced_one_serves(
@@ -60,16 +46,11 @@ async def test_a_loss_never_loads_the_corrupted_staged_copy_and_the_re_synced_on
         probe_timeout=1.5, pool={"model": "tiny", "versions": {"v1": str(staged)},
                                  "state_dir": str(tmp_path / "pool"), "staging_check_every": 1.0,
                                  "plan": ONE_ZONE_COLD})
-    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
-    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir)
-    shipper = EventShipper(None, None)
-    shipper.url = "kept"
-    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
-    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
-    agent.snapshots = Snapshots(recorded)  # type: ignore[assignment]
-    stop = asyncio.Event()
-    ticking = asyncio.create_task(agent.run_ticks(stop))
-    try:
+    snapshots = AliasSnapshots(versions=("v1",), shards=recorded)
+    snapshots.point("v1", 1)
+    async with ticking_agent(settings, snapshots=snapshots) as lab:
+        agent, registry, driver, shipper = lab.agent, lab.registry, lab.driver, lab.shipper
+
         def serving() -> list[str]:
             return [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
 
@@ -104,11 +85,3 @@ async def test_a_loss_never_loads_the_corrupted_staged_copy_and_the_re_synced_on
         assert second != first and list(driver.processes) == [second]
         assert [lease.instance_id for lease in await registry.live()] == [second]
         assert len(refused()) == 1
-    finally:
-        stop.set()
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
-        await agent.close()
-        await registry.close()
-        await http.aclose()

@@ -12,21 +12,13 @@ v2 becomes the warm previous version in turn.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
-from common.clock import SystemClock
-from contract.lease import RedisLeaseRegistry
-from contract.snapshot import RoutingSnapshot
+from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
-from warm_pool.agent import Agent
-from warm_pool.driver import LocalDriver
-from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
@@ -35,15 +27,6 @@ pytestmark = pytest.mark.e2e
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-roll"
 
-
-class Snapshots:
-    def __init__(self) -> None:
-        self.current: RoutingSnapshot | None = None
-
-    def point(self, version: str, revision: int) -> None:
-        self.current = RoutingSnapshot.model_validate({"version": revision, "models": {"tiny": {
-            "aliases": {"prod": {"version": version, "revision": revision}},
-            "versions": {v: {"version": v, "fingerprint": "f", "location": "/x"} for v in ("v1", "v2")}}}})
 
 
 async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_loads_nothing(
@@ -54,19 +37,11 @@ async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_l
         probe_timeout=1.5, pool={"model": "tiny", "versions": {"v1": str(tiny_model), "v2": str(tiny_model)},
                                  "state_dir": str(tmp_path / "pool"), "old_generation_grace": 1.0,
                                  "zones": {"z1": {"serving": 1, "warm": 0, "warm_previous": 1}}})
-    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
-    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir)
-    shipper = EventShipper(None, None)
-    shipper.url = "kept"
-    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
-    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
-    agent.snapshots = snapshots = Snapshots()  # type: ignore[assignment]
+    snapshots = AliasSnapshots()
     snapshots.point("v1", 1)
+    async with ticking_agent(settings, snapshots=snapshots) as lab:
+        agent, registry, driver, shipper, http = lab.agent, lab.registry, lab.driver, lab.shipper, lab.http
 
-    stop = asyncio.Event()
-
-    ticking = asyncio.create_task(agent.run_ticks(stop))
-    try:
         async def leased() -> dict[str, str]:
             return {lease.instance_id: lease.version for lease in await registry.live()}
 
@@ -104,11 +79,3 @@ async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_l
             return of("v2", InstanceState.WARM) == [second] and list((await leased()).values()) == ["v1"]
 
         await until(v2_previous, "v2 waits warm as the previous version now")
-    finally:
-        stop.set()
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
-        await agent.close()
-        await registry.close()
-        await http.aclose()

@@ -13,7 +13,6 @@ plan's N), backfills z1 and, once z1 is warm, restores the plan's layout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import threading
@@ -23,15 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.clock import SystemClock
-from contract.lease import RedisLeaseRegistry
 from lifeline.processes import GatewayProcess, free_port, gateway_config
+from tests.support.pool_agent import ticking_agent
 from tests.support.sse import StreamResult
 from tests.support.waiting import until
-from warm_pool.agent import Agent
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
-from warm_pool.driver import LocalDriver
-from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
@@ -61,70 +56,55 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
     gateway = GatewayProcess(gateway_config(tiny_model, region=REGION, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1}), free_port(), tmp_path)
     gateway.start()
-    registry = RedisLeaseRegistry.from_url(REDIS_URL, region=REGION, prefix=prefix, ttl=settings.lease_ttl)
-    driver = LocalDriver(region=REGION, versions=settings.pool.versions, state_dir=settings.pool.state_dir)
-    shipper = EventShipper(None, None)
-    shipper.url = "kept"
-    http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
-    agent = Agent(settings, registry=registry, http=http, clock=SystemClock(), driver=driver, shipper=shipper)
-
-    stop = asyncio.Event()
-
-    ticking = asyncio.create_task(agent.run_ticks(stop))
     try:
-        gateway.wait_live()
+        async with ticking_agent(settings) as lab:
+            agent, registry, driver, shipper, http = lab.agent, lab.registry, lab.driver, lab.shipper, lab.http
+            gateway.wait_live()
 
-        def ids(zone: str, state: InstanceState) -> list[str]:
-            return [i.instance_id for i in agent.instances.values() if i.zone == zone and i.state is state]
+            def ids(zone: str, state: InstanceState) -> list[str]:
+                return [i.instance_id for i in agent.instances.values() if i.zone == zone and i.state is state]
 
-        async def built() -> bool:
-            return all(len(ids(z, InstanceState.SERVING)) == 1 and len(ids(z, InstanceState.WARM)) == 1
-                       for z in ("z1", "z2"))
+            async def built() -> bool:
+                return all(len(ids(z, InstanceState.SERVING)) == 1 and len(ids(z, InstanceState.WARM)) == 1
+                           for z in ("z1", "z2"))
 
-        await until(built, "the plan's pool: one serving and one warm per zone")
-        await asyncio.to_thread(gateway.wait_routable, "tiny", 2)
-        z1 = ids("z1", InstanceState.SERVING) + ids("z1", InstanceState.WARM)
-        [z1_serving], [z2_serving], [z2_warm] = (ids("z1", InstanceState.SERVING), ids("z2", InstanceState.SERVING),
-                                                 ids("z2", InstanceState.WARM))
-        reference = (await http.post(f"{agent.instances[z2_serving].url}/v1/completions", timeout=60,
-                                     json={**BODY, "model": tiny_model.name})).json()["choices"][0]["token_ids"]
+            await until(built, "the plan's pool: one serving and one warm per zone")
+            await asyncio.to_thread(gateway.wait_routable, "tiny", 2)
+            z1 = ids("z1", InstanceState.SERVING) + ids("z1", InstanceState.WARM)
+            [z1_serving], [z2_serving], [z2_warm] = (ids("z1", InstanceState.SERVING), ids("z2", InstanceState.SERVING),
+                                                     ids("z2", InstanceState.WARM))
+            reference = (await http.post(f"{agent.instances[z2_serving].url}/v1/completions", timeout=60,
+                                         json={**BODY, "model": tiny_model.name})).json()["choices"][0]["token_ids"]
 
-        started = [threading.Event() for _ in range(4)]
-        streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target, first_token))
-                   for target, first_token in zip((z1_serving, z1_serving, z2_serving, z2_serving), started)]
-        # kill once every stream has its first token (48 tokens at 40 ms each leave ~2 s to go)
-        assert await asyncio.to_thread(lambda: all(event.wait(60) for event in started))
-        for instance_id in z1:
-            os.kill(driver.pid(instance_id), signal.SIGKILL)
-        results = await asyncio.gather(*streams)
+            started = [threading.Event() for _ in range(4)]
+            streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target, first_token))
+                       for target, first_token in zip((z1_serving, z1_serving, z2_serving, z2_serving), started)]
+            # kill once every stream has its first token (48 tokens at 40 ms each leave ~2 s to go)
+            assert await asyncio.to_thread(lambda: all(event.wait(60) for event in started))
+            for instance_id in z1:
+                os.kill(driver.pid(instance_id), signal.SIGKILL)
+            results = await asyncio.gather(*streams)
 
-        for result in results:
-            assert result.error is None and result.done, result.error
-            assert result.token_ids == reference  # greedy: token-identical across the migration
-            assert [c["lifeline"]["seq"] for c in result.chunks if "lifeline" in c] == list(range(len(
-                [c for c in result.chunks if "lifeline" in c])))
-        migrated = [r for r in results if max(c.get("lifeline", {}).get("epoch", 0) for c in r.chunks) >= 1]
-        assert len(migrated) >= 2  # the z1 streams moved; the test would prove nothing otherwise
+            for result in results:
+                assert result.error is None and result.done, result.error
+                assert result.token_ids == reference  # greedy: token-identical across the migration
+                assert [c["lifeline"]["seq"] for c in result.chunks if "lifeline" in c] == list(range(len(
+                    [c for c in result.chunks if "lifeline" in c])))
+            migrated = [r for r in results if max(c.get("lifeline", {}).get("epoch", 0) for c in r.chunks) >= 1]
+            assert len(migrated) >= 2  # the z1 streams moved; the test would prove nothing otherwise
 
-        async def promoted() -> bool:
-            return z2_warm in {lease.instance_id for lease in await registry.live()}
+            async def promoted() -> bool:
+                return z2_warm in {lease.instance_id for lease in await registry.live()}
 
-        await until(promoted, "z2's warm instance promoted: z2 alone serves the plan's N", timeout=30)
-        assert any(e.kind == "pool.promoted" and e.instance_id == z2_warm for e in shipper.buffer)
+            await until(promoted, "z2's warm instance promoted: z2 alone serves the plan's N", timeout=30)
+            assert any(e.kind == "pool.promoted" and e.instance_id == z2_warm for e in shipper.buffer)
 
-        async def restored() -> bool:  # the plan's layout again, with new instances in z1
-            leases = {lease.instance_id for lease in await registry.live()}
-            return await built() and not set(z1) & set(agent.instances) and not set(z1) & leases
+            async def restored() -> bool:  # the plan's layout again, with new instances in z1
+                leases = {lease.instance_id for lease in await registry.live()}
+                return await built() and not set(z1) & set(agent.instances) and not set(z1) & leases
 
-        await until(restored, "z1 backfilled; one serving and one warm per zone again")
+            await until(restored, "z1 backfilled; one serving and one warm per zone again")
     finally:
-        stop.set()
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
-        await agent.close()
-        await registry.close()
-        await http.aclose()
         gateway.kill()
 
 
