@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from controlplane.auth.roles import Role
-from controlplane.console.cutovers import cutover_page, page_user
+from controlplane.console.cutovers import cutover_page, page_user, reasoned_action
 from controlplane.console.session import ConsoleUser
 from controlplane.console.web import Form, guard_action, parse, redirect, render, run_action, unit_of_work
 from controlplane.deps import IdPath
@@ -27,7 +27,7 @@ from cutover import flows
 from cutover import service as cutover_service
 from cutover.endpoints import runtime_for
 from cutover.runner import claim_live
-from cutover.schemas import GateUpdate, RollbackRequest
+from cutover.schemas import GateUpdate
 from cutover.states import CutoverState
 
 router = APIRouter()
@@ -52,17 +52,7 @@ def confirm_abort(cutover_id: IdPath, request: Request) -> Response:
 
 @router.post("/console/cutovers/{cutover_id}/abort", include_in_schema=False, name="console.cutover_abort")
 def abort(cutover_id: IdPath, request: Request, form: Form) -> Response:
-    checked = guard_action(request, form, Role.OPERATOR)
-    if not isinstance(checked, ConsoleUser):
-        return checked
-    user = checked
-
-    def act() -> Response:
-        body = parse(RollbackRequest, {"reason": form.get("reason", "")})
-        flows.abort(runtime_for(request.app.state), cutover_id=cutover_id, actor=user.actor, reason=body.reason)
-        return redirect(f"/console/cutovers/{cutover_id}")
-
-    return run_action(request, user, act, back=f"/console/cutovers/{cutover_id}")
+    return reasoned_action(request, form, cutover_id, flows.abort)
 
 
 @router.get("/console/cutover-gate", include_in_schema=False, name="console.gate_confirm")

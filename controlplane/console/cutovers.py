@@ -16,6 +16,7 @@ from here.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -182,6 +183,12 @@ def confirm_rollback(cutover_id: IdPath, request: Request) -> Response:
 
 @router.post("/console/cutovers/{cutover_id}/rollback", include_in_schema=False, name="console.cutover_rollback")
 def rollback(cutover_id: IdPath, request: Request, form: Form) -> Response:
+    return reasoned_action(request, form, cutover_id, flows.rollback)
+
+
+def reasoned_action(request: Request, form: dict[str, str], cutover_id: int,
+                    flow: Callable[..., object]) -> Response:
+    """An operator's rollback or abort of one cutover: `flow` as the REST route calls it, the reason as it checks it."""
     checked = guard_action(request, form, Role.OPERATOR)
     if not isinstance(checked, ConsoleUser):
         return checked
@@ -189,7 +196,7 @@ def rollback(cutover_id: IdPath, request: Request, form: Form) -> Response:
 
     def act() -> Response:
         body = parse(RollbackRequest, {"reason": form.get("reason", "")})
-        flows.rollback(runtime_for(request.app.state), cutover_id=cutover_id, actor=user.actor, reason=body.reason)
+        flow(runtime_for(request.app.state), cutover_id=cutover_id, actor=user.actor, reason=body.reason)
         return redirect(f"/console/cutovers/{cutover_id}")
 
     return run_action(request, user, act, back=f"/console/cutovers/{cutover_id}")
