@@ -102,7 +102,7 @@ def test_demo_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
         assert demo.stdout is not None
         for line in demo.stdout:
             lines.append(line)
-            if " pool " in line:
+            if re.match(r"\s*[\d.]+s pool ", line):  # the pool step's line, not the banner's "warm pool"
                 pool_up.set()
 
     reader = threading.Thread(target=read, daemon=True)

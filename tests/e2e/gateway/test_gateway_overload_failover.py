@@ -97,4 +97,5 @@ def test_resume_of_unknown_stream_is_404(cluster_factory):
     response = httpx.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "3"})
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
     bad = httpx.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "x"})
-    assert bad.status_code == 404
+    # the cursor is checked before the stream is looked up: a garbage one is the client's error, named
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
