@@ -8,6 +8,7 @@ Whatever happens, every process it started is stopped before it returns.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -60,7 +61,9 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
     console = Console(highlight=False)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
+    _INTERRUPTED.clear()
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    previous_int = signal.signal(signal.SIGINT, _interrupt)
     tiers: RealTiers | None = None
     fleet: DemoFleet | None = None
     deployment: CanaryDeployment | None = None
@@ -69,6 +72,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
     regions = {"eu-west": REGIONS["eu-west"]} if quick else REGIONS
 
     def say(step: str, text: str) -> None:
+        _raise_if_interrupted()
         # One line per step, however long (soft wrap: the terminal folds it), so a log greps as it reads.
         console.print(f"[dim]{time.monotonic() - began:6.1f}s[/] {step:<10} {text}", soft_wrap=True)
 
@@ -173,6 +177,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         for row in rows:
             if row.note:
                 console.print(f"[yellow]seen[/]: {row.note}")
+        _raise_if_interrupted()
         broken = [r.scenario for r in rows if not r.ok] + ([] if same else ["regions answer differently"])
         if broken:
             console.print(f"[red]a promise was broken: {', '.join(broken)}[/]; logs in {fleet.logs}")
@@ -184,6 +189,10 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         console.print("[yellow]interrupted[/]: stopping every process the demo started")
         return 130
     except Exception as exc:  # noqa: BLE001 - reported with the logs' place, then everything is stopped
+        if _INTERRUPTED.is_set():  # what a swallowed interrupt left half done (a module half imported)
+            console.print(f"[yellow]interrupted[/] ({type(exc).__name__} after it): stopping every process the "
+                          "demo started")
+            return 130
         console.print(f"[red]the demo failed[/]: {type(exc).__name__}: {exc}")
         if fleet is not None:
             console.print(f"logs in {fleet.logs}")
@@ -202,13 +211,25 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                 tiers.stop()
         for flow in flows:
             flow.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
         console.print(f"stopped every process the demo started ({time.monotonic() - began:.0f} s in all)")
 
 
+# Set by a Ctrl-C or SIGTERM and checked at every step. The KeyboardInterrupt the handler raises can be
+# swallowed by code that catches everything (a CI run sent Ctrl-C during the model build and the demo ran
+# to its end, exit 0); the next step then raises it again.
+_INTERRUPTED = threading.Event()
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    _INTERRUPTED.set()
     raise KeyboardInterrupt
+
+
+def _raise_if_interrupted() -> None:
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 def _model(workdir: Path, console: Console, seed: int = 0) -> Path:
