@@ -171,10 +171,12 @@ class DemoFleet:
     def start_registry(self) -> str:
         """A private redis-server on a spare port (a real part); else the machine's on 6379 under our own prefix."""
         try:
-            self.redis = RedisNode(self.workdir / "redis", free_port()).start()
+            self.redis = RedisNode(self.workdir / "redis", free_port())  # kept first: close() stops a half-started one
+            self.redis.start()
             self.registry_url = f"redis://127.0.0.1:{self.redis.port}/0"
             self.registry_note = f"redis-server on 127.0.0.1:{self.redis.port}, started by the demo"
         except DaemonMissing:
+            self.redis = None
             if not _listening(6379):
                 raise
             self.registry_url = "redis://127.0.0.1:6379/0"
@@ -261,7 +263,6 @@ class DemoFleet:
             "sessions": {"store": str(sessions.sessions_dir(self.workdir, name))},
         }
         gateway = GatewayProcess(config, free_port(), self.logs, replica_id=replica)
-        gateway.start()
         agent = AgentProcess({
             "region": name, "agent_id": f"agent-{name}", "controlplane_url": self.controlplane.url,
             "controlplane_token": self.agent_token, "snapshot_cache": str(state / f"agent-{name}" / "snapshot.json"),
@@ -277,8 +278,9 @@ class DemoFleet:
                                      sessions.kv_store_url(self.workdir, name)]},
         }, self.logs)
         (state / f"agent-{name}").mkdir(parents=True, exist_ok=True)
+        region = self.regions[name] = Region(name, zones, plan, gateway, agent)  # before they start: close() stops them
+        gateway.start()
         agent.start()
-        region = self.regions[name] = Region(name, zones, plan, gateway, agent)
         return region
 
     def start_replication(self, source: str, destination: str) -> str:
