@@ -52,7 +52,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
     settings = AgentSettings(
         region=REGION, registry=REDIS_URL, registry_prefix=prefix, lease_ttl=2.0, probe_interval=0.25,
         probe_timeout=1.5, pool={"model": "tiny", "versions": {tiny_model.name: str(tiny_model)}, "zones": zones,
-                                 "state_dir": str(tmp_path / "pool"), "engine_args": ["--fault-token-delay-ms", "40"]})
+                                 "state_dir": str(tmp_path / "pool")})
     gateway = GatewayProcess(gateway_config(tiny_model, region=REGION, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1}), free_port(), tmp_path)
     gateway.start()
@@ -79,7 +79,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
             started = [threading.Event() for _ in range(4)]
             streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target, first_token))
                        for target, first_token in zip((z1_serving, z1_serving, z2_serving, z2_serving), started)]
-            # kill once every stream has its first token (48 tokens at 40 ms each leave ~2 s to go)
+            # kill once every stream has its first token; at least two must still be running (asserted below)
             assert await asyncio.to_thread(lambda: all(event.wait(60) for event in started))
             for instance_id in z1:
                 os.kill(driver.pid(instance_id), signal.SIGKILL)
