@@ -52,7 +52,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
     settings = AgentSettings(
         region=REGION, registry=REDIS_URL, registry_prefix=prefix, lease_ttl=2.0, probe_interval=0.25,
         probe_timeout=1.5, pool={"model": "tiny", "versions": {tiny_model.name: str(tiny_model)}, "zones": zones,
-                                 "state_dir": str(tmp_path / "pool")})
+                                 "state_dir": str(tmp_path / "pool"), "engine_args": ["--fault-token-delay-ms", "40"]})
     gateway = GatewayProcess(gateway_config(tiny_model, region=REGION, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1}), free_port(), tmp_path)
     gateway.start()
@@ -79,7 +79,7 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
             started = [threading.Event() for _ in range(4)]
             streams = [asyncio.create_task(asyncio.to_thread(_stream, gateway.url, target, first_token))
                        for target, first_token in zip((z1_serving, z1_serving, z2_serving, z2_serving), started)]
-            # kill once every stream has its first token; at least two must still be running (asserted below)
+            # kill once every stream has its first token (48 tokens at 40 ms each leave ~2 s to go)
             assert await asyncio.to_thread(lambda: all(event.wait(60) for event in started))
             for instance_id in z1:
                 os.kill(driver.pid(instance_id), signal.SIGKILL)
@@ -93,11 +93,11 @@ async def test_zone_loss_under_streaming_load(tiny_model: Path, tmp_path: Path) 
             migrated = [r for r in results if max(c.get("lifeline", {}).get("epoch", 0) for c in r.chunks) >= 1]
             assert len(migrated) >= 2  # the z1 streams moved; the test would prove nothing otherwise
 
-            async def promoted() -> bool:
-                return z2_warm in {lease.instance_id for lease in await registry.live()}
+            def promoted() -> bool:  # the event, not the lease: z1's backfill can be warm and take its share
+                return any(e.kind == "pool.promoted" and e.instance_id == z2_warm  # back before this looks
+                           for e in shipper.buffer)
 
             await until(promoted, "z2's warm instance promoted: z2 alone serves the plan's N", timeout=30)
-            assert any(e.kind == "pool.promoted" and e.instance_id == z2_warm for e in shipper.buffer)
 
             async def restored() -> bool:  # the plan's layout again, with new instances in z1
                 leases = {lease.instance_id for lease in await registry.live()}
