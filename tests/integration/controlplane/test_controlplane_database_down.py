@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.processes import free_port
+from tests.support.freezing_proxy import FreezingProxy
 
 pytestmark = pytest.mark.integration
 
@@ -176,48 +176,6 @@ def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(tmp_path:
             holder.close()
 
 
-class FreezingProxy:
-    """A TCP proxy to PostgreSQL that can stop forwarding while keeping every connection open.
-
-    Frozen, it behaves like a SIGSTOPped server: TCP stays up, nothing answers.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.frozen = threading.Event()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            self.sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                while self.frozen.is_set():  # hold the bytes: the peer waits, as on a stopped server
-                    time.sleep(0.02)
-                sink.sendall(data)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.sockets:
-            sock.close()
-
-
 def test_an_established_connection_to_a_server_gone_silent_is_cut_off_and_answered_503(tmp_path: Path) -> None:
     """PostgreSQL only: SQLite has no server to fall silent."""
     from controlplane.auth import service
@@ -242,12 +200,12 @@ def test_an_established_connection_to_a_server_gone_silent_is_cut_off_and_answer
                                                      clock=ManualClock())
                 viewer = {"Authorization": f"Bearer {secret}"}
                 assert client.get("/api/v1/regions", headers=viewer).status_code == 200  # pooled connections exist
-                proxy.frozen.set()
+                proxy.freeze()
                 for _ in range(3):
                     assert_database_unavailable(bounded(lambda: client.get("/api/v1/regions", headers=viewer)))
                 assert bounded(lambda: client.get("/healthz/ready")).status_code == 503
                 assert app.state.engine.dialect is not None
-                proxy.frozen.clear()
+                proxy.thaw()
                 recovered = bounded(lambda: client.get("/api/v1/regions", headers=viewer))
                 assert recovered.status_code == 200, recovered.text
             app.state.engine.dispose()

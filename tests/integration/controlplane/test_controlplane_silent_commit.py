@@ -20,7 +20,6 @@ or neither — and the API must answer again once the server does.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,67 +36,9 @@ from controlplane.event.models import Event
 from controlplane.schema import upgrade
 from controlplane.topology import service as topology
 from tests.support.controlplane_testing import throwaway_database
+from tests.support.freezing_proxy import FreezingProxy
 
 pytestmark = pytest.mark.integration
-
-
-class FreezeAtProxy:
-    """Forwards to PostgreSQL until the client sends a simple query naming `trigger`; then holds every byte.
-
-    Closes propagate both ways, as a real proxy's do, so a connection the
-    client gave up on does not keep a server transaction open.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.trigger: bytes | None = None
-        self.frozen = threading.Event()
-        self.thawed = threading.Event()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if from_client and self.trigger is not None and b"Q" in data and self.trigger in data:
-                    self.frozen.set()
-                if self.frozen.is_set():
-                    self.thawed.wait()
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (sink, source):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def thaw(self) -> None:
-        self.trigger = None
-        self.thawed.set()
-        self.frozen.clear()
-
-    def close(self) -> None:
-        self.thaw()
-        self.listener.close()
-        for sock in self.sockets:
-            sock.close()
 
 
 def bounded(call: Any, limit_s: float = 60.0) -> Any:
@@ -118,12 +59,12 @@ def bounded(call: Any, limit_s: float = 60.0) -> Any:
 
 
 @pytest.fixture
-def proxied(tmp_path: Path) -> Iterator[tuple[Any, FreezeAtProxy]]:
+def proxied(tmp_path: Path) -> Iterator[tuple[Any, FreezingProxy]]:
     """An engine built the way the control plane builds it (1 s statement timeout), through the proxy."""
     with throwaway_database("postgresql", tmp_path) as real_url:
         upgrade(real_url)
         host_port = real_url.split("@", 1)[1].split("/", 1)[0]
-        proxy = FreezeAtProxy(int(host_port.rsplit(":", 1)[1]))
+        proxy = FreezingProxy(int(host_port.rsplit(":", 1)[1]))
         engine = build_engine(real_url.replace(host_port, f"127.0.0.1:{proxy.port}"),
                               timeouts=DatabaseTimeouts(connect=timedelta(seconds=2),
                                                         statement=timedelta(seconds=1)))
@@ -149,9 +90,9 @@ def test_a_server_silent_at_the_commit_is_a_database_error_and_the_outcome_is_co
     engine, proxy = proxied
     factory = build_session_factory(engine)
     assert region_names(factory) == []  # a pooled connection exists
-    proxy.trigger = b"COMMIT"
+    proxy.freeze_on = b"COMMIT"
     outcome = bounded(lambda: create_region(factory, "eu"))
-    assert proxy.frozen.is_set()  # the freeze hit the COMMIT, not an earlier statement
+    assert proxy.frozen  # the freeze hit the COMMIT, not an earlier statement
     assert isinstance(outcome, OperationalError), outcome  # the API renders it 503 database_unavailable
     proxy.thaw()
 
@@ -168,8 +109,8 @@ def test_a_server_silent_at_the_rollback_ending_a_read_gives_the_connection_up(p
     engine, proxy = proxied
     factory = build_session_factory(engine)
     assert region_names(factory) == []
-    proxy.trigger = b"ROLLBACK"
+    proxy.freeze_on = b"ROLLBACK"
     bounded(lambda: region_names(factory))  # the pool's reset: an error there discards the connection
-    assert proxy.frozen.is_set()
+    assert proxy.frozen
     proxy.thaw()
     assert bounded(lambda: region_names(factory)) == []
