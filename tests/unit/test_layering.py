@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 LIFELINE_PACKAGES = {"common", "contract", "engine", "gateway", "holder", "controlplane", "weight_catalog", "warm_pool",
-                     "cutover", "lifeline", "migrations", "bench", "tests"}
+                     "cutover", "lifeline", "lifeline_vllm", "migrations", "bench", "tests"}
 
 # package → the Lifeline packages it may import (besides itself)
 ALLOWED = {
@@ -27,6 +27,8 @@ ALLOWED = {
     "holder": {"common", "contract"},
     # the regional agent reaches engines, the registry and the control plane over HTTP and Redis
     "warm_pool": {"common", "contract"},
+    # runs inside vLLM's own venv: the reference engine's sampling rule (pure torch) and the records, no more
+    "lifeline_vllm": {"contract", "engine"},
 }
 
 
