@@ -51,7 +51,8 @@ def document_errors(route: APIRoute) -> None:
     if "{" in route.path:
         responses[404] = _error("a named thing does not exist (`<thing>_not_found`)")
     if route.methods & MUTATING:
-        responses[409] = _error("the change conflicts with current state (a compare-and-set lost, a guard refused)")
+        responses[409] = _error("the change conflicts with current state (a compare-and-set lost, a guard refused, "
+                                "or the database aborted it for a concurrent one: `transaction_aborted`)")
     for status, entry in responses.items():
         route.responses.setdefault(status, entry)
 

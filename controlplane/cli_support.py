@@ -101,6 +101,12 @@ def audited_command(settings: ControlPlaneSettings, *, action: str, target: str)
         _record(settings, action=action, target=target, status_code=exc.status_code)
         fail(exc.error_type, exc.message)
     except SQLAlchemyError as exc:
+        from controlplane.errors import aborted_by_database
+
+        if aborted_by_database(exc):  # the database is up: it broke a lock cycle (controlplane.errors)
+            _record(settings, action=action, target=target, status_code=409)
+            fail("transaction_aborted", "a concurrent change made the database abort this one; nothing was "
+                                        "changed; retry")
         _record(settings, action=action, target=target, status_code=503)
         fail("database_unavailable", f"the database could not be used ({type(exc).__name__})")
     finally:

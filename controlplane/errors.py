@@ -6,14 +6,19 @@
     ├── InvalidInput        422  invalid_request / <reason>
     ├── Unauthenticated     401  unauthenticated
     ├── Forbidden           403  forbidden
-    └── DatabaseUnavailable 503  database_unavailable
+    ├── DatabaseUnavailable 503  database_unavailable
+    └── TransactionAborted  409  transaction_aborted
 
 Framework errors get types too: an unknown path 404 `not_found`, a
 method the path does not take 405 `method_not_allowed`, any other HTTP
 error `http_error`, a body or parameter that fails validation 422
 `invalid_request`, a constraint race 409 `conflict`, a database that is
 down, silent (past its timeouts) or locked 503 `database_unavailable`
-with `Retry-After`.
+with `Retry-After`. A transaction the database itself aborted to break a
+deadlock or a serialization failure (SQLSTATE 40P01, 40001) is 409
+`transaction_aborted`: the database is up, the change was not made, and a
+retry can succeed. It used to be a 503 like a database that is away,
+which sent operators looking for an outage that was a lock cycle.
 
 Services raise these; they never raise HTTPException. `install_error_handlers`
 renders every error, including FastAPI's own validation errors and database
@@ -67,6 +72,27 @@ class DatabaseUnavailable(LifelineError):
     error_type = "database_unavailable"
 
 
+class TransactionAborted(LifelineError):
+    """The database aborted this transaction to let a concurrent one through (deadlock, serialization failure).
+
+    Nothing was changed. Writers take their locks in one order (see
+    `weight_catalog.repository.lock_versions`), so this is a bug to report
+    when it happens, not a state of the database.
+    """
+
+    status_code = 409
+    error_type = "transaction_aborted"
+
+
+# SQLSTATE class 40 codes with which PostgreSQL aborts a transaction that a retry can redo.
+ABORTED_BY_DATABASE = frozenset({"40001", "40P01"})
+
+
+def aborted_by_database(exc: BaseException) -> bool:
+    """True when `exc` (a SQLAlchemy DBAPIError) is a deadlock or serialization abort, not an unreachable database."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) in ABORTED_BY_DATABASE
+
+
 def _render(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(type_, message, code=status), status_code=status, headers=headers)
 
@@ -115,6 +141,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(500, "internal_error", "internal error")
 
     async def _database_down(request: Request, exc: Exception) -> JSONResponse:
+        if aborted_by_database(exc):
+            log.error("transaction_aborted", error=repr(exc)[:300])  # a lock-order bug: worth a report
+            aborted = TransactionAborted("a concurrent change made the database abort this one; nothing was "
+                                         "changed; retry")
+            return JSONResponse(aborted.body(), status_code=aborted.status_code)
         log.warning("database_unavailable", error=repr(exc)[:300])
         request.state.database_unavailable = True  # the audit middleware skips a write that cannot succeed
         error = DatabaseUnavailable("the database is unavailable; retry shortly", retry_after_s=1)

@@ -50,9 +50,22 @@ def alias_history(session: Session, *, model: str, name: str) -> Sequence[AliasM
     return repository.alias_moves(session, model=model, name=name)
 
 
+def _lock_move(session: Session, *, current: Alias | None, target: WeightVersion) -> None:
+    """Lock the versions a move touches, after its alias row and in id order (`repository.lock_versions`).
+
+    The target's lock makes the guards and the writes they guard take turns:
+    an issue opened meanwhile is seen by `_refuse_critical`, or opened after
+    this move commits. The lock on the version the alias leaves is the one
+    its history row's foreign key would take anyway; taken here, in order,
+    it cannot be taken against the order of a move crossing this one.
+    Lock order for every alias move: alias row, version rows by id, the
+    snapshot counter (`routing_version.bump`, last).
+    """
+    repository.lock_versions(session, {target.id} | ({current.version_id} if current is not None else set()))
+
+
 def _refuse_critical(session: Session, target: WeightVersion, *, force: bool) -> None:
-    """Locks the target first: an issue opened meanwhile is seen here, or opened after this move commits."""
-    repository.lock_version(session, target)
+    """The caller locked the target (`_lock_move`): an issue opened meanwhile is seen here."""
     issues = repository.open_critical_issues(session, version_id=target.id)
     if issues and not force:
         titles = "; ".join(f"#{i.id} {i.title}" for i in issues)
@@ -189,6 +202,7 @@ def promote(
         raise InvalidInput("a forced promote needs a reason", type="force_needs_reason")
     current = repository.get_alias(session, model=model, name=alias, for_update=True)
     target = get_version_or_raise(session, model=model, version=version)
+    _lock_move(session, current=current, target=target)
     _refuse_critical(session, target, force=force)
     _refuse_failed_verify(target, force=force)
     _refuse_fingerprint(session, target, force=force)
@@ -250,6 +264,7 @@ def rollback(
     target = rollback_target(session, model=model, alias=alias)
     # The target held this alias before, so its fingerprint was accepted
     # then; a critical issue found or a verify failed since is still refused.
+    _lock_move(session, current=current, target=target)
     _refuse_critical(session, target, force=force)
     _refuse_failed_verify(target, force=force)
     return _move(

@@ -30,6 +30,22 @@ def lock_version(session: Session, version: WeightVersion) -> None:
                     .execution_options(populate_existing=True))
 
 
+def lock_versions(session: Session, version_ids: set[int]) -> None:
+    """Lock the rows of `version_ids` (PostgreSQL) in ascending id order, re-reading them into the session.
+
+    Every writer that locks more than one version row takes them in this one
+    order. An alias move touches two (the version it leaves, which its
+    history row references, and its target): two moves crossing each other
+    (prod v1 → v2 while canary v2 → v1) that each locked only the target
+    waited on each other's key-share lock and PostgreSQL aborted one as a
+    deadlock (tests/integration/weight_catalog/test_catalog_alias_deadlocks.py).
+    One row at a time, so the order is the loop's, not a plan's.
+    """
+    for version_id in sorted(version_ids):
+        session.execute(select(WeightVersion).where(WeightVersion.id == version_id).with_for_update()
+                        .execution_options(populate_existing=True))
+
+
 def list_versions(session: Session, *, model: str | None = None) -> Sequence[WeightVersion]:
     query = select(WeightVersion).order_by(WeightVersion.model, WeightVersion.id)
     if model is not None:
