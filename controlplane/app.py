@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from controlplane.auth.audit import AuditMiddleware
+from controlplane.auth.audit import AuditMiddleware, bearer_actor
 from common.clock import Clock, SystemClock
 from controlplane.body_limit import BodyLimitMiddleware
 from controlplane.config import ControlPlaneSettings
@@ -74,6 +74,7 @@ def create_app(
 ) -> FastAPI:
     from controlplane.api import build_api_router
     from controlplane.console import build_console_router
+    from controlplane.console.session import cookie_actor as console_cookie_actor
     from controlplane.console.web import install_error_pages as install_console_error_pages
 
     settings = settings or ControlPlaneSettings()
@@ -116,7 +117,8 @@ def create_app(
     # so is a body holding text JSON cannot carry (NaN, a lone surrogate); every answer is counted, a refused one too.
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(AuditMiddleware)
+    # who a refused call's credential names: the bearer token, or the console's session cookie
+    app.add_middleware(AuditMiddleware, identify=(bearer_actor, console_cookie_actor))
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
     app.include_router(build_api_router())
     app.include_router(build_console_router())  # the operator console under /console (docs/console.md)

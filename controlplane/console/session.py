@@ -100,6 +100,30 @@ def resolve(session: Session, key: bytes, cookie: str | None, *, now: float) -> 
                        expires_at=float(expires_at))
 
 
+def cookie_actor(scope: Any, app: Any) -> str | None:
+    """The actor a valid session cookie names, for the audit of a `/console` call no console code ran for.
+
+    An `AuditMiddleware` identify function (`controlplane.auth.audit`): a
+    refused call (an unknown `/console/…` path, a method a page does not
+    take) never reaches `current_user`, which sets the actor otherwise.
+    Only under `COOKIE_PATH`, where the browser sends the cookie and where
+    it is a credential: the API takes bearer tokens only.
+    """
+    from starlette.requests import cookie_parser
+
+    path = str(scope.get("path", ""))
+    if path != COOKIE_PATH and not path.startswith(COOKIE_PATH + "/"):
+        return None
+    header = b"; ".join(value for name, value in scope.get("headers") or [] if name == b"cookie")
+    cookie = cookie_parser(header.decode("latin-1")).get(SESSION_COOKIE) if header else None
+    if not cookie:
+        return None
+    state = app.state
+    with state.read_session_factory() as session:
+        user = resolve(session, process_key(state), cookie, now=state.clock.wall())
+    return user.actor if user is not None else None
+
+
 def csrf_for(key: bytes, nonce: str) -> str:
     return hmac.new(key, f"csrf.{nonce}".encode(), hashlib.sha256).hexdigest()
 
