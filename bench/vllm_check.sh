@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real vLLM behind Lifeline, in one command, on a machine with a CUDA device:
-# installs vLLM into its own venv, runs tests/gpu (two `vllm serve` of the
+# installs vLLM (the CUDA build) into its own venv, .lifeline/tools/vllm-cuda, runs tests/gpu (two `vllm serve` of the
 # `small` preset, the agent holding their leases, a gateway; SIGKILL the vLLM
 # serving a stream; the stream must go on) and writes a result file.
 #
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 VLLM_VERSION="${VLLM_VERSION:-0.11.0}"
 RESULT="${RESULT:-bench/results/vllm_check.json}"
-VLLM_VENV="${VLLM_VENV:-.lifeline/tools/vllm}"
+VLLM_VENV="${VLLM_VENV:-.lifeline/tools/vllm-cuda}"  # never the CPU build `make vllm` keeps in .lifeline/tools/vllm
 PY="${PY:-python3}"
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L | grep -q GPU; then

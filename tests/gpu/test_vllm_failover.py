@@ -75,7 +75,7 @@ def vllm_command() -> list[str]:
     found = shutil.which("vllm")
     if found:
         return [found, "serve"]
-    pytest.fail("vLLM is not installed: run bench/vllm_check.sh (it installs vLLM into .lifeline/tools/vllm) "
+    pytest.fail("vLLM is not installed: run bench/vllm_check.sh (it installs vLLM into .lifeline/tools/vllm-cuda) "
                 "or set LIFELINE_VLLM to a `vllm` executable")
 
 
