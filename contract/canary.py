@@ -54,31 +54,62 @@ async def record_from_engine(client: httpx.AsyncClient, url: str, prompt_token_i
                              runs: int = 2) -> tuple[EngineIdentity, CanaryRecord]:
     """The engine's identity and its greedy output for the prompt, the same in each of `runs` runs.
 
-    The one way a record is made (`lifeline agent canary-record`, `lifeline
-    catalog canary record`). Two runs, because a record an engine does not
+    The one way a record is made from an engine that says who it is (`lifeline
+    catalog canary record`, and `lifeline agent canary-record` for the
+    reference engine). Two runs, because a record an engine does not
     reproduce on its own would eject every healthy instance: an engine
     without batch-invariant kernels needs `compare_tokens`, and this is how
     the operator finds out. Whether the engine is a *verified* one (its
     weights digest is the catalog's) is the catalog's to check, from the
-    identity returned.
+    identity returned. Stock vLLM has no `/healthz/generation`: record it
+    with `record_from_completions`, naming the served model (the version).
     """
     url = url.rstrip("/")
     try:
         answer = await client.get(f"{url}/healthz/generation")
         if not answer.is_success:
-            raise CanaryNotRecorded(f"{url}/healthz/generation answered {answer.status_code}")
+            raise CanaryNotRecorded(f"{url}/healthz/generation answered {answer.status_code}"
+                                    + (" (stock vLLM has none: record it through /v1/completions with its served "
+                                       "model name, `lifeline agent canary-record --model`)"
+                                       if answer.status_code == 404 else ""))
         identity = EngineIdentity.model_validate_json(answer.content)
+    except httpx.TransportError as exc:
+        raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    except ValueError as exc:  # not an identity
+        raise CanaryNotRecorded(f"{url}: not an engine's answer: {str(exc)[:200]}") from None
+    record = await record_from_completions(client, url, prompt_token_ids, model=identity.model, max_tokens=max_tokens,
+                                           max_ttft_s=max_ttft_s, compare_tokens=compare_tokens, runs=runs,
+                                           recorded_from=identity.instance_id)
+    return identity, record
+
+
+async def record_from_completions(client: httpx.AsyncClient, url: str, prompt_token_ids: list[int], *, model: str,
+                                  max_tokens: int, max_ttft_s: float, compare_tokens: int | None = None,
+                                  runs: int = 2, recorded_from: str | None = None) -> CanaryRecord:
+    """The greedy output of `model` at `url` for the prompt, through the OpenAI API alone, the same in each run.
+
+    `/v1/completions` with the prompt as token ids and `return_token_ids: true`
+    (vLLM ≥ 0.10.2 answers `choices[].token_ids`; the reference engine too). For
+    stock vLLM the identity is the agent's: the served model name is the
+    weight version, and nothing here can check which bytes it loaded.
+    """
+    url = url.rstrip("/")
+    try:
         outputs = []
         for _ in range(max(1, runs)):
             response = await client.post(f"{url}/v1/completions", json={
-                "model": identity.model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "model": model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "return_token_ids": True})
             if not response.is_success:
                 raise CanaryNotRecorded(f"{url}/v1/completions answered {response.status_code}: {response.text[:200]}")
-            outputs.append([int(t) for t in response.json()["choices"][0]["token_ids"]])
+            ids = response.json()["choices"][0].get("token_ids")
+            if ids is None:
+                raise CanaryNotRecorded(f"{url}/v1/completions gave no choices[].token_ids for return_token_ids: "
+                                        "the engine cannot be canaried (vLLM >= 0.10.2 returns them)")
+            outputs.append([int(t) for t in ids])
     except httpx.TransportError as exc:
         raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
-    except (ValueError, KeyError, IndexError, TypeError) as exc:  # not an identity, not a completion
+    except (ValueError, KeyError, IndexError, TypeError) as exc:  # not a completion
         raise CanaryNotRecorded(f"{url}: not an engine's answer: {str(exc)[:200]}") from None
     output = outputs[0]
     if len(output) != max_tokens:
@@ -90,5 +121,5 @@ async def record_from_engine(client: httpx.AsyncClient, url: str, prompt_token_i
             raise CanaryNotRecorded(f"the engine's greedy output differs between runs at token {first}: it is not "
                                     f"deterministic for this prompt; compare a shorter prefix (compare_tokens ≤ "
                                     f"{first}) or choose a prompt with a clear argmax")
-    return identity, CanaryRecord(prompt_token_ids=prompt_token_ids, output_token_ids=output, max_ttft_s=max_ttft_s,
-                                  compare_tokens=compare_tokens, recorded_from=identity.instance_id)
+    return CanaryRecord(prompt_token_ids=prompt_token_ids, output_token_ids=output, max_ttft_s=max_ttft_s,
+                        compare_tokens=compare_tokens, recorded_from=recorded_from)

@@ -59,6 +59,8 @@ from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
 from warm_pool.fault import Fault, FaultDetector, FaultReporter, Observation, RoundResult
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
+from warm_pool.progress import judge_progress
+from warm_pool.support import SupportUnknown, UnsupportedEngine, check_token_ids
 from warm_pool.report import ReportSender
 from warm_pool.instance import Instance
 from warm_pool.reconciler import PoolReconciler
@@ -87,6 +89,11 @@ class AgentMetrics:
         self.leases = Gauge("lifeline_agent_leases_held", "leases the agent holds", registry=self.registry)
         self.instance_canaries = Gauge("lifeline_agent_instance_canaries", "canaries one instance has answered",
                                        ["instance"], registry=self.registry)
+        self.instance_wrong_outputs = Gauge("lifeline_agent_instance_wrong_outputs", "canaries one instance "
+                                            "answered with other tokens than the record (wrong weights)",
+                                            ["instance"], registry=self.registry)
+        self.unsupported = Counter("lifeline_agent_unsupported_engines", "instances refused a lease at the "
+                                   "first-lease check: no per-token ids in their streams", registry=self.registry)
         self.board = Gauge("lifeline_agent_published_verdicts", "instances on the last verdict board by verdict",
                            ["verdict"], registry=self.registry)
         self.board_failures = Counter("lifeline_agent_verdict_board_failures", "verdict boards not published",
@@ -245,23 +252,42 @@ class Agent:
                                                         now, lease=live)
             return
         instance_id, version, zone = engine.instance_id, engine.version, engine.zone
+        stock_vllm = False
         if None in (instance_id, version, zone):
             try:
                 response = await self.http.get(f"{url}/healthz/generation")
+                stock_vllm = response.status_code == 404
                 identity = EngineIdentity.model_validate_json(response.content) if response.is_success else None
             except (httpx.TransportError, ValueError):
                 identity = None
-            if identity is None:
-                if instance_id is None or version is None:
-                    log.info("engine to lease for does not answer yet", url=url)
-                    return
-            else:
+            if identity is not None:
                 instance_id = instance_id or identity.instance_id
                 version = version or identity.model
                 zone = zone or identity.zone
-        if instance_id is None or version is None:
-            return
-        self.instances[instance_id] = Instance(instance_id, url, zone or "unknown", version, "external", now)
+            elif stock_vllm:
+                # Stock vLLM says nothing about itself: its identity is the agent's configuration, and what
+                # the configuration leaves out comes from the URL and the OpenAI API (the served model name).
+                instance_id = instance_id or instance_id_from_url(url)
+                version = version or await self._served_model(url)
+                if zone is None:
+                    log.warning("engine leased with zone unknown: give renew_leases_for its zone (url, "
+                                "instance_id, version, zone) for zone-loss detection", url=url, instance=instance_id)
+            if instance_id is None or version is None:
+                log.info("engine to lease for does not answer yet", url=url)
+                return
+        self.instances[instance_id] = Instance(instance_id, url, zone or "unknown", version, "external", now,
+                                               stock_vllm=stock_vllm)
+
+    async def _served_model(self, url: str) -> str | None:
+        """The one model an OpenAI server lists (`/v1/models`): stock vLLM's `--served-model-name`, the version."""
+        try:
+            names = [m["id"] for m in (await self.http.get(f"{url}/v1/models")).raise_for_status().json()["data"]]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        if len(names) != 1:
+            log.error("engine serves several models: name its version in renew_leases_for", url=url, models=names)
+            return None
+        return str(names[0])
 
     async def probe_health(self) -> None:
         timeout = self.settings.probe_timeout.total_seconds()
@@ -269,11 +295,24 @@ class Agent:
         targets = list(self.instances.values())
 
         async def one(instance: Instance) -> ProbeResult:
+            metrics = self._read_progress(instance) if instance.stock_vllm else None
             try:
-                return await asyncio.wait_for(self.prober.health(instance.url, expected_versions=versions,
-                                                                 expected_digests=digests), timeout)
+                result = await asyncio.wait_for(self.prober.health(instance.url, expected_versions=versions,
+                                                                   expected_digests=digests,
+                                                                   stock_vllm=instance.stock_vllm), timeout)
             except TimeoutError:
-                return ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s")
+                result = ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s",
+                                     stock_vllm=instance.stock_vllm)
+            if result.stock_vllm and metrics is None:
+                metrics = self._read_progress(instance)  # just found out it is stock vLLM
+            if metrics is not None:
+                # the /metrics read may outlive this probe (a busy API server): wait for it no longer than
+                # the health probe may take, and judge by the freshest sample there is
+                await asyncio.wait({metrics}, timeout=max(0.0, timeout - (self.clock.now() - started)))
+                result = judge_progress(result, instance.progress, now=self.clock.now(),
+                                        stall_timeout=self.settings.stall_timeout.total_seconds(),
+                                        busy_grace=self.settings.busy_grace.total_seconds())
+            return result
 
         async def in_flight(instance: Instance) -> None:
             """For the version roll: it retires an old instance once nothing runs or waits there."""
@@ -283,20 +322,46 @@ class Agent:
                 instance.in_flight = None
 
         awaited = [i for i in targets if i.drain_waiting_since is not None]
+        started = self.clock.now()
         results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in targets)),
                                           asyncio.gather(*(in_flight(i) for i in awaited)))
         for instance, result in zip(targets, results, strict=True):
             instance.health = result
-            instance.failed_probes = 0 if result.ok else instance.failed_probes + 1
+            instance.stock_vllm = instance.stock_vllm or result.stock_vllm
+            instance.failed_probes = 0 if result.ok or result.verdict is Verdict.OVERLOADED \
+                else instance.failed_probes + 1
             if result.identity is not None and result.identity.model != instance.version:
                 instance.version = result.identity.model
+            boot = None
             if result.identity is not None:
                 boot = (result.identity.boot_generation, result.identity.started_at)
+            elif instance.stock_vllm and instance.progress.last is not None and \
+                    instance.progress.last.started_at is not None:
+                boot = (0, instance.progress.last.started_at)  # vLLM's process_start_time_seconds
+            if boot is not None:
                 if instance.boot is not None and boot != instance.boot:
                     await self._restarted(instance, instance.boot, boot)
                 instance.boot = boot
             self.metrics.probes.labels(result.verdict.value).inc()
             self.judge(instance)
+
+    def _read_progress(self, instance: Instance) -> asyncio.Task:
+        """The instance's /metrics read in flight, or a new one; each finished read is added to its progress.
+
+        Not bounded by the probe timeout: a busy API server answers late, and a late sample is still
+        evidence of progress. Bounded by `busy_grace`, past which a sample proves nothing anyway.
+        """
+        task = instance.metrics_task
+        if task is not None and not task.done():
+            return task
+
+        async def read() -> None:
+            sample = await self.prober.engine_metrics(instance.url, timeout=self.settings.busy_grace.total_seconds())
+            if sample is not None:
+                instance.progress.add(sample)
+
+        instance.metrics_task = asyncio.create_task(read(), name=f"metrics-{instance.instance_id}")
+        return instance.metrics_task
 
     async def _restarted(self, instance: Instance, before: tuple[int, float], after: tuple[int, float]) -> None:
         """Another process answers at the instance's url: release its lease; a new one only after a fresh canary.
@@ -357,11 +422,15 @@ class Agent:
         try:
             if record is None:
                 return
-            result = await self.prober.canary(instance.url, model=instance.version, record=record)
+            result = await self.prober.canary(instance.url, model=instance.version, record=record,
+                                              timeout=self._canary_timeout())
             instance.canary, instance.canary_seq = result, started
             instance.canary_at = self.clock.utcnow()
             instance.canaries += 1
             self.metrics.instance_canaries.labels(instance.instance_id).set(instance.canaries)
+            if result.verdict is Verdict.WRONG_OUTPUT:
+                instance.wrong_outputs += 1
+                self.metrics.instance_wrong_outputs.labels(instance.instance_id).set(instance.wrong_outputs)
             self.metrics.canaries.labels(result.verdict.value).inc()
             self.judge(instance)
             if instance.verdict in EJECT | {Verdict.DRAINING} and instance.lease is not None:
@@ -414,7 +483,43 @@ class Agent:
         record = self.canary_for(instance.version)
         return record is None or (self._fresh_canary(instance) and instance.canary is not None and instance.canary.ok)
 
+    def _canary_timeout(self) -> httpx.Timeout:
+        """A canary's own timeouts: a busy engine accepts and answers late, which is overloaded, not dead."""
+        canary = self.settings.canary_timeout.total_seconds()
+        return httpx.Timeout(connect=min(2.0, canary), read=canary, write=canary, pool=canary)
+
+    async def supported(self, instance: Instance) -> bool:
+        """The first-lease check (warm_pool/support.py), once per instance: it streams per-token ids.
+
+        Refused: `unleasable` names what is missing and the minimum vLLM version, an event and an error log
+        say so, and it is never leased. No answer to judge (a timeout, a 5xx): not leased now, asked again.
+        """
+        if instance.supported:
+            return True
+        if instance.unleasable is not None:
+            return False
+        try:
+            await check_token_ids(self.http, instance.url, model=instance.version, timeout=self._canary_timeout())
+        except UnsupportedEngine as exc:
+            instance.unleasable = f"{exc.error_type}: {exc.message}"
+            instance.reason = instance.unleasable
+            self.metrics.unsupported.inc()
+            log.error("engine refused: it cannot be leased", instance=instance.instance_id, url=instance.url,
+                      error_type=exc.error_type, reason=exc.message)
+            self.emit("probe.verdict", instance, f"refused at its first lease: {instance.unleasable}",
+                      verdict=Verdict.ERROR.value, before=instance.verdict.value if instance.verdict else None,
+                      level="canary", error_type=exc.error_type, changes_routing=False)
+            return False
+        except SupportUnknown as exc:
+            log.info("first-lease check got no answer; asking again before the next lease",
+                     instance=instance.instance_id, why=str(exc))
+            return False
+        instance.supported = True
+        return True
+
     async def register(self, instance: Instance) -> None:
+        if not await self.supported(instance):
+            return
         try:
             instance.lease = await self.registry.register(Registration(
                 instance_id=instance.instance_id, url=instance.url, version=instance.version, zone=instance.zone,
@@ -556,10 +661,13 @@ class Agent:
     def forget(self, instance_id: str) -> None:
         """Stop tracking it; its per-instance series go too (a pool's instance ids never come back)."""
         instance = self.instances.pop(instance_id, None)
-        if instance is not None and instance.canary_task is not None:
-            instance.canary_task.cancel()
-        with contextlib.suppress(KeyError):  # never canaried: no series
-            self.metrics.instance_canaries.remove(instance_id)
+        if instance is not None:
+            for task in (instance.canary_task, instance.metrics_task):
+                if task is not None:
+                    task.cancel()
+        for series in (self.metrics.instance_canaries, self.metrics.instance_wrong_outputs):
+            with contextlib.suppress(KeyError):  # never canaried (or never wrong): no series
+                series.remove(instance_id)
 
     # -- reporting -----------------------------------------------------------------------------------
     def emit(self, kind: str, instance: Instance, reason: str, **detail: str | int | float | bool | None) -> None:
@@ -635,7 +743,9 @@ class Agent:
                                               "state": i.state.value if i.state else None,
                                               "verdict": i.verdict.value if i.verdict else None, "reason": i.reason,
                                               "generation": i.lease.generation if i.lease else None,
-                                              "canaries": i.canaries}
+                                              "canaries": i.canaries, "wrong_outputs": i.wrong_outputs,
+                                              "stock_vllm": i.stock_vllm, "supported": i.supported,
+                                              "unleasable": i.unleasable}
                               for i in self.instances.values()},
                 "faults": {"open": {scope: entry.fault.fault_id for scope, entry in self.faults.open.items()},
                            "reported": {fault_id: outcome for fault_id, (outcome, _) in self.fault_outcomes.items()},
@@ -651,13 +761,25 @@ class Agent:
         if self.staging is not None:
             self.staging.cancel()
         for instance in self.instances.values():
-            if instance.canary_task is not None:
-                instance.canary_task.cancel()
+            for task in (instance.canary_task, instance.metrics_task):
+                if task is not None:
+                    task.cancel()
             await self.release(instance)
         if self.reconciler.draining:
             await asyncio.gather(*self.reconciler.draining, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
+
+
+def instance_id_from_url(url: str) -> str:
+    """An instance id for an engine named only by its URL: the host's first label when it is a name (a
+    StatefulSet pod's DNS name begins with the pod's), else `host-port` (an address says nothing more)."""
+    parsed = httpx.URL(url)
+    host = parsed.host or url
+    is_address = host.replace(".", "").isdigit() or ":" in host or host == "localhost"
+    if is_address:
+        return f"{host.replace(':', '_')}-{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+    return host.split(".")[0]
 
 
 def _routing_class(verdict: Verdict | None) -> str:

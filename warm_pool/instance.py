@@ -8,12 +8,13 @@ on the agent's one loop.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from contract.lease import Lease
 from warm_pool.probe import ProbeResult, Verdict
+from warm_pool.progress import ProgressTrack
 from warm_pool.states import InstanceState
 
 Origin = Literal["registry", "external", "pool"]
@@ -46,6 +47,11 @@ class Instance:
     released_seq: int | None = None  # when the agent last let its lease go: a lease again needs a later canary
     drain_waiting_since: float | None = None  # the version roll waits for its requests since (monotonic)
     in_flight: int | None = None  # running + waiting requests (its /metrics), read while the roll waits on it
+    stock_vllm: bool = False  # no /healthz/* (it answered 404): probed on /health, judged by progress too
+    progress: ProgressTrack = field(default_factory=ProgressTrack)  # stock vLLM: its /metrics, busy or wedged
+    metrics_task: asyncio.Task | None = None  # stock vLLM: a /metrics read that may outlive one probe
+    supported: bool = False  # the first-lease check passed (warm_pool/support.py): streams per-token ids
+    wrong_outputs: int = 0  # canaries it answered with other tokens than the record
 
     @property
     def agent_leased(self) -> bool:

@@ -21,7 +21,12 @@ the roll retires it only when both are 0 (`Prober.in_flight`).
 
 An engine that does not serve `/healthz/*` (stock vLLM) is probed on
 `/health` for liveness and readiness, and `/healthz/generation` is skipped:
-the canary then carries the whole output check.
+the canary then carries the whole output check, and the engine's identity
+(instance, version = served model name, zone) is the agent's configuration.
+`/health` says only that the process is up, and it answers late when the
+engine is busy: the agent also reads each vLLM's `/metrics` every probe and
+corrects the verdict by progress (warm_pool/progress.py: busy is
+`overloaded`, a wedged engine core is `timeout`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -37,8 +42,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from common.clock import Clock, SystemClock
-from contract.canary import CanaryRecord, record_from_engine
+from contract.canary import CanaryNotRecorded, CanaryRecord, record_from_completions, record_from_engine
 from contract.identity import DRAINING_ERROR_TYPE, EngineIdentity
+
+if TYPE_CHECKING:
+    from warm_pool.progress import EngineMetrics
 
 
 class Verdict(StrEnum):
@@ -68,6 +76,8 @@ class ProbeResult:
     # `X-Lifeline-Generation` was on the `/healthz/generation` response: the engine holds its own lease and
     # stamps its frames with it (the gateway refuses frames of any other generation)
     stamps_generation: bool = False
+    # it has no `/healthz/*` (stock vLLM): probed on `/health`, its identity is the agent's configuration
+    stock_vllm: bool = False
 
     @property
     def ok(self) -> bool:
@@ -115,20 +125,24 @@ class Prober:
         self.clock = clock or SystemClock()
 
     async def health(self, url: str, *, expected_versions: frozenset[str] | None = None,
-                     expected_digests: dict[str, str] | None = None) -> ProbeResult:
+                     expected_digests: dict[str, str] | None = None, stock_vllm: bool = False) -> ProbeResult:
         """live → ready → generation; the first level that fails gives the verdict.
 
         `expected_versions`: the versions the snapshot's aliases point to now
         (None: unknown, no generation check). `expected_digests`: version →
-        the catalog's weights digest.
+        the catalog's weights digest. `stock_vllm`: the engine answered 404 on
+        `/healthz/live` before; go to `/health` at once (one GET, not two, on
+        an engine whose API server is busy streaming).
         """
         identity = None
         try:
-            live = await self.client.get(f"{url}/healthz/live")
-            if live.status_code == 404:  # stock vLLM: /health is liveness and readiness together
+            live = None if stock_vllm else await self.client.get(f"{url}/healthz/live")
+            if live is None or live.status_code == 404:  # stock vLLM: /health is liveness and readiness together
                 health = await self.client.get(f"{url}/health")
                 failed = _status_verdict(health, "live")
-                return failed or ProbeResult(Verdict.OK, "live", "health: 200")
+                if failed is not None:
+                    return ProbeResult(failed.verdict, failed.level, failed.reason, stock_vllm=True)
+                return ProbeResult(Verdict.OK, "live", "health: 200", stock_vllm=True)
             if failed := _status_verdict(live, "live"):
                 return failed
             ready = await self.client.get(f"{url}/healthz/ready")
@@ -156,6 +170,19 @@ class Prober:
         return ProbeResult(Verdict.OK, "generation", "live, ready, generation current", identity=identity,
                            stamps_generation=stamps)
 
+    async def engine_metrics(self, url: str, *, timeout: float | None = None) -> EngineMetrics | None:
+        """vLLM's work-held gauges and tokens counters (warm_pool/progress.py); None when it cannot say."""
+        from warm_pool.progress import parse_engine_metrics
+
+        try:
+            response = await self.client.get(f"{url}/metrics",
+                                              **({"timeout": httpx.Timeout(timeout)} if timeout is not None else {}))
+        except httpx.TransportError:
+            return None
+        if not response.is_success:
+            return None
+        return parse_engine_metrics(response.text, read_at=self.clock.now())
+
     async def in_flight(self, url: str) -> int | None:
         """Requests running or waiting at the engine (its /metrics, summed over labels); None when it cannot say:
         no answer, not 2xx, unparsable, or either gauge absent (an unknown count is never taken for idle)."""
@@ -173,15 +200,21 @@ class Prober:
             return None
         return int(sum(found.values()))
 
-    async def canary(self, url: str, *, model: str, record: CanaryRecord) -> ProbeResult:
-        """Send the recorded prompt greedily and compare token count, time to first token and output."""
+    async def canary(self, url: str, *, model: str, record: CanaryRecord,
+                     timeout: httpx.Timeout | None = None) -> ProbeResult:
+        """Send the recorded prompt greedily and compare token count, time to first token and output.
+
+        `timeout`: the stream's own (the agent's `canary_timeout`), longer than a health probe's: a busy
+        engine's first token may come late, which is `overloaded`, not a timeout.
+        """
         body = {"model": model, "prompt": record.prompt_token_ids, "max_tokens": record.max_tokens,
                 "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": True}
         started = self.clock.now()
         ttft = None
         tokens: list[int] = []
         try:
-            async with aconnect_sse(self.client, "POST", f"{url}/v1/completions", json=body) as source:
+            async with aconnect_sse(self.client, "POST", f"{url}/v1/completions", json=body,
+                                    **({"timeout": timeout} if timeout is not None else {})) as source:
                 if not source.response.is_success:
                     await source.response.aread()
                     return _status_verdict(source.response, "canary") or ProbeResult(Verdict.ERROR, "canary", "?")
@@ -230,9 +263,36 @@ def judge_canary(record: CanaryRecord, tokens: list[int], ttft_s: float | None) 
 
 
 async def record_canary(url: str, prompt_token_ids: list[int], *, max_tokens: int, max_ttft_s: float,
-                        compare_tokens: int | None = None) -> tuple[str, CanaryRecord]:
-    """(version, record) from a verified engine's greedy output for `prompt_token_ids` (contract.canary)."""
+                        compare_tokens: int | None = None, model: str | None = None) -> tuple[str, CanaryRecord]:
+    """(version, record) from a verified engine's greedy output for `prompt_token_ids` (contract.canary).
+
+    The reference engine says its version on `/healthz/generation`. Stock vLLM has none: the version is
+    `model` (its served model name), else the one model its `/v1/models` lists, and the record is made
+    through `/v1/completions` alone.
+    """
+    url = url.rstrip("/")
     async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as client:
-        identity, record = await record_from_engine(client, url, prompt_token_ids, max_tokens=max_tokens,
-                                                    max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
-    return identity.model, record
+        try:
+            generation = await client.get(f"{url}/healthz/generation")
+        except httpx.TransportError as exc:
+            raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if generation.status_code != 404:
+            identity, record = await record_from_engine(client, url, prompt_token_ids, max_tokens=max_tokens,
+                                                        max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
+            return identity.model, record
+        version = model or await served_model(client, url)
+        record = await record_from_completions(client, url, prompt_token_ids, model=version, max_tokens=max_tokens,
+                                               max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
+    return version, record
+
+
+async def served_model(client: httpx.AsyncClient, url: str) -> str:
+    """The one model an OpenAI server serves (`/v1/models`): for stock vLLM, its `--served-model-name`."""
+    try:
+        answer = await client.get(f"{url}/v1/models")
+        names = [m["id"] for m in answer.raise_for_status().json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise CanaryNotRecorded(f"{url}/v1/models: no model list ({str(exc)[:200]}); name the served model") from None
+    if len(names) != 1:
+        raise CanaryNotRecorded(f"{url} serves {names}: name the served model (the version) to record")
+    return str(names[0])

@@ -14,7 +14,13 @@ from contract.capacity import DrTier, PlanError, PlanInputs, PlanRecord, plan_re
 
 
 class ExternalEngine(BaseModel):
-    """An engine whose lease the agent holds (stock vLLM). Missing fields come from /healthz/generation."""
+    """An engine whose lease the agent holds (stock vLLM).
+
+    A bare URL is one too. Missing fields come from `/healthz/generation` (the reference engine); stock
+    vLLM has none, so for it the served model name (`/v1/models`, the one model it serves) is the version,
+    the instance id is the URL's first host label (a StatefulSet pod's name: `engine-vllm-a-0.engine-vllm…`)
+    or `host-port` for an address, and the zone is `unknown` unless given (docs/warm_pool.md).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +36,40 @@ def _engines(value: Any) -> Any:
     if isinstance(value, list):
         return [{"url": v.strip()} if isinstance(v, str) else v for v in value]
     return value
+
+
+class EngineCommand(BaseModel):
+    """`pool.commands.<version>`: how the `local` driver starts one version's engine (stock vLLM, for one).
+
+    `argv` is a template: each argument is formatted with `{model_dir}` (the version's directory),
+    `{version}` (the served model name), `{port}`, `{instance_id}`, `{zone}`, `{region}` and `{state_dir}`
+    (the instance's directory). `lifeline.vllm.pool_command()` gives vLLM's, the same command line the
+    tests and benches run. Without one, a version starts as `lifeline engine serve`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the agent's environment")
+    unroute_wait: Seconds = Field(timedelta(seconds=2), ge=timedelta(0), description="a graceful stop: between "
+                                  "the agent's release of the lease and SIGTERM, so gateways stop routing first")
+    stop_timeout: Seconds = Field(timedelta(seconds=40), gt=timedelta(0), description="a graceful stop: SIGTERM "
+                                  "to SIGKILL; longer than the engine's own drain (vLLM's --shutdown-timeout)")
+
+    @model_validator(mode="after")
+    def _placeholders_known(self) -> EngineCommand:
+        known = {"model_dir": "", "version": "", "port": "", "instance_id": "", "zone": "", "region": "",
+                 "state_dir": ""}
+        for index, arg in enumerate(self.argv):
+            try:
+                arg.format(**known)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"argv[{index}] {arg!r}: unknown placeholder {exc}; known: "
+                                 f"{', '.join('{' + k + '}' for k in known)}") from None
+        return self
+
+    def render(self, **values: str) -> list[str]:
+        return [arg.format(**values) for arg in self.argv]
 
 
 class ZoneTarget(BaseModel):
@@ -106,6 +146,8 @@ class PoolSettings(BaseModel):
     plan: dict[str, Any] | None = Field(None, description="the model's DR tier and capacity inputs, as `lifeline pool "
                                         "plan` takes them (without region): the zones are then the plan's")
     state_dir: Path | None = Field(None, description="local: where instances keep their logs and state")
+    commands: dict[str, EngineCommand] = Field(default_factory=dict, description="local: version → the command "
+                                               "that starts its engine (stock vLLM); others: `lifeline engine serve`")
     engine_args: list[str] = Field(default_factory=list, description="local: extra `lifeline engine serve` flags")
     standby: bool = Field(False, description="local: keep one pre-warmed engine process per holder-backed instance "
                           "(`--holder` in engine_args), so a restart after a crash skips the interpreter start; "
@@ -127,6 +169,8 @@ class PoolSettings(BaseModel):
     def _default_is_known(self) -> PoolSettings:
         if self.default_version is not None and self.default_version not in self.versions:
             raise ValueError(f"pool.default_version {self.default_version!r} is not in pool.versions")
+        if unknown := sorted(set(self.commands) - set(self.versions)):
+            raise ValueError(f"pool.commands: {unknown} not in pool.versions")
         return self
 
     @model_validator(mode="after")
@@ -140,7 +184,7 @@ class PoolSettings(BaseModel):
         else:
             if self.kubernetes is None:
                 raise ValueError("pool.driver: kubernetes needs pool.kubernetes (at least its image)")
-            stray = [name for name in ("state_dir", "engine_args", "standby") if getattr(self, name)]
+            stray = [name for name in ("state_dir", "engine_args", "standby", "commands") if getattr(self, name)]
             if stray:
                 raise ValueError(f"pool.{stray[0]} is for the local driver; pool.driver is kubernetes")
         return self
@@ -197,6 +241,15 @@ class AgentSettings(BaseSettings):
     probe_interval: Seconds = Field(timedelta(seconds=0.5), gt=timedelta(0),
                                     description="between health probes (and lease renewals); < lease_ttl")
     probe_timeout: Seconds = Field(timedelta(seconds=2), gt=timedelta(0))
+    stall_timeout: Seconds = Field(timedelta(seconds=2), gt=timedelta(0), description="stock vLLM: holding "
+                                   "requests with its tokens counters unchanged this long is a wedged engine "
+                                   "(timeout), though /health answers; > probe_interval (warm_pool/progress.py)")
+    busy_grace: Seconds = Field(timedelta(seconds=10), gt=timedelta(0), description="stock vLLM: a health probe "
+                                "that times out is overloaded, not timeout, while a /metrics read this recent "
+                                "shows it busy and making progress")
+    canary_timeout: Seconds = Field(timedelta(seconds=10), gt=timedelta(0), description="how long a canary (and "
+                                    "the first-lease check) may wait for a token before it is a timeout; a late "
+                                    "first token within it is overloaded")
     canary_per_instance_per_s: float = Field(0.1, gt=0, description="inference probe budget per instance")
     canary_jitter: float = Field(0.2, ge=0, lt=1)
     canary_served_credit_intervals: float = Field(
@@ -231,4 +284,7 @@ class AgentSettings(BaseSettings):
         if self.probe_interval >= self.lease_ttl:
             raise ValueError(f"probe_interval ({self.probe_interval.total_seconds()} s) must be shorter than "
                              f"lease_ttl ({self.lease_ttl.total_seconds()} s): leases are renewed per probe")
+        if self.stall_timeout <= self.probe_interval:
+            raise ValueError(f"stall_timeout ({self.stall_timeout.total_seconds()} s) must be longer than "
+                             f"probe_interval ({self.probe_interval.total_seconds()} s): a stall is seen across probes")
         return self

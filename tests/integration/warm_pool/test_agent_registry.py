@@ -35,6 +35,9 @@ async def test_agent_leases_for_a_stock_engine_through_the_real_registry() -> No
             return httpx.Response(500)
         if request.url.path == "/healthz/generation":
             return httpx.Response(200, json=IDENTITY)
+        if request.url.path == "/v1/completions":  # the first-lease check: a stream with per-token ids
+            return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                  content=b'data: {"choices": [{"text": " a", "token_ids": [5]}]}\n\ndata: [DONE]\n\n')
         return httpx.Response(200, json={"status": "ok"})
 
     prefix = f"test-{uuid.uuid4().hex[:8]}"
