@@ -16,7 +16,6 @@ from sqlalchemy import (
     JSON,
     Boolean,
     CheckConstraint,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -28,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from controlplane.db import Base
+from controlplane.db import Base, UTCDateTime
 
 
 class ScopeKind(StrEnum):
@@ -96,12 +95,12 @@ class Cutover(Base):
     revision: Mapped[int] = mapped_column(Integer, default=1)
     # The runner holding an active cutover; another may take over once `claimed_until` has passed.
     runner: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     failure: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     steps: Mapped[list[CutoverStep]] = relationship(
         back_populates="cutover", order_by="CutoverStep.position", cascade="all, delete-orphan"
@@ -128,11 +127,11 @@ class CutoverStep(Base):
     status: Mapped[str] = mapped_column(String(16))
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revert_evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    revert_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    revert_ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revert_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revert_ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     cutover: Mapped[Cutover] = relationship(back_populates="steps")
 
@@ -147,7 +146,7 @@ class CutoverGate(Base):
     reason: Mapped[str] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(160))
     revision: Mapped[int] = mapped_column(Integer)
-    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ZonalShift(Base):
@@ -171,9 +170,9 @@ class ZonalShift(Base):
     reason: Mapped[str] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(160))
     cutover_id: Mapped[int] = mapped_column(ForeignKey("cutovers.id", ondelete="RESTRICT"), index=True)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     end_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     ended_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
@@ -202,4 +201,4 @@ class MeshRouteRecord(Base):
     revision: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text)
     updated_by: Mapped[str] = mapped_column(String(160))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

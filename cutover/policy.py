@@ -35,5 +35,6 @@ class CutoverPolicy:
 
 
 def aware(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes for timezone-aware columns; every stored time is UTC."""
+    """`value` as an aware UTC time. The columns are `UTCDateTime` (aware on both databases); this still guards
+    a value set in memory before it was flushed and read back."""
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

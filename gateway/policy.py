@@ -14,8 +14,8 @@ from gateway.stream_request import StreamRequest
 
 def continuation_refused(request: StreamRequest) -> str | None:
     """Why a stream with committed tokens cannot be continued from them (a resume), or None if it can."""
-    decision = decide(strategy=request.strategy, resumable=request.resumable, migrations=0, max_migrations=1,
-                      deadline_remaining=1.0, min_deadline_remaining=0.0, committed=1, stateful=request.stateful)
+    decision = decide(strategy=request.strategy, migrations=0, max_migrations=1, deadline_remaining=1.0,
+                      min_deadline_remaining=0.0, committed=1, stateful=request.stateful)
     return None if decision.migrate or decision.reason != "not_resumable" else decision.message
 
 
@@ -27,14 +27,15 @@ class Decision:
 
 
 def decide(
-    *, strategy: RecoveryStrategy, resumable: bool, migrations: int, max_migrations: int,
+    *, strategy: RecoveryStrategy, migrations: int, max_migrations: int,
     deadline_remaining: float, min_deadline_remaining: float, committed: int = 0, stateful: bool = False,
 ) -> Decision:
-    """The first rule that refuses names the typed error; otherwise migrate."""
+    """The first rule that refuses names the typed error; otherwise migrate.
+
+    Requests with several candidates (`n` > 1) never get here: they are refused with a 400 (`gateway/schemas.py`).
+    """
     if strategy is RecoveryStrategy.FAIL_STOP:
         return Decision(False, "engine_failed", "the engine failed and the recovery strategy is fail_stop")
-    if not resumable:
-        return Decision(False, "not_resumable", "requests with n > 1 cannot be continued from one committed prefix")
     if stateful and committed and strategy is RecoveryStrategy.TOKEN_COMMIT_RESUME:
         return Decision(False, "not_resumable", "the engine's grammar state for this request (response_format, guided "
                         "decoding) cannot be rebuilt from the committed tokens")

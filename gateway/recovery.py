@@ -14,8 +14,8 @@ lease — the strategy decides (`policy.decide`):
 
 Every migration advances the request epoch by compare-and-set in the token
 log; frames from an older epoch are fenced off there. A migration needs all
-of: the request is resumable (n == 1, and no grammar state once a token is
-committed), fewer than `max_migrations` so far, more than
+of: no grammar state once a token is committed (n > 1 is refused before
+it starts), fewer than `max_migrations` so far, more than
 `min_deadline_remaining` left before the original deadline, and a token from
 the retry budget. The budget bounds *concurrent* migrations (Envoy's
 semantics): the token is held from the failure until the continuation's
@@ -215,7 +215,7 @@ class StreamSession:
     async def _migrate(self, failure: EngineFailure) -> None:
         settings = self.deps.settings.recovery
         decision = decide(
-            strategy=self.request.strategy, resumable=self.request.resumable, migrations=self.migrations,
+            strategy=self.request.strategy, migrations=self.migrations,
             max_migrations=settings.max_migrations, deadline_remaining=self._remaining(),
             min_deadline_remaining=settings.min_deadline_remaining.total_seconds(),
             committed=len(self.committed), stateful=self.request.stateful,

@@ -1,7 +1,11 @@
 """Request bodies the gateway accepts: `contract.openai` narrowed for the gateway.
 
-The gateway requires `model` (an alias or a version), accepts `n` > 1 (not
-resumable), `max_completion_tokens` and `user` (the consistent-hashing key).
+The gateway requires `model` (an alias or a version), accepts
+`max_completion_tokens` and `user` (the consistent-hashing key), and refuses
+`n` > 1 and `best_of` > 1 with a 400 naming the field: every candidate would
+need its own committed token log to be resumed, and the gateway keeps one per
+stream (NVIDIA Dynamo refuses n > 1 for the same reason). `n` and `best_of`
+of 1 ask for nothing and are accepted.
 
 Nothing is stripped silently. Constrained decoding (`logit_bias`,
 `response_format`, vLLM's `guided_*`, penalties) is forwarded to the engine;
@@ -32,7 +36,8 @@ class GatewaySampling(SamplingFields, ConstrainedDecodingFields):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1, le=16)
+    n: int = Field(1, ge=1, description="refused above 1 (`refused_field`)")
+    best_of: int | None = Field(None, ge=1, description="refused above 1 (`refused_field`)")
     user: str | None = None
 
     def token_budget(self) -> int | None:
@@ -50,6 +55,11 @@ class GatewaySampling(SamplingFields, ConstrainedDecodingFields):
 
     def refused_field(self) -> tuple[str, str] | None:
         """The first field the gateway cannot forward, and why; None if every field can go to the engine."""
+        for name in ("n", "best_of"):
+            if (getattr(self, name) or 1) > 1:
+                return name, (f"{name} > 1 is not supported through the gateway: each candidate would need its own "
+                              "committed token log to continue after an engine failure, and a stream keeps one "
+                              "(NVIDIA Dynamo refuses it too); send one request per candidate instead")
         for name, value in (self.model_extra or {}).items():
             if name in NO_OP_FIELDS or (name in TOOL_FIELDS and value in _ABSENT):
                 continue
@@ -62,7 +72,7 @@ class GatewaySampling(SamplingFields, ConstrainedDecodingFields):
     def engine_fields(self) -> dict[str, Any]:
         """The sampling fields forwarded to the engine as they are (the gateway sets `seed`, prompt and budget)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos, "n": self.n,
+                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
                 **self.constraint_fields()}
 
     def stateful(self) -> bool:

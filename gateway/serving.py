@@ -105,7 +105,6 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
         return_token_ids=body.return_token_ids,
         client_key=headers.get("x-client-id") or body.user,
         prefer_instance=headers.get("x-lifeline-prefer-instance"),
-        resumable=body.n == 1,
         stateful=body.stateful(),
     )
 

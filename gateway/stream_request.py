@@ -30,7 +30,6 @@ class StreamRequest:
     return_token_ids: bool = False
     client_key: str | None = None
     prefer_instance: str | None = None
-    resumable: bool = True  # False: n > 1, several candidates cannot continue from one prefix
     stateful: bool = False  # grammar / structured output: the engine's state cannot be rebuilt from the prefix
 
     def to_dict(self) -> dict[str, Any]:
@@ -40,4 +39,9 @@ class StreamRequest:
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> StreamRequest:
-        return cls(**{**body, "strategy": RecoveryStrategy(body["strategy"])})
+        # Records written before n > 1 was refused carry `resumable`; they are read as any other.
+        fields = {k: v for k, v in body.items() if k not in _RETIRED_KEYS}
+        return cls(**{**fields, "strategy": RecoveryStrategy(body["strategy"])})
+
+
+_RETIRED_KEYS = frozenset({"resumable"})  # stored by earlier gateways; no longer means anything

@@ -15,14 +15,13 @@ from lifeline.processes import built_model
 
 pytestmark = pytest.mark.unit
 
-OK = {"strategy": RecoveryStrategy.TOKEN_COMMIT_RESUME, "resumable": True, "migrations": 0, "max_migrations": 3,
+OK = {"strategy": RecoveryStrategy.TOKEN_COMMIT_RESUME, "migrations": 0, "max_migrations": 3,
       "deadline_remaining": 10.0, "min_deadline_remaining": 0.5}
 
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({}, ""),
     ({"strategy": RecoveryStrategy.FAIL_STOP}, "engine_failed"),
-    ({"resumable": False}, "not_resumable"),
     ({"migrations": 3}, "migration_limit"),
     ({"deadline_remaining": 0.2}, "deadline_exceeded"),
     ({"strategy": RecoveryStrategy.RETRY_FROM_SCRATCH}, ""),

@@ -130,3 +130,33 @@ def test_top_k_below_minus_one_is_a_400(client):
     response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_k": -2})
     assert response.status_code == 400 and response.json()["error"]["param"] == "top_k"
     assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_k": 0}).status_code == 503
+
+
+@pytest.mark.parametrize(("path", "extra", "param"), [
+    ("/v1/completions", {"n": 2}, "n"),
+    ("/v1/chat/completions", {"n": 3}, "n"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
+])
+def test_several_candidates_are_a_400_that_says_why(client, path, extra, param):
+    """Each candidate would need its own committed log; a stock vLLM would interleave them into one stream."""
+    body = {**CHAT, **extra} if "chat" in path else {"model": "tiny", "prompt": "hi", **extra}
+    response = client.post(path, json=body)
+    assert response.status_code == 400, response.json()
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert "committed token log" in error["message"]
+
+
+@pytest.mark.parametrize("extra", [{"n": 1}, {"best_of": 1}, {"n": 1, "best_of": 1}])
+def test_one_candidate_asked_for_explicitly_is_fine(client, extra):
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", **extra})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "no_healthy_endpoint"
+
+
+def test_n_is_not_forwarded_and_a_stored_request_with_resumable_still_loads(tiny_model):
+    from gateway.stream_request import StreamRequest
+
+    req = _request(tiny_model, CompletionRequest.model_validate({"model": "tiny", "prompt": "x", "n": 1}))
+    assert "n" not in req.sampling and "best_of" not in req.sampling
+    stored = {**req.to_dict(), "resumable": True}  # as gateways before this one wrote it to Redis
+    assert StreamRequest.from_dict(stored) == req
