@@ -137,7 +137,8 @@ class RoutingConfig(_Section):
     source: Literal["static", "snapshot"] = "static"
     controlplane_url: str | None = Field(None, description="http(s)://host:port of the control plane")
     token: str | None = Field(None, description="bearer token for the snapshot, report and event endpoints")
-    region: str | None = Field(None, description="the region this gateway routes for; default: the gateway's region")
+    region: str | None = Field(None, description="the gateway's region again, if given; it must equal the "
+                                                 "top-level `region` (which names the lease registry's keys too)")
     poll_interval: Seconds = Field(timedelta(milliseconds=250), description="snapshot poll period (If-None-Match)")
     cache_path: Path | None = Field(None, description="the last good snapshot, replaced atomically on each apply")
     artifact_dir: Path | None = Field(None, description="s3:// tokenizers are downloaded here; default beside cache_path")
@@ -213,6 +214,16 @@ class GatewaySettings(BaseSettings):
                 raise ValueError(f"models: alias {m.alias!r} listed twice")
             seen.add(m.alias)
         return models
+
+    @model_validator(mode="after")
+    def _one_region(self) -> GatewaySettings:
+        # One region, named once: the lease registry and the verdict board are keyed by `region`, the snapshot is
+        # read for `routing.region`. Two different values made a gateway that applied the snapshot, said it was
+        # ready and routed nothing (no lease under the snapshot's region), without a word.
+        if self.routing.region is not None and self.routing.region != self.region:
+            raise ValueError(f"routing.region ({self.routing.region!r}) and region ({self.region!r}) disagree: "
+                             "set region (LIFELINE_GATEWAY_REGION) alone, or both to the same value")
+        return self
 
     @model_validator(mode="after")
     def _engines_name_known_versions(self) -> GatewaySettings:

@@ -262,3 +262,20 @@ def test_snapshot_routing_needs_no_static_models():
     settings = GatewaySettings(region="eu", routing={"source": "snapshot", "controlplane_url": "http://cp",
                                                      "cache_path": "/tmp/s.json"})
     assert settings.models == [] and settings.routing_region == "eu"
+
+
+def test_a_routing_region_that_disagrees_with_the_region_stops_start_up_naming_both(monkeypatch):
+    """The trap: routing.region set, region left at its default; the gateway applied the snapshot and routed nothing."""
+    from pydantic import ValidationError
+
+    from gateway.settings import GatewaySettings
+
+    snapshot = {"source": "snapshot", "controlplane_url": "http://cp", "cache_path": "/tmp/s.json"}
+    with pytest.raises(ValidationError, match=r"routing\.region \('eu-west'\) and region \('local'\) disagree"):
+        GatewaySettings(routing={**snapshot, "region": "eu-west"})
+    monkeypatch.setenv("LIFELINE_GATEWAY_REGION", "us-east")  # the environment beats the file: still checked
+    with pytest.raises(ValidationError, match="disagree"):
+        GatewaySettings(routing={**snapshot, "region": "eu-west"})
+    monkeypatch.delenv("LIFELINE_GATEWAY_REGION")
+    agreed = GatewaySettings(region="eu-west", routing={**snapshot, "region": "eu-west"})
+    assert agreed.routing_region == agreed.region == "eu-west"
