@@ -83,6 +83,22 @@ def vllm_command(model_dir: Path | str, *, port: int, served_model_name: str, sh
     return [*command, *extra_args]
 
 
+def pool_command(*, shutdown_timeout: float = 20.0, max_model_len: int = 2048, logits_processor: bool = True,
+                 extra_args: Sequence[str] = (), unroute_wait: float = 2.0) -> dict:
+    """`pool.commands.<version>` for the warm pool's `local` driver: this module's vLLM command as a template.
+
+    The driver formats `{model_dir}`, `{port}` and `{version}` per instance (warm_pool/settings.py,
+    `EngineCommand`); `env` is what `vllm_environment()` adds. A graceful stop waits `unroute_wait` after
+    the agent's lease release, SIGTERMs (vLLM drains for `shutdown_timeout`) and SIGKILLs the process group
+    15 s after the drain should have ended.
+    """
+    argv = vllm_command("{model_dir}", port="{port}", served_model_name="{version}",  # type: ignore[arg-type]
+                        shutdown_timeout=shutdown_timeout, max_model_len=max_model_len,
+                        logits_processor=logits_processor, extra_args=extra_args)
+    env = {key: value for key, value in vllm_environment().items() if os.environ.get(key) != value}
+    return {"argv": argv, "env": env, "unroute_wait": unroute_wait, "stop_timeout": shutdown_timeout + 15.0}
+
+
 @dataclass
 class VllmProcess:
     """One real vLLM OpenAI server (API server + engine core) on a port of this machine."""

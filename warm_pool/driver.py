@@ -38,6 +38,16 @@ gets none. A standby that died, or none warm yet, means a new interpreter:
 never slower than without standbys (a standby still importing is used, and
 reads its arguments when its imports finish).
 
+Other engines (LocalDriver, `pool.commands`): a version with a command
+template (stock vLLM: `lifeline.vllm.pool_command()`, the same command line
+the tests and benches run) starts from it instead of `lifeline engine serve`,
+in its own session, and holds no lease: the agent holds it. A graceful stop
+is then: the agent has released the lease already; the driver waits the
+command's `unroute_wait` (gateways re-read the registry), SIGTERMs the
+process (vLLM stops taking requests and drains for its `--shutdown-timeout`)
+and SIGKILLs the whole process group after `stop_timeout` (vLLM's engine
+core is a child process: a SIGKILL of the API server alone would orphan it).
+
 Holder tenancies (LocalDriver, any `--holder` in `engine_args`): `stop` of an
 instance that did not exit cleanly releases its tenancy at the holder, since
 the agent replaces it under a new instance id and no successor would ever
@@ -47,6 +57,7 @@ unfreeze its blocks (`_release_tenancy`).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -60,7 +71,7 @@ import httpx
 from common.logs import get_logger
 from common.ports import free_port
 from contract.standby import StandbyEngine, StandbyPrime
-from warm_pool.settings import PoolSettings
+from warm_pool.settings import EngineCommand, PoolSettings
 
 log = get_logger(__name__)
 
@@ -98,6 +109,7 @@ class _Process:
     log_file: IO[bytes] | None = field(repr=False)  # None: an activated standby, which holds its own
     holder_backed: bool = False
     from_standby: bool = False
+    command: EngineCommand | None = None  # started from pool.commands (stock vLLM), not `lifeline engine serve`
 
 
 def _flag_value(engine_args: list[str], flag: str) -> str | None:
@@ -135,13 +147,14 @@ class LocalDriver:
 
     def __init__(self, *, region: str, versions: dict[str, Path], state_dir: Path,
                  engine_args: list[str] | None = None, stop_timeout: float = ENGINE_DRAIN_S,
-                 standby: bool = False) -> None:
+                 standby: bool = False, commands: dict[str, EngineCommand] | None = None) -> None:
         self.region = region
         self.versions = versions
         self.state_dir = state_dir
         self.engine_args = engine_args or []
         self.stop_timeout = stop_timeout
         self.standby = standby
+        self.commands = commands or {}
         self.processes: dict[str, _Process] = {}
         self.standbys: list[StandbyEngine] = []  # spawned, not yet activated; the oldest first
         self._standby_seq = 0
@@ -150,6 +163,9 @@ class LocalDriver:
         port = free_port()
         directory = self.state_dir / instance_id
         directory.mkdir(parents=True, exist_ok=True)
+        if (command := self.commands.get(version)) is not None:
+            return self._start_command(command, instance_id=instance_id, zone=zone, version=version, port=port,
+                                       directory=directory)
         serve_args = ["--model", str(self.versions[version]), "--served-model-name", version, "--port", str(port),
                       "--instance-id", instance_id, "--zone", zone, "--region", self.region,
                       "--state-dir", str(directory), "--torch-threads", "1", *self.engine_args]
@@ -165,6 +181,20 @@ class LocalDriver:
         self.processes[instance_id] = _Process(instance, popen, log_file, holder_backed, log_file is None)
         log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port,
                  from_standby=log_file is None)
+        return instance
+
+    def _start_command(self, command: EngineCommand, *, instance_id: str, zone: str, version: str, port: int,
+                       directory: Path) -> PoolInstance:
+        """An engine started from its version's command template (stock vLLM), in a session of its own."""
+        argv = command.render(model_dir=str(self.versions[version]), version=version, port=str(port),
+                              instance_id=instance_id, zone=zone, region=self.region, state_dir=str(directory))
+        log_file = open(directory / "engine.log", "ab")  # noqa: SIM115 - closed in stop()
+        popen = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, **command.env})
+        instance = PoolInstance(instance_id, zone, version, f"http://127.0.0.1:{port}")
+        self.processes[instance_id] = _Process(instance, popen, log_file, command=command)
+        log.info("pool instance started", instance=instance_id, zone=zone, version=version, pid=popen.pid, port=port,
+                 command=argv[:4])
         return instance
 
     def _activate_standby(self, serve_args: list[str], directory: Path, model_dir: Path) -> subprocess.Popen | None:
@@ -249,15 +279,26 @@ class LocalDriver:
         process = self.processes.pop(instance_id, None)
         if process is None:
             return
+        command = process.command
+        stop_timeout = command.stop_timeout.total_seconds() if command is not None else self.stop_timeout
         if process.popen.poll() is None:
-            process.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            for _ in range(int(self.stop_timeout / 0.05)):
+            if graceful and command is not None and command.unroute_wait.total_seconds() > 0:
+                # The agent released the lease just before; give the gateways' lease views time to drop it,
+                # so no new request reaches an engine that is about to refuse them.
+                await asyncio.sleep(command.unroute_wait.total_seconds())
+            if graceful:
+                process.popen.send_signal(signal.SIGTERM)
+            else:
+                _kill_group(process.popen)
+            for _ in range(int(stop_timeout / 0.05)):
                 if process.popen.poll() is not None:
                     break
                 await asyncio.sleep(0.05)
             else:
-                process.popen.kill()
+                _kill_group(process.popen)
                 await asyncio.to_thread(process.popen.wait, 5)
+        if command is not None:
+            _kill_group(process.popen)  # what the engine left behind in its session (vLLM's engine core)
         if process.log_file is not None:
             process.log_file.close()
         if process.holder_backed and process.popen.returncode != 0:
@@ -295,6 +336,16 @@ class LocalDriver:
             await self.stop(instance_id, graceful=False)
 
 
+def _kill_group(popen: subprocess.Popen) -> None:
+    """SIGKILL the process's whole session (it was started with one of its own), then the process itself."""
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if popen.poll() is None:
+        popen.kill()
+
+
 def build_driver(region: str, pool: PoolSettings) -> PoolDriver:
     """The driver `pool.driver` names, from its own settings; PoolDriverError names a setting that cannot work."""
     if pool.driver == "kubernetes":
@@ -305,4 +356,4 @@ def build_driver(region: str, pool: PoolSettings) -> PoolDriver:
                                 model_dirs={version: str(path) for version, path in pool.versions.items()})
     assert pool.state_dir is not None  # PoolSettings requires it with this driver
     return LocalDriver(region=region, versions=pool.versions, state_dir=pool.state_dir, engine_args=pool.engine_args,
-                       standby=pool.standby)
+                       standby=pool.standby, commands=pool.commands)

@@ -199,6 +199,11 @@ def test_vllm_is_probed_on_health_and_the_agent_holds_its_lease(rendered: dict[s
             vllm = container(sts, "vllm")
             assert {http_probe(vllm[p]) for p in ("livenessProbe", "readinessProbe", "startupProbe")} == {"/health"}
             assert "--registry" not in vllm.get("args", [])  # vLLM has no lease client of its own
+            # a stop: preStop (gateways drop the lease the agent released), then vLLM's own drain, in the grace
+            pre_stop = vllm["lifecycle"]["preStop"]["exec"]["command"]
+            assert pre_stop[0] == "sleep"
+            drain = float(flag(vllm["args"], "--shutdown-timeout"))
+            assert drain > 0 and pod_spec(sts)["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain + 5
             zone = pod_spec(sts)["nodeSelector"]["topology.kubernetes.io/zone"]
             service = sts["spec"]["serviceName"]
             assert any(d["kind"] == "Service" and d["metadata"]["name"] == service
@@ -213,8 +218,8 @@ def test_vllm_is_probed_on_health_and_the_agent_holds_its_lease(rendered: dict[s
 
 def test_reference_engine_grace_period_covers_its_drain_and_nothing_delays_sigterm(rendered: dict[str, Any]) -> None:
     for _, workload in workloads(rendered):
-        if not workload["metadata"]["name"].startswith("engine-"):
-            continue
+        if not workload["metadata"]["name"].startswith("engine-reference-"):
+            continue  # vLLM's preStop and drain: test_vllm_is_probed_on_health_and_the_agent_holds_its_lease
         spec = pod_spec(workload)
         for c in spec["containers"]:
             # Kubernetes sends SIGTERM after preStop returns; the engines drain on SIGTERM.
