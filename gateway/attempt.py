@@ -11,7 +11,10 @@ an attempt only knows its endpoint and its payload:
   out the first-token timeout, which itself grows with the prompt's expected
   prefill time (`first_token_timeout + prompt tokens / prefill_tokens_per_s`);
 - every failure is reported to the router's outlier detection, the first
-  token as a success; the engine slot is given back when the attempt ends.
+  token as a success, except a planned shutdown (`engine_draining`); the
+  engine slot is given back when the attempt ends;
+- it ends with the engine's final token or an `EngineFailure`, never quietly:
+  a session never re-sends without counting a migration.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class Attempt:
             "max_tokens": request.max_tokens - len(prefix),
             "stream": True,
             "return_token_ids": True,
-            **{k: v for k, v in request.sampling.items() if v is not None},
+            **self.sampling(),
         }
         if usage_stats:  # a session turn: the first chunk says what the engine restored (vLLM's usage)
             self.payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
@@ -57,6 +60,14 @@ class Attempt:
         left = max(remaining, 0.01)  # never wait past the request's deadline
         self.first_token_timeout = min(recovery.first_token_timeout.total_seconds() + prefill, left)
         self.stall_timeout = min(recovery.stall_timeout.total_seconds(), left)
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields this attempt sends to its endpoint (the request's, unset ones left out).
+
+        One place to add what depends on the endpoint (what it samples with) or on the
+        committed prefix; the rest of the payload is the prompt and the token budget.
+        """
+        return {k: v for k, v in self.request.sampling.items() if v is not None}
 
     async def tokens(self) -> AsyncIterator[Opened | EngineToken]:
         """`Opened`, then each new token; raises `EngineFailure`, `EngineRejected` or `RecoveryImpossible("diverged")`."""
@@ -69,16 +80,23 @@ class Attempt:
                 while True:
                     first = await self._watched_next(items)
                     if first is None:
-                        return
+                        raise EngineFailure("stream_ended", "the engine stream ended before its first token")
                     if isinstance(first, EngineToken):
                         break
                     yield first  # Opened: the client's HTTP 200 need not wait for the first token
                 deps.router.succeeded(endpoint)
                 if self._new(first):
                     yield first
+                if first.finish_reason is not None:
+                    return
                 async for item in items:  # the hot path: one plain iteration per token
                     if self._new(item):  # type: ignore[arg-type]
                         yield item
+                    if item.finish_reason is not None:  # type: ignore[union-attr]
+                        return
+                # The engine client ends only on a final token or a failure; a stream that ends otherwise must
+                # not send the session round again without a migration being counted.
+                raise EngineFailure("stream_ended", "the engine stream ended without a final token")
         except EngineFailure as failure:
             if failure.reason != DRAINING and await deps.router.failed(endpoint, failure.reason):
                 deps.metrics.suppressed.inc()
@@ -94,6 +112,8 @@ class Attempt:
             return True
         if token.token_id != self.committed[self._recomputed]:
             raise RecoveryImpossible("diverged", "the regenerated output differs from what the client already has")
+        if token.finish_reason is not None:  # the client's stream went on past this point
+            raise RecoveryImpossible("diverged", "the regenerated output ends within what the client already has")
         self._recomputed += 1
         self.deps.metrics.recomputed_tokens.inc()
         return False

@@ -5,8 +5,9 @@ itself is watched token by token — `first_token_timeout` until the first
 token (prefill, response headers included), `stall_timeout` between tokens —
 because a hung engine keeps its socket open and only silence tells. Every way
 an engine can fail mid-way becomes an `EngineFailure` with a reason the
-recovery policy understands; a 4xx is the client's fault and becomes
-`EngineRejected`, never a migration.
+recovery policy understands — an "abort" finish and output without token
+ids among them: only `stop`, `length` and tool-call finishes end a stream; a
+4xx is the client's fault and becomes `EngineRejected`, never a migration.
 
 Frames are checked against the generation we routed to: an engine that
 answers with another `X-Lifeline-Generation` is not the endpoint we chose (a
@@ -31,9 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from contract.engine_support import missing_token_ids
 from contract.identity import DRAINING_ERROR_TYPE
 from gateway.engine_connection import (
+    ABORTED,
     DRAINING,
+    FINAL_FINISH_REASONS,
+    NO_TOKEN_IDS,
     Connector,
     EngineFailure,
     EngineRejected,
@@ -44,7 +49,8 @@ from gateway.engine_connection import (
 )
 from gateway.router import Endpoint
 
-__all__ = ["DRAINING", "EngineClient", "EngineFailure", "EngineRejected", "EngineToken", "Opened"]
+__all__ = ["ABORTED", "DRAINING", "NO_TOKEN_IDS", "EngineClient", "EngineFailure", "EngineRejected", "EngineToken",
+           "Opened"]
 
 @dataclass(frozen=True)
 class _Target:
@@ -148,6 +154,10 @@ class EngineClient:
     ) -> AsyncIterator[Opened | EngineToken]:
         """Yield `Opened`, then one `EngineToken` per token, until the finishing token.
 
+        Only `FINAL_FINISH_REASONS` end the stream; any other finish (vLLM's
+        "abort") is an `EngineFailure(ABORTED)` after the chunk's tokens, and
+        a chunk with output but no token ids is `EngineFailure(NO_TOKEN_IDS)`.
+
         `attempt_id` goes out as `X-Request-Id` (vLLM's request id header), so the
         engine's logs carry the gateway's request id.
         """
@@ -204,8 +214,12 @@ class EngineClient:
                         reason = DRAINING if error.get("type") == DRAINING_ERROR_TYPE else "engine_error"
                         raise EngineFailure(reason, str(error.get("message", "")))
                     choice = chunk["choices"][0]
-                    finish = choice.get("finish_reason")
+                    finish = engine_finish = choice.get("finish_reason")
                     token_ids = choice.get("token_ids") or []
+                    if finish is not None and finish not in FINAL_FINISH_REASONS:
+                        finish = None  # the chunk's tokens are real output; the stream is not over for the client
+                    elif not token_ids and (finish is not None or choice.get("text")):
+                        raise EngineFailure(NO_TOKEN_IDS, missing_token_ids(f"{endpoint.instance_id} ({endpoint.url})"))
                     last = len(token_ids) - 1
                     tokens = [EngineToken(int(token_id), finish if i == last else None) for i, token_id in enumerate(token_ids)]
                     if tokens and (usage := chunk.get("usage")):  # continuous_usage_stats: sessions ask for it
@@ -219,6 +233,9 @@ class EngineClient:
                     yield token
                 if finished:
                     return
+                if engine_finish is not None:
+                    raise EngineFailure(ABORTED, f"the engine ended the stream with finish_reason {engine_finish!r} "
+                                                 "(a shutdown, a preemption or lost KV cut it short)")
         finally:
             # Complete and keep-alive: reuse. After the last token, the end of the response ([DONE],
             # the last chunk) is usually still in flight: reuse once it lands, close if it does not

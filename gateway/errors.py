@@ -6,6 +6,7 @@
     ├── NotFound (404, not_found_error)
     ├── Overloaded (429, overloaded)                admission refused; carries Retry-After
     ├── NoHealthyEndpoint (503, no_healthy_endpoint)
+    │   └── EngineIncompatible (502, engine_incompatible)  every engine left streams without token ids
     ├── PayloadTooLarge (413, request_too_large)    body over `max_body_bytes`
     ├── StreamCancelled (409, cancelled)            the last event of a cancelled stream
     ├── EnginePassthrough (<engine's 4xx>, <type>)  an engine's refusal of a first attempt, relayed
@@ -51,6 +52,13 @@ class Overloaded(GatewayError):
 class NoHealthyEndpoint(GatewayError):
     status_code = 503
     error_type = "no_healthy_endpoint"
+
+
+class EngineIncompatible(NoHealthyEndpoint):
+    """The only engines there are cannot say what they committed (no `token_ids`; contract/engine_support.py)."""
+
+    status_code = 502
+    error_type = "engine_incompatible"
 
 
 class RecoveryImpossible(GatewayError):

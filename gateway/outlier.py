@@ -19,6 +19,10 @@ detection (`consecutive_5xx`, `consecutive_local_origin_failure`,
   Connection failures eject regardless of the cap (invariant 2: an endpoint
   whose connection failed is suppressed at once): nothing there can answer,
   and its lease will lapse anyway.
+- An engine that streams output without token ids (`no_token_ids`: too old
+  a vLLM) is ejected at its first such failure, regardless of the cap: it
+  cannot serve any stream correctly. `incompatible()` tells the router, so
+  a request that finds only such engines is refused `engine_incompatible`.
 
 Keys are `(instance_id, generation)`, so a restarted engine (new generation)
 starts clean.
@@ -39,6 +43,8 @@ EndpointKey = tuple[str, int | None]
 
 # Failures of the connection itself (Envoy's "local origin"); everything else the engine answered.
 LOCAL_FAILURES = frozenset({"connect", "timeout", "connection_lost", "stall", "lease_lapsed", "stale_generation"})
+# The engine cannot serve any stream (gateway.engine_connection.NO_TOKEN_IDS): eject at once, regardless of the cap.
+INCOMPATIBLE_FAILURES = frozenset({"no_token_ids"})
 
 
 @dataclass
@@ -47,6 +53,7 @@ class _Record:
     consecutive_local: int = 0
     ejections: int = 0  # the multiplier of the next ejection time
     ejected_until: float = 0.0
+    reason: str = ""  # the failure that caused the current ejection
 
 
 class OutlierDetector:
@@ -58,6 +65,11 @@ class OutlierDetector:
     def ejected(self, key: EndpointKey) -> bool:
         record = self._records.get(key)
         return record is not None and record.ejected_until > self.clock.now()
+
+    def incompatible(self, key: EndpointKey) -> bool:
+        """Ejected now because the engine cannot serve streams at all (`INCOMPATIBLE_FAILURES`)."""
+        record = self._records.get(key)
+        return record is not None and record.ejected_until > self.clock.now() and record.reason in INCOMPATIBLE_FAILURES
 
     def success(self, key: EndpointKey) -> None:
         record = self._records.get(key)
@@ -74,22 +86,24 @@ class OutlierDetector:
         """Count a failure of `key`; True if it is ejected now. `peers`: the version's endpoints, `key` among them."""
         record = self._records.setdefault(key, _Record())
         local = reason in LOCAL_FAILURES
+        incompatible = reason in INCOMPATIBLE_FAILURES
         if local:
             record.consecutive_local += 1
             reached = record.consecutive_local >= self.config.consecutive_local_failures
         else:
             record.consecutive_5xx += 1
-            reached = record.consecutive_5xx >= self.config.consecutive_5xx
+            reached = incompatible or record.consecutive_5xx >= self.config.consecutive_5xx
         now = self.clock.now()
         if not reached or record.ejected_until > now:
             return record.ejected_until > now
-        if not local and not self._room_to_eject(key, peers):
+        if not (local or incompatible) and not self._room_to_eject(key, peers):
             log.warning("endpoint not ejected: the ejection cap is reached", instance=key[0], generation=key[1], reason=reason)
             return False
         record.ejections += 1
         duration = min(self.config.base_ejection_time.total_seconds() * record.ejections,
                        self.config.max_ejection_time.total_seconds())
         record.ejected_until = now + duration
+        record.reason = reason
         record.consecutive_5xx = record.consecutive_local = 0
         log.warning("endpoint ejected", instance=key[0], generation=key[1], reason=reason, seconds=duration,
                     ejections=record.ejections)

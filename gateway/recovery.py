@@ -12,18 +12,24 @@ lease — the strategy decides (`policy.decide`):
     token_commit_resume   send `prompt ‖ committed tokens` with max_tokens
                           reduced to another ready engine (default)
 
-Every migration advances the request epoch by compare-and-set in the token
-log; frames from an older epoch are fenced off there. A migration needs all
-of: no grammar state once a token is committed (n > 1 is refused before
-it starts), fewer than `max_migrations` so far, more than
-`min_deadline_remaining` left before the original deadline, and a token from
-the retry budget. The budget bounds *concurrent* migrations (Envoy's
-semantics): the token is held from the failure until the continuation's
-first token, not for the rest of the stream; a planned shutdown (the engine
-ends the stream with `engine_draining`) migrates without one. Otherwise the
-stream ends with an SSE `error` event whose `type` is one of `engine_failed`,
+Every re-send to an engine is a migration: it advances the request epoch by
+compare-and-set in the token log (frames from an older epoch are fenced off
+there) and counts against `max_migrations`. Failures include an engine that
+ends the stream with a finish the client did not ask for (vLLM's "abort":
+`engine_aborted`) and one whose chunks carry no token ids (`no_token_ids`).
+A continuation never goes back to an endpoint `(instance_id, generation)`
+that failed this request (`Router.acquire(exclude=…)`). A migration needs
+all of: no grammar state once a token is committed, fewer than
+`max_migrations` so far, more than `min_deadline_remaining` left before the
+original deadline, and a token from the retry budget. The budget bounds
+*concurrent* migrations (Envoy's semantics): the token is held from the
+failure until the continuation's first token, not for the rest of the
+stream; a planned shutdown (the engine ends the stream with
+`engine_draining`) migrates without one. Otherwise the stream ends with
+an SSE `error` event whose `type` is one of `engine_failed`,
 `not_resumable`, `migration_limit`, `deadline_exceeded`,
-`retry_budget_exhausted`, `no_healthy_endpoint`, `overloaded`, `diverged`,
+`retry_budget_exhausted`, `no_healthy_endpoint`, `engine_incompatible` (the
+last failure was an engine without token ids), `overloaded`, `diverged`,
 `cancelled`, after a last chunk with `finish_reason: "error"`.
 
 Semantic promise: greedy and seeded requests continue token-identically on
@@ -49,9 +55,11 @@ from contract.openai import usage
 from contract.session import SESSION_USAGE_KEY
 from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
-from gateway.engine_client import DRAINING, EngineFailure, EngineRejected, EngineToken, Opened
+from contract.engine_support import INCOMPATIBLE_ERROR_TYPE
+from gateway.engine_client import DRAINING, NO_TOKEN_IDS, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
 from gateway.policy import continuation_refused, decide
+from gateway.outlier import EndpointKey
 from gateway.router import Endpoint
 from gateway.sessions import SessionTurn
 from gateway.settings import RecoveryStrategy
@@ -95,6 +103,8 @@ class StreamSession:
         self._failed_at: float | None = None
         self._holds_retry_token = False
         self._opened = False
+        self._failed_endpoints: set[EndpointKey] = set()  # never routed to again by this session
+        self._last_failure: EngineFailure | None = None
 
     @classmethod
     def from_log(cls, deps: Deps, request: StreamRequest, tokenizer: Tokenizer, *, epoch: int, frames: list[Frame],
@@ -188,6 +198,8 @@ class StreamSession:
                             return
             except EngineFailure as failure:
                 log_.warning("engine failed mid-request", reason=failure.reason, detail=str(failure), committed=len(self.committed))
+                self._failed_endpoints.add(endpoint.key)
+                self._last_failure = failure
                 await self._migrate(failure)
             except EngineRejected as rejected:
                 if self.committed or self.next_seq:
@@ -201,13 +213,20 @@ class StreamSession:
             return await self.deps.router.acquire(
                 self.request.version, client_key=self.request.client_key,
                 queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
-                prefer=self.request.prefer_instance if first else None,
+                prefer=self.request.prefer_instance if first else None, exclude=frozenset(self._failed_endpoints),
             )
         except (NoHealthyEndpoint, Overloaded) as exc:
             if self.migrations == 0 and not self._opened:
                 self.deps.metrics.rejected.labels(type=exc.error_type).inc()
                 raise
-            raise RecoveryImpossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
+            raise self._impossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
+
+    def _impossible(self, reason: str, message: str) -> RecoveryImpossible:
+        """The stream's end; an engine that could not say what it committed is named as the cause, typed."""
+        last = self._last_failure
+        if last is not None and last.reason == NO_TOKEN_IDS and reason != INCOMPATIBLE_ERROR_TYPE:
+            return RecoveryImpossible(INCOMPATIBLE_ERROR_TYPE, f"{last} ({message})")
+        return RecoveryImpossible(reason, message)
 
     def _remaining(self) -> float:
         return self.request.deadline_wall - self.deps.clock.wall()
@@ -221,7 +240,7 @@ class StreamSession:
             committed=len(self.committed), stateful=self.request.stateful,
         )
         if not decision.migrate:
-            raise RecoveryImpossible(decision.reason, f"{decision.message} (last failure: {failure})")
+            raise self._impossible(decision.reason, f"{decision.message} (last failure: {failure})")
         if failure.reason != DRAINING and not self._holds_retry_token:
             # A planned shutdown is no failure of the fleet: it migrates without a budget token.
             wait = min(self.deps.settings.admission.queue_timeout.total_seconds(),

@@ -7,6 +7,15 @@ the local ejection covers the window before the lapsed lease removes them
 everywhere. Ejection is per `(instance_id, generation)`, so a restarted
 instance (new generation) is routable at once.
 
+A request's continuation never goes back to an endpoint that failed that
+request: the session passes those endpoint keys as `exclude` to `acquire`.
+When every routable endpoint is excluded (or ejected) there is nothing to
+wait for — no slot frees up on an engine we will not use — so it is
+`no_healthy_endpoint` at once, as for a version with no engine; a restarted
+instance is a new generation, a new key, and routable again. When every
+routable endpoint is held out because it streams no token ids, it is
+`engine_incompatible` (502): waiting or retrying would not help.
+
 The router also does the request accounting the retry budget needs:
 `begin()`/`end()` around every request, `try_retry()`/`end_retry()` around
 every migration in flight.
@@ -41,8 +50,9 @@ from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.lease import Lease, LeaseRegistry
 from gateway.admission import Admission
-from gateway.errors import NoHealthyEndpoint, Overloaded
-from gateway.outlier import OutlierDetector
+from contract.engine_support import missing_token_ids
+from gateway.errors import EngineIncompatible, NoHealthyEndpoint, Overloaded
+from gateway.outlier import EndpointKey, OutlierDetector
 from gateway.routing_table import RoutingTable
 from gateway.settings import GatewaySettings
 from gateway.verdicts import VerdictView
@@ -253,23 +263,26 @@ class Router:
         self.admission.retry_budget.release()
 
     async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float,
-                      prefer: str | None = None) -> Endpoint:
+                      prefer: str | None = None, exclude: frozenset[EndpointKey] = frozenset()) -> Endpoint:
         """Take a slot on an endpoint, waiting in the bounded queue if all are busy.
 
         `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
+        `exclude`: endpoint keys `(instance_id, generation)` never to take (those that failed this request).
         """
         deadline = self.clock.now() + queue_timeout
         if (leases := lease_view_of(self.view)) is not None:
             leases.check_admission()  # fail static only for a bounded window (LeaseView)
         while True:
             candidates = await self.endpoints(version)
+            if exclude:
+                candidates = [e for e in candidates if e.key not in exclude]
             if prefer is not None:
                 for endpoint in candidates:
                     if endpoint.instance_id == prefer and self.admission.has_room(prefer):
                         self.admission.take(prefer)
                         return endpoint
             if not candidates:
-                raise NoHealthyEndpoint(f"no live, ready engine serves {version!r}", retry_after_s=self.settings.admission.retry_after.total_seconds())
+                raise await self._none_routable(version, exclude)
             chosen = self._pick(candidates, client_key)
             if chosen is not None:
                 self.admission.take(chosen.instance_id)
@@ -285,6 +298,19 @@ class Router:
                     f"no engine slot for {version!r} within {queue_timeout:.1f}s",
                     retry_after_s=self.settings.admission.retry_after.total_seconds(),
                 )
+
+    async def _none_routable(self, version: str, exclude: frozenset[EndpointKey]) -> NoHealthyEndpoint:
+        """The error for a request that finds no candidate: which engines there are, and why none serves it."""
+        retry_after = self.settings.admission.retry_after.total_seconds()
+        routable = await self._routable(version)
+        if routable and all(self.outliers.incompatible(e.key) for e in routable):
+            names = ", ".join(sorted(e.instance_id for e in routable))
+            return EngineIncompatible(f"no engine can serve {version!r}: " + missing_token_ids(names))
+        failed = sorted(f"{e.instance_id}@{e.generation}" for e in routable if e.key in exclude)
+        if failed:
+            return NoHealthyEndpoint(f"no live, ready engine serves {version!r} that has not already failed this "
+                                     f"request (failed: {', '.join(failed)})", retry_after_s=retry_after)
+        return NoHealthyEndpoint(f"no live, ready engine serves {version!r}", retry_after_s=retry_after)
 
     async def release(self, endpoint: Endpoint) -> None:
         await self.admission.give_back(endpoint.instance_id)

@@ -38,12 +38,14 @@ class ScriptedEngines:
     def __init__(self) -> None:
         self.scripts: dict[str, list[list[Any]]] = defaultdict(list)
         self.payloads: list[tuple[str, dict[str, Any], float]] = []
+        self.endpoints: list[Any] = []  # the Endpoint of every call, in order
 
     def script(self, instance_id: str, *steps: Any) -> None:
         self.scripts[instance_id].append(list(steps))
 
     async def stream(self, endpoint, payload, *, first_token_timeout: float, stall_timeout: float, attempt_id: str):
         self.payloads.append((endpoint.instance_id, payload, first_token_timeout))
+        self.endpoints.append(endpoint)
         for step in self.scripts[endpoint.instance_id].pop(0):
             if step == OPEN:
                 yield Opened(endpoint.generation)

@@ -230,3 +230,60 @@ async def test_an_engine_draining_error_event_is_a_planned_shutdown_not_an_engin
     with pytest.raises(EngineFailure) as failed:
         await _collect(_client(FakeEngine(_http(200, body, SSE))))
     assert failed.value.reason == DRAINING
+
+
+def _chunk(token_ids: list[int] | None, finish: str | None, text: str = "x") -> bytes:
+    choice: dict = {"text": text, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("finish", ["stop", "length", "tool_calls"])
+async def test_a_final_finish_ends_the_stream(finish):
+    items = await _collect(_client(FakeEngine(_http(200, _chunk([5], None) + _chunk([6], finish) + b"data: [DONE]\n\n", SSE))))
+    assert items == [Opened(None), EngineToken(5, None), EngineToken(6, finish)]
+
+
+@pytest.mark.parametrize("finish", ["abort", "error", "something_new"])
+async def test_any_other_finish_is_an_engine_failure_not_an_end(finish):
+    """vLLM ends a stream with "abort" when it shuts down or preempts: passing it on would truncate the answer."""
+    engine = FakeEngine(_http(200, _chunk([5], None) + _chunk([], finish, text="") + b"data: [DONE]\n\n", SSE))
+    items = []
+    with pytest.raises(EngineFailure) as failure:
+        async for item in _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="c.0"):
+            items.append(item)
+    assert failure.value.reason == "engine_aborted" and repr(finish) in str(failure.value)
+    assert items == [Opened(None), EngineToken(5, None)]
+
+
+async def test_the_tokens_of_an_aborted_chunk_come_before_the_failure_and_are_not_final():
+    engine = FakeEngine(_http(200, _chunk([5], None) + _chunk([6], "abort"), SSE))
+    items = []
+    with pytest.raises(EngineFailure) as failure:
+        async for item in _client(engine).stream(ENDPOINT, {}, first_token_timeout=1, stall_timeout=1, attempt_id="c.0"):
+            items.append(item)
+    assert failure.value.reason == "engine_aborted"
+    assert items == [Opened(None), EngineToken(5, None), EngineToken(6, None)]
+
+
+@pytest.mark.parametrize("chunks", [
+    _chunk(None, None) + _chunk(None, "length"),  # an old vLLM: text, never token ids
+    _chunk([], None, text="hello"),
+    _chunk(None, "stop", text=""),  # a finish that names no token
+    _chunk([5], None) + _chunk(None, "length"),
+])
+async def test_output_without_token_ids_is_a_typed_failure_naming_the_minimum_vllm(chunks):
+    from contract.engine_support import MIN_VLLM_VERSION
+
+    with pytest.raises(EngineFailure) as failure:
+        await _collect(_client(FakeEngine(_http(200, chunks, SSE))))
+    assert failure.value.reason == "no_token_ids"
+    assert "return_token_ids" in str(failure.value) and MIN_VLLM_VERSION in str(failure.value)
+
+
+async def test_a_chunk_without_output_is_skipped():
+    body = _chunk(None, None, text="") + _chunk([5], "length")
+    items = await _collect(_client(FakeEngine(_http(200, body, SSE))))
+    assert items == [Opened(None), EngineToken(5, "length")]
+

@@ -87,3 +87,30 @@ async def test_each_local_ejection_is_told_to_the_event_listener_once():
     assert await router.failed(e0, "connect")  # already out: not told twice
     assert not await router.failed(next(e for e in await router.endpoints("v")), "http_500")  # 1 of 3 in a row
     assert told == [("e0", "connect")]
+
+
+async def test_excluded_endpoints_are_never_acquired_and_only_they_left_is_a_503_naming_them():
+    router, _, _ = await _router(2)
+    e0, e1 = sorted(await router.endpoints("v"), key=lambda e: e.instance_id)
+    for _ in range(10):
+        chosen = await router.acquire("v", client_key=None, queue_timeout=0, exclude=frozenset({e0.key}))
+        assert chosen == e1
+        await router.release(chosen)
+    assert (await router.acquire("v", client_key="c", queue_timeout=0, prefer="e0", exclude=frozenset({e0.key}))) == e1
+    with pytest.raises(NoHealthyEndpoint) as refused:
+        await router.acquire("v", client_key=None, queue_timeout=3600, exclude=frozenset({e0.key, e1.key}))
+    assert refused.value.error_type == "no_healthy_endpoint" and "e0@" in refused.value.message
+
+
+async def test_engines_without_token_ids_are_ejected_past_the_cap_and_refused_engine_incompatible():
+    from gateway.errors import EngineIncompatible
+
+    router, _, _ = await _router(2)
+    e0, e1 = sorted(await router.endpoints("v"), key=lambda e: e.instance_id)
+    assert await router.failed(e0, "no_token_ids")  # at once, not after consecutive_5xx
+    assert await router.failed(e1, "no_token_ids")  # even the last one: it cannot serve any stream
+    with pytest.raises(EngineIncompatible) as refused:
+        await router.acquire("v", client_key=None, queue_timeout=0)
+    assert (refused.value.status_code, refused.value.error_type) == (502, "engine_incompatible")
+    assert "e0, e1" in refused.value.message and "return_token_ids" in refused.value.message
+

@@ -136,13 +136,15 @@ async def test_cancel_sends_an_attached_client_a_final_typed_event(tiny_model):
 async def test_one_transient_500_per_engine_leaves_the_fleet_routable(tiny_model):
     h = Harness(tiny_model, ["a", "b"])
     await h.register()
-    for instance in ("a", "b"):  # each answers its first request with a 500, then serves (routing picks freely)
-        h.engines.script(instance, EngineFailure("http_500", "transient"))
-        for _ in range(3):
-            h.engines.script(instance, OPEN, 5, ("finish", 6))
+    # Each answers one request with a 500; that request continues on the other engine (never the one that failed it).
+    h.engines.script("a", EngineFailure("http_500", "transient"))
+    h.engines.script("b", OPEN, 5, ("finish", 6))
+    h.engines.script("b", EngineFailure("http_500", "transient"))
+    h.engines.script("a", OPEN, 5, ("finish", 6))
     for prefer in ("a", "b"):
         frames = await frames_of((await h.session(max_tokens=2, prefer=prefer)).run())
         assert _error(frames) is None and _tokens(frames) == [5, 6]
+    assert [p[0] for p in h.engines.payloads] == ["a", "b", "b", "a"]
     assert {e.instance_id for e in await h.router.endpoints("v")} == {"a", "b"}
 
 
