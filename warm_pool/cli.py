@@ -120,14 +120,21 @@ def canary_record(
     prompt_token_ids: Annotated[str, typer.Option(help="comma-separated prompt token ids")] = "1,2,3,4,5,6,7,8",
     max_tokens: Annotated[int, typer.Option(help="tokens the canary generates")] = 8,
     max_ttft_s: Annotated[float, typer.Option(help="time to first token the canary allows")] = 2.0,
+    model: Annotated[Optional[str], typer.Option(help="stock vLLM: its served model name (the version); "
+                                                  "default: the one model its /v1/models lists")] = None,
 ) -> None:
-    """Record a canary from a verified engine into a canary file (version → record)."""
+    """Record a canary from a verified engine into a canary file (version → record).
+
+    The reference engine names its version on /healthz/generation; stock vLLM is recorded through
+    /v1/completions alone, under its served model name.
+    """
     import asyncio
 
     from warm_pool.probe import record_canary
 
     prompt = [int(t) for t in prompt_token_ids.split(",") if t.strip()]
-    version, record = asyncio.run(record_canary(url, prompt, max_tokens=max_tokens, max_ttft_s=max_ttft_s))
+    version, record = asyncio.run(record_canary(url, prompt, max_tokens=max_tokens, max_ttft_s=max_ttft_s,
+                                                model=model))
     records = json.loads(out.read_text()) if out.exists() else {}
     records[version] = record.model_dump(mode="json")
     out.write_text(json.dumps(records, indent=2) + "\n")
