@@ -10,9 +10,15 @@ an attempt only knows its endpoint and its payload:
   lapsed (a hung or partitioned engine) is left at once instead of waiting
   out the first-token timeout, which itself grows with the prompt's expected
   prefill time (`first_token_timeout + prompt tokens / prefill_tokens_per_s`);
+- after it, a token later than `recovery.draining_silence` makes the engine
+  client ask the router whether the endpoint is still routable (its lease,
+  the agent's verdict, local ejection: all in memory); one that left routing
+  (a drain before SIGTERM) and went silent is left at once
+  (`engine_left_routing`) instead of after `stall_timeout`;
 - every failure is reported to the router's outlier detection, the first
-  token as a success, except a planned shutdown (`engine_draining`); the
-  engine slot is given back when the attempt ends;
+  token as a success, except a planned shutdown (`engine_draining`) and an
+  engine that already left routing; the engine slot is given back when the
+  attempt ends;
 - it ends with the engine's final token or an `EngineFailure`, never quietly:
   a session never re-sends without counting a migration.
 """
@@ -26,7 +32,7 @@ from contextlib import aclosing
 from typing import Any
 
 from gateway.deps import Deps
-from gateway.engine_client import DRAINING, EngineFailure, EngineToken, Opened
+from gateway.engine_client import DRAINING, LEFT_ROUTING, EngineFailure, EngineToken, Opened
 from gateway.errors import RecoveryImpossible
 from gateway.router import Endpoint
 from gateway.settings import RecoveryStrategy
@@ -60,6 +66,7 @@ class Attempt:
         left = max(remaining, 0.01)  # never wait past the request's deadline
         self.first_token_timeout = min(recovery.first_token_timeout.total_seconds() + prefill, left)
         self.stall_timeout = min(recovery.stall_timeout.total_seconds(), left)
+        self.draining_silence = recovery.draining_silence.total_seconds()
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields this attempt sends to its endpoint (the request's, unset ones left out).
@@ -74,7 +81,8 @@ class Attempt:
         deps, endpoint = self.deps, self.endpoint
         deps.metrics.engine_attempts.inc()
         stream = deps.engines.stream(endpoint, self.payload, first_token_timeout=self.first_token_timeout,
-                                     stall_timeout=self.stall_timeout, attempt_id=self.attempt_id)
+                                     stall_timeout=self.stall_timeout, attempt_id=self.attempt_id,
+                                     watch=lambda: deps.router.left_routing(endpoint), watch_after=self.draining_silence)
         try:
             async with aclosing(stream) as items:
                 while True:
@@ -98,7 +106,7 @@ class Attempt:
                 # not send the session round again without a migration being counted.
                 raise EngineFailure("stream_ended", "the engine stream ended without a final token")
         except EngineFailure as failure:
-            if failure.reason != DRAINING and await deps.router.failed(endpoint, failure.reason):
+            if failure.reason not in (DRAINING, LEFT_ROUTING) and await deps.router.failed(endpoint, failure.reason):
                 deps.metrics.suppressed.inc()
             if failure.reason == "stale_generation":
                 deps.metrics.stale_frames.inc()

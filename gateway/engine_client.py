@@ -3,9 +3,10 @@
 Timeouts are split: `connect_timeout` for the TCP connect, then the stream
 itself is watched token by token — `first_token_timeout` until the first
 token (prefill, response headers included), `stall_timeout` between tokens —
-because a hung engine keeps its socket open and only silence tells. Every way
-an engine can fail mid-way becomes an `EngineFailure` with a reason the
-recovery policy understands — an "abort" finish and output without token
+because a hung engine keeps its socket open and only silence tells; a late
+token on an engine that has left routing ends the stream sooner (`watch`).
+Every way an engine can fail mid-way becomes an `EngineFailure` with a reason
+the recovery policy understands — an "abort" finish and output without token
 ids among them: only `stop`, `length` and tool-call finishes end a stream; a
 4xx is the client's fault and becomes `EngineRejected`, never a migration.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +39,7 @@ from gateway.engine_connection import (
     ABORTED,
     DRAINING,
     FINAL_FINISH_REASONS,
+    LEFT_ROUTING,
     NO_TOKEN_IDS,
     Connector,
     EngineFailure,
@@ -49,8 +51,11 @@ from gateway.engine_connection import (
 )
 from gateway.router import Endpoint
 
-__all__ = ["ABORTED", "DRAINING", "NO_TOKEN_IDS", "EngineClient", "EngineFailure", "EngineRejected", "EngineToken",
-           "Opened"]
+__all__ = ["ABORTED", "DRAINING", "LEFT_ROUTING", "NO_TOKEN_IDS", "EngineClient", "EngineFailure", "EngineRejected",
+           "EngineToken", "Opened", "Watch"]
+
+# Asked when a token is late (never per token): why the endpoint has left routing, or None while it is routable.
+Watch = Callable[[], Awaitable[str | None]]
 
 @dataclass(frozen=True)
 class _Target:
@@ -150,7 +155,7 @@ class EngineClient:
 
     async def stream(
         self, endpoint: Endpoint, payload: dict[str, Any], *, first_token_timeout: float, stall_timeout: float,
-        attempt_id: str,
+        attempt_id: str, watch: Watch | None = None, watch_after: float = 0.3,
     ) -> AsyncIterator[Opened | EngineToken]:
         """Yield `Opened`, then one `EngineToken` per token, until the finishing token.
 
@@ -160,6 +165,13 @@ class EngineClient:
 
         `attempt_id` goes out as `X-Request-Id` (vLLM's request id header), so the
         engine's logs carry the gateway's request id.
+
+        `watch`: once a token after the first is `watch_after` late, and then
+        every `watch_after` until the stall timeout, the stream asks it whether
+        the endpoint has left routing; if it has, the stream fails at once with
+        `EngineFailure(LEFT_ROUTING)` instead of waiting out `stall_timeout`
+        (a SIGTERMed vLLM that stops sending and keeps the socket open). A
+        token on time costs nothing more than without a watch.
         """
         target = self._target(endpoint.url)
         body = json.dumps(payload, separators=(",", ":")).encode()
@@ -196,15 +208,18 @@ class EngineClient:
                 content_type = connection.headers.get(b"content-type", b"").decode(errors="replace")
                 raise EngineFailure("bad_response", f"not a vLLM completion stream: content-type {content_type!r}")
             yield Opened(generation)
-            timeout = first_token_timeout
+            timeout = wait = first_token_timeout
+            between = min(stall_timeout, watch_after) if watch is not None else stall_timeout
             while True:
                 try:
-                    data = await connection.next_event(timeout)
+                    data = await connection.next_event(wait)
                 except TimeoutError:
-                    raise EngineFailure("stall", f"no token within {timeout:.2f}s") from None
+                    if wait >= timeout:
+                        raise EngineFailure("stall", f"no token within {timeout:.2f}s") from None
+                    data = await _late_event(connection, endpoint, watch, watch_after, timeout - wait)  # type: ignore[arg-type]
                 if data is None:
                     raise EngineFailure("stream_ended", "engine closed the stream before the last token")
-                timeout = stall_timeout
+                timeout, wait = stall_timeout, between
                 if data == b"[DONE]":
                     raise EngineFailure("stream_ended", "[DONE] before a finish_reason")
                 try:
@@ -246,6 +261,25 @@ class EngineClient:
                 connection.drain_timer = asyncio.get_running_loop().call_later(self.drain_timeout, self._drain_expired, connection)
             else:
                 self._give_back(connection)
+
+
+async def _late_event(connection: _Connection, endpoint: Endpoint, watch: Watch, every: float, left: float) -> bytes | None:
+    """A token is late: ask `watch` every `every` seconds until it comes, the endpoint leaves routing, or `left` runs out."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + left
+    waited = every
+    while True:
+        why = await watch()
+        if why is not None:
+            raise EngineFailure(LEFT_ROUTING, f"{endpoint.instance_id} generation {endpoint.generation} sent nothing for "
+                                              f"{waited:.2f}s after it left routing ({why})")
+        remaining = end - loop.time()
+        if remaining <= 0:
+            raise EngineFailure("stall", f"no token within {waited:.2f}s")
+        try:
+            return await connection.next_event(min(every, remaining))
+        except TimeoutError:
+            waited += min(every, remaining)
 
 
 def _int_or_none(value: bytes | None) -> int | None:

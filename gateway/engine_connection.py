@@ -19,13 +19,14 @@ import httptools
 if TYPE_CHECKING:
     from gateway.engine_client import EngineClient
 
-__all__ = ["ABORTED", "DRAINING", "FINAL_FINISH_REASONS", "NO_TOKEN_IDS", "EngineFailure", "EngineRejected",
-           "EngineToken", "Opened"]
+__all__ = ["ABORTED", "DRAINING", "FINAL_FINISH_REASONS", "LEFT_ROUTING", "NO_TOKEN_IDS", "EngineFailure",
+           "EngineRejected", "EngineToken", "Opened"]
 
 # `EngineFailure.reason`s the session and the router treat apart from the rest:
 DRAINING = "engine_draining"  # a planned shutdown: migrate without spending the retry budget
 ABORTED = "engine_aborted"  # the engine ended the stream with a finish the client did not ask for (vLLM's "abort")
 NO_TOKEN_IDS = "no_token_ids"  # output without per-token ids: the engine cannot say what it committed (too old)
+LEFT_ROUTING = "engine_left_routing"  # silent after its lease went or the agent marked it draining: routing moved it
 
 # The finishes that end a stream as the client asked: the stop condition, the token budget, a tool call. vLLM
 # also ends streams with "abort" (shutdown, preemption, lost KV) and others with "error": those are failures,

@@ -25,7 +25,8 @@ original deadline, and a token from the retry budget. The budget bounds
 *concurrent* migrations (Envoy's semantics): the token is held from the
 failure until the continuation's first token, not for the rest of the
 stream; a planned shutdown (the engine ends the stream with
-`engine_draining`) migrates without one. Otherwise the stream ends with
+`engine_draining`, or goes silent after it left routing:
+`engine_left_routing`) migrates without one. Otherwise the stream ends with
 an SSE `error` event whose `type` is one of `engine_failed`,
 `not_resumable`, `migration_limit`, `deadline_exceeded`,
 `retry_budget_exhausted`, `no_healthy_endpoint`, `engine_incompatible` (the
@@ -56,7 +57,7 @@ from contract.session import SESSION_USAGE_KEY
 from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
 from contract.engine_support import INCOMPATIBLE_ERROR_TYPE
-from gateway.engine_client import DRAINING, NO_TOKEN_IDS, EngineFailure, EngineRejected, EngineToken, Opened
+from gateway.engine_client import DRAINING, LEFT_ROUTING, NO_TOKEN_IDS, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
 from gateway.policy import continuation_refused, decide
 from gateway.outlier import EndpointKey
@@ -241,8 +242,9 @@ class StreamSession:
         )
         if not decision.migrate:
             raise self._impossible(decision.reason, f"{decision.message} (last failure: {failure})")
-        if failure.reason != DRAINING and not self._holds_retry_token:
-            # A planned shutdown is no failure of the fleet: it migrates without a budget token.
+        if failure.reason not in (DRAINING, LEFT_ROUTING) and not self._holds_retry_token:
+            # A planned shutdown is no failure of the fleet: it migrates without a budget token. So does a
+            # stream on an engine that routing had already taken out (a drain before SIGTERM) and that went silent.
             wait = min(self.deps.settings.admission.queue_timeout.total_seconds(),
                        self._remaining() - settings.min_deadline_remaining.total_seconds())
             if not await self.deps.router.begin_retry(max(wait, 0.0)):

@@ -229,6 +229,24 @@ class Router:
         return any(lease.instance_id == endpoint.instance_id and lease.generation == endpoint.generation
                    for lease in await self.view.current())
 
+    async def left_routing(self, endpoint: Endpoint) -> str | None:
+        """Why `endpoint` takes no new sessions any more (None while it does), from what this replica holds.
+
+        The lease view and the verdict board are in memory here (re-read in the
+        background), so this is cheap; streams ask it only when a token is late.
+        """
+        try:
+            if not await self.is_live(endpoint):
+                return "its lease was released or lapsed"
+        except Exception:  # noqa: BLE001 - a view that cannot be read says nothing about this endpoint
+            return None
+        action = self._verdict(endpoint)
+        if action in ("eject", "no_new_sessions"):
+            return f"the regional agent's verdict: {action}"
+        if self.outliers.ejected(endpoint.key):
+            return "ejected locally after failures"
+        return None
+
     async def failed(self, endpoint: Endpoint, reason: str) -> bool:
         """Count a failure of `endpoint` (an `EngineFailure.reason`); True if it is now ejected."""
         peers = [e.key for e in await self._routable(endpoint.version)]

@@ -99,8 +99,17 @@ class RecoveryConfig(_Section):
     first_token_timeout: Seconds = Field(timedelta(seconds=10), description="wait for the first token: this, plus the prompt's expected prefill time")
     prefill_tokens_per_s: float = Field(2000.0, gt=0, description="expected prefill rate: the first-token wait grows by prompt tokens / this")
     stall_timeout: Seconds = Field(timedelta(seconds=2), description="no token for this long mid-stream: migrate")
+    draining_silence: Seconds = Field(timedelta(milliseconds=300), description="no token for this long mid-stream "
+                                      "from an engine that has left routing (lease gone, agent verdict draining): "
+                                      "migrate at once instead of waiting out stall_timeout")
     request_timeout: Seconds = Field(timedelta(minutes=5), description="default deadline; X-Lifeline-Timeout-Ms overrides")
     min_deadline_remaining: Seconds = Field(timedelta(milliseconds=500), description="do not migrate with less left")
+
+    @model_validator(mode="after")
+    def _check(self) -> RecoveryConfig:
+        if self.draining_silence <= timedelta(0):
+            raise ValueError("recovery.draining_silence must be positive")
+        return self
 
 
 class OutlierConfig(_Section):

@@ -3,8 +3,11 @@
 Each engine call takes the next script for the endpoint it was routed to: a
 list of steps — `OPEN`, a token id, `("finish", id)`, an `EngineFailure` to
 raise, or an `asyncio.Event` to wait on (a hung engine, or a pause the test
-releases), or an `EngineToken` yielded as it is. Time is a `ManualClock`; nothing sleeps on the wall clock except
-the attempt's lease poll (one `registry.refresh_interval`).
+releases), or an `EngineToken` yielded as it is, or `SILENT`: no more tokens,
+ended only by the attempt's late-token watch, as the engine client would end
+it (`engine_left_routing`). Time is a `ManualClock`; nothing sleeps on the
+wall clock except the attempt's lease poll (one `registry.refresh_interval`)
+and the `SILENT` step's polling of the watch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from common.clock import ManualClock
 from contract.lease import Registration
 from gateway.admission import Admission
 from gateway.deps import Deps
-from gateway.engine_client import EngineFailure, EngineToken, Opened
+from gateway.engine_client import LEFT_ROUTING, EngineFailure, EngineToken, Opened
 from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.metrics import GatewayMetrics
 from gateway.recovery import StreamSession
@@ -32,6 +35,7 @@ from gateway.stream_request import StreamRequest
 from gateway.token_log import Frame, MemoryTokenLog
 
 OPEN = "open"
+SILENT = "silent"
 
 
 class ScriptedEngines:
@@ -43,12 +47,17 @@ class ScriptedEngines:
     def script(self, instance_id: str, *steps: Any) -> None:
         self.scripts[instance_id].append(list(steps))
 
-    async def stream(self, endpoint, payload, *, first_token_timeout: float, stall_timeout: float, attempt_id: str):
+    async def stream(self, endpoint, payload, *, first_token_timeout: float, stall_timeout: float, attempt_id: str,
+                     watch=None, watch_after: float = 0.3):
         self.payloads.append((endpoint.instance_id, payload, first_token_timeout))
         self.endpoints.append(endpoint)
         for step in self.scripts[endpoint.instance_id].pop(0):
             if step == OPEN:
                 yield Opened(endpoint.generation)
+            elif step == SILENT:
+                while (why := await watch()) is None:
+                    await asyncio.sleep(0.005)
+                raise EngineFailure(LEFT_ROUTING, why)
             elif isinstance(step, EngineFailure):
                 raise step
             elif isinstance(step, asyncio.Event):

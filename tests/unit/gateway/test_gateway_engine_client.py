@@ -287,3 +287,56 @@ async def test_a_chunk_without_output_is_skipped():
     items = await _collect(_client(FakeEngine(_http(200, body, SSE))))
     assert items == [Opened(None), EngineToken(5, "length")]
 
+
+class _Watch:
+    def __init__(self, answer: str | None) -> None:
+        self.answer, self.calls = answer, 0
+
+    async def __call__(self) -> str | None:
+        self.calls += 1
+        return self.answer
+
+
+def _silent_after(*token_ids: int) -> FakeEngine:
+    return FakeEngine(_http(200, _sse(*token_ids, finish_last=False), SSE, complete=False))
+
+
+async def _watched(engine: FakeEngine, watch: _Watch, *, first_token_timeout: float, stall_timeout: float,
+                   watch_after: float) -> tuple[list, EngineFailure]:
+    items: list = []
+    with pytest.raises(EngineFailure) as failure:
+        async with asyncio.timeout(30):  # a guard against hanging, not a measurement
+            async for item in _client(engine).stream(ENDPOINT, {}, first_token_timeout=first_token_timeout,
+                                                     stall_timeout=stall_timeout, attempt_id="c.0", watch=watch,
+                                                     watch_after=watch_after):
+                items.append(item)
+    return items, failure.value
+
+
+async def test_a_silent_engine_that_left_routing_fails_before_the_stall_timeout():
+    """A SIGTERMed vLLM stops sending and keeps its socket: the watch ends it, not the (here endless) stall timeout."""
+    watch = _Watch("its lease was released or lapsed")
+    items, failure = await _watched(_silent_after(5), watch, first_token_timeout=1, stall_timeout=3600, watch_after=0.01)
+    assert failure.reason == "engine_left_routing" and "lease was released" in str(failure)
+    assert items == [Opened(None), EngineToken(5, None)] and watch.calls == 1
+
+
+async def test_a_silent_engine_still_routable_is_watched_until_the_stall_timeout():
+    watch = _Watch(None)
+    _, failure = await _watched(_silent_after(5), watch, first_token_timeout=1, stall_timeout=0.05, watch_after=0.01)
+    assert failure.reason == "stall" and watch.calls >= 1
+
+
+async def test_the_watch_is_not_asked_before_the_first_token():
+    """Until the first token the attempt watches the lease itself (prefill may be long; a drain lets it finish)."""
+    watch = _Watch("draining")
+    _, failure = await _watched(_silent_after(), watch, first_token_timeout=0.05, stall_timeout=3600, watch_after=0.01)
+    assert failure.reason == "stall" and watch.calls == 0
+
+
+async def test_tokens_on_time_never_ask_the_watch():
+    watch = _Watch("draining")
+    engine = FakeEngine(_http(200, _sse(5, 6, 7) + b"data: [DONE]\n\n", SSE))
+    items = [item async for item in _client(engine).stream(ENDPOINT, {}, first_token_timeout=10, stall_timeout=10,
+                                                           attempt_id="c.0", watch=watch, watch_after=5.0)]
+    assert items[-1] == EngineToken(7, "length") and watch.calls == 0

@@ -2,7 +2,8 @@
 
 An engine's "abort" is a failure, not an end; an engine that streams no token
 ids is ejected and, when nothing else can continue, refused typed
-(`engine_incompatible`).
+(`engine_incompatible`); a stream that goes silent on an engine that left
+routing moves at once, without a retry-budget token.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contract.lease import Registration
 from gateway.engine_client import ABORTED, NO_TOKEN_IDS, EngineFailure, EngineToken
 from gateway.errors import GatewayError
 from gateway.token_log import Frame
-from tests.unit.gateway.scripted import OPEN, Harness, frames_of
+from tests.unit.gateway.scripted import OPEN, SILENT, Harness, frames_of
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +142,51 @@ async def test_an_engine_stream_that_ends_without_a_final_token_is_a_counted_mig
     assert _tokens(frames) == [5] and len(h.engines.payloads) == 4  # the first attempt and three migrations
     assert _migrations(h, "stream_ended") == 3
 
+
+class _Verdicts:
+    def __init__(self, actions: dict) -> None:
+        self.actions = actions
+
+    def action(self, key):
+        return self.actions.get(key)
+
+
+@pytest.mark.parametrize("leaves", ["lease_released", "agent_draining"])
+async def test_a_stream_silent_on_an_engine_that_left_routing_migrates_at_once(tiny_model, leaves):
+    """A drain before SIGTERM, then vLLM stops sending: the stream moves without waiting out the stall timeout."""
+    h = Harness(tiny_model, ["a", "b"], recovery={"stall_timeout": 3600.0},
+                admission={"retry_budget_min": 0, "retry_budget_ratio": 0.0, "queue_timeout": 0})
+    await h.register()
+    h.router.verdicts = _Verdicts({})
+    h.engines.script("a", OPEN, 5, SILENT)
+    h.engines.script("b", OPEN, 6, ("finish", 7))
+    frames = []
+    async with asyncio.timeout(30):  # a guard against hanging, not a measurement
+        async for item in (await h.session(max_tokens=3, prefer="a")).run():
+            if isinstance(item, Frame):
+                frames.append(item)
+                if item.token_ids == (5,):
+                    a = h.engines.endpoints[0]
+                    if leaves == "lease_released":
+                        await h.registry.release(a.instance_id, a.generation)
+                    else:
+                        h.router.verdicts = _Verdicts({a.key: "no_new_sessions"})
+    assert _error(frames) is None and _tokens(frames) == [5, 6, 7]
+    assert _migrations(h, "engine_left_routing") == 1
+    assert h.budget().active_retries == 0  # no retry token was needed (the budget here has none)
+    assert h.router.outliers._records == {}  # routing had already taken it out: no failure counted against it
+
+
+async def test_a_late_token_on_an_engine_still_routable_is_waited_for(tiny_model):
+    h = Harness(tiny_model, ["a", "b"])
+    await h.register()
+    pause = asyncio.Event()
+    h.engines.script("a", OPEN, 5, pause, ("finish", 6))
+    run = asyncio.ensure_future(frames_of((await h.session(max_tokens=2, prefer="a")).run()))
+    await asyncio.sleep(0.05)
+    a = h.engines.endpoints[0]
+    assert await h.router.left_routing(a) is None
+    pause.set()
+    async with asyncio.timeout(30):
+        frames = await run
+    assert _error(frames) is None and _tokens(frames) == [5, 6]

@@ -89,3 +89,10 @@ def test_environment_overrides_the_file(tmp_path, monkeypatch):
     assert settings.recovery.stall_timeout == timedelta(seconds=0.75)
     assert settings.recovery.max_migrations == 5
     assert settings.recovery.strategy is RecoveryStrategy.TOKEN_COMMIT_RESUME
+
+
+def test_a_draining_silence_that_is_not_positive_stops_start_up_naming_the_key(tmp_path):
+    models = [{"alias": "m", "version": "v", "model_dir": str(tmp_path)}]
+    with pytest.raises(ValidationError, match="recovery.draining_silence must be positive"):
+        GatewaySettings.load(None, models=models, recovery={"draining_silence": 0})
+    assert GatewaySettings.load(None, models=models).recovery.draining_silence == timedelta(milliseconds=300)

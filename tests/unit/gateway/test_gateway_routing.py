@@ -108,9 +108,17 @@ async def test_engines_without_token_ids_are_ejected_past_the_cap_and_refused_en
     router, _, _ = await _router(2)
     e0, e1 = sorted(await router.endpoints("v"), key=lambda e: e.instance_id)
     assert await router.failed(e0, "no_token_ids")  # at once, not after consecutive_5xx
+    assert await router.left_routing(e0) == "ejected locally after failures"
     assert await router.failed(e1, "no_token_ids")  # even the last one: it cannot serve any stream
     with pytest.raises(EngineIncompatible) as refused:
         await router.acquire("v", client_key=None, queue_timeout=0)
     assert (refused.value.status_code, refused.value.error_type) == (502, "engine_incompatible")
     assert "e0, e1" in refused.value.message and "return_token_ids" in refused.value.message
 
+
+async def test_an_endpoint_leaves_routing_with_its_lease():
+    router, registry, _ = await _router(1)
+    (e0,) = await router.endpoints("v")
+    assert await router.left_routing(e0) is None
+    await registry.release(e0.instance_id, e0.generation)
+    assert await router.left_routing(e0) == "its lease was released or lapsed"
