@@ -4,7 +4,8 @@
     ├── NotFound (404): drill_not_found, drill_run_not_found
     ├── Conflict (409): invalid_transition, drill_run_changed, approval_required
     └── InvalidInput (422): outside_blast_radius, unsupported_drill
-                            └── region_tier_not_wired (an UnsupportedDrill)
+                            ├── region_tier_not_wired (an UnsupportedDrill)
+                            └── fault_not_injectable (an UnsupportedDrill): stock vLLM has no fault hooks
 """
 
 from __future__ import annotations
@@ -54,3 +55,10 @@ class RegionTierNotWired(UnsupportedDrill):
     """A region drill on a fleet with no second region or no DNS tier: there is nowhere to fail over to."""
 
     error_type = "region_tier_not_wired"
+
+
+class FaultNotInjectable(UnsupportedDrill):
+    """The fault needs a hook the target engine does not have (stock vLLM: no fault admin), so it is refused
+    before anything is touched rather than faked."""
+
+    error_type = "fault_not_injectable"

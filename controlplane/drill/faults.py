@@ -13,6 +13,13 @@
                                  in the region (engines, gateways)                 roll back the dns cutover
                                  refused (`RegionTierNotWired`) without a second region and a dns tier
 
+On stock vLLM (`Fleet.engine_of(i) == "vllm"`) `sigkill` and `zone_loss` work
+as on the reference engine (the kill takes vLLM's process group: its engine
+core too; a restart waits for `/health`); `hang` and `corrupt_weights` need
+the reference engine's fault admin, which vLLM does not have, and are
+refused before anything is touched (`FaultNotInjectable`, 422
+`fault_not_injectable`).
+
 Zone and region losses are cut over by Lifeline on its own (the agent's
 fault report → the escalation ladder → the tier's driver); the plan only
 watches the tier that should act (`controlplane/drill/tiers.py`: BIRD's
@@ -59,7 +66,7 @@ import httpx
 
 from common.clock import Clock
 from common.logs import get_logger
-from controlplane.drill.errors import OutsideBlastRadius, RegionTierNotWired, UnsupportedDrill
+from controlplane.drill.errors import FaultNotInjectable, OutsideBlastRadius, RegionTierNotWired, UnsupportedDrill
 from controlplane.drill.measure import RequestTrace
 from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
@@ -719,6 +726,23 @@ class RedisDown(FaultPlan):
 
 
 # -- choosing the plan ------------------------------------------------------------------------------------
+# Faults injected through the reference engine's fault admin (`--enable-fault-admin`, POST /admin/faults).
+NEEDS_FAULT_ADMIN = {DrillFault.HANG: "a decode hang (hang_after_tokens)",
+                     DrillFault.CORRUPT_WEIGHTS: "in-memory weight corruption (corrupt_weights)"}
+
+
+def refuse_without_hooks(fleet: Any, instance_id: str, fault: DrillFault) -> None:
+    """FaultNotInjectable for a fault the instance's engine cannot take (stock vLLM has no fault admin)."""
+    engine_of = getattr(fleet, "engine_of", None)
+    engine = engine_of(instance_id) if engine_of is not None else "reference"
+    if engine == "vllm" and fault in NEEDS_FAULT_ADMIN:
+        raise FaultNotInjectable(
+            f"instance {instance_id} is stock vLLM: {NEEDS_FAULT_ADMIN[fault]} is injected through the reference "
+            f"engine's fault admin (POST /admin/faults), which vLLM does not have; drill it with sigkill (or "
+            f"zone_loss), or point the drill at a reference engine")
+
+
+
 def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
                target: str | None, clock: Clock, sleep: Callable[[float], None],
                probe: Callable[[], str | None] | None = None, expected_tier: str = "l7") -> FaultPlan:
@@ -734,6 +758,7 @@ def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, tra
         if victim is None:
             raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
         check_blast_radius(radius, [victim])
+        refuse_without_hooks(fleet, victim, fault)
         return InstanceFault(fault=fault, target=victim, instances=[victim], prefer=[victim], engines=engines)
     if fault == DrillFault.ZONE_LOSS:
         zone_of = getattr(fleet, "zone_of", None)

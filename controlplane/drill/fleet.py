@@ -12,7 +12,9 @@
         url: http://127.0.0.1:8001
         served_model: tiny-seed0
         zone: local-a                            # optional: zone drills need every instance's zone
-        pid_file: /run/lifeline/eng-0.pid        # SIGKILL goes to this pid
+        pid_file: /run/lifeline/eng-0.pid        # SIGKILL goes to this pid (vllm: its process group)
+        engine: reference                        # optional: reference (default) | vllm (stock vLLM: no fault
+                                                 # admin; killed with its engine core; ready on /health)
         restart: [lifeline, engine, serve, ...]   # how the pool brings it back (detached)
         region: us                               # optional: another region's instance (default `region`)
 
@@ -38,7 +40,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -57,6 +59,7 @@ class FleetInstance(BaseModel):
     pid_file: Path | None = None
     restart: list[str] = Field(default_factory=list)
     region: str | None = None  # unset: the fleet's region
+    engine: Literal["reference", "vllm"] = "reference"
 
 
 class FleetGateway(BaseModel):
@@ -182,6 +185,10 @@ class FileFleet:
     def zone_of(self, instance_id: str) -> str | None:
         return self.spec.instances[instance_id].zone
 
+    def engine_of(self, instance_id: str) -> str:
+        """`reference` or `vllm`: which fault hooks the instance has (faults.plan_fault refuses the others)."""
+        return self.spec.instances[instance_id].engine
+
     def regions(self) -> list[str]:
         return sorted(self.spec.regions) if self.spec.regions else [r for r in [self.region] if r]
 
@@ -246,10 +253,12 @@ class FileFleet:
         raise TimeoutError(f"fleet: {what} not ready within {self.spec.ready_timeout_s:.0f}s of its restart")
 
     def kill(self, instance_id: str) -> None:
-        pid_file = self.spec.instances[instance_id].pid_file
-        if pid_file is None:
+        instance = self.spec.instances[instance_id]
+        if instance.pid_file is None:
             raise RuntimeError(f"fleet: instance {instance_id} has no pid_file; it cannot be killed")
-        _kill(pid_file)
+        # vLLM's engine core is a child of its API server: a node loss takes both, and a SIGKILL of the
+        # server alone would leave the core holding the accelerator
+        _kill(instance.pid_file, group=instance.engine == "vllm")
 
     def restart(self, instance_id: str) -> None:
         instance = self.spec.instances[instance_id]
@@ -257,7 +266,8 @@ class FileFleet:
             raise RuntimeError(f"fleet: instance {instance_id} has no restart command")
         subprocess.Popen(instance.restart, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-        self._wait(self.engine_url(instance_id) + "/healthz/ready", instance_id)
+        ready = "/health" if instance.engine == "vllm" else "/healthz/ready"  # stock vLLM has only /health
+        self._wait(self.engine_url(instance_id) + ready, instance_id)
 
 
 def _read_pid(pid_file: Path | None) -> int | None:
@@ -272,8 +282,14 @@ def _read_pid(pid_file: Path | None) -> int | None:
     return pid
 
 
-def _kill(pid_file: Path) -> None:
+def _kill(pid_file: Path, *, group: bool = False) -> None:
+    """SIGKILL the pid file's process; with `group`, its whole process group (it leads one: vLLM started in a
+    session of its own), else the process alone."""
+    pid = int(pid_file.read_text().strip())
     try:
-        os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        if group and os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # already gone
