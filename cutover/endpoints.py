@@ -261,9 +261,10 @@ def delete_mesh_route(
 
 @router.post("/cutover-escalations", response_model=EscalationRead)
 def escalate_fault(body: EscalationRequest, request: Request, principal: EscalationReporter) -> EscalationRead:
-    """Act on a fault: l7 for an instance, anycast + mesh for a zone, dns for a region; up one tier only when
-    the lower one's verification failed or it had nothing to change (cutover/escalation.py). Each cutover is
-    automatic and names the evidence."""
+    """Act on a fault at the smallest scope first: l7 for an instance; anycast + mesh, then l7's drain, for a zone;
+    dns for a region. Up one rung only when the lower one's verification failed or it had nothing to change, and
+    never to dns for an instance or zone fault: a region move needs a region fault (cutover/escalation.py). Each
+    cutover is automatic and names the evidence."""
     from cutover.escalation import Fault
     from cutover.escalation_flow import attempts_for, escalate
 

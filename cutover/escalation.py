@@ -1,18 +1,37 @@
 """Automatic escalation: which tier acts on a fault, and when the next one up takes over.
 
-    fault scope   first tier                      why it starts there
-    instance      l7 (the instance)               the fastest tier that covers it
-    zone          anycast + mesh (the zone)       l7 acts per instance: scope exceeded
-    region        dns (the region)                l7, mesh, anycast act per zone or less: scope exceeded
+The ladder takes the smallest scope that can remove the fault first, and
+widens only when that scope's tiers failed or had nothing to change:
 
-An attempt escalates one rung — instance → its zone at anycast + mesh →
-its region at dns — **only when its verification failed** (a step did
-not verify, or no longer showed its after-state: the cutover rolled
-back or failed with that failure) **or its tiers had nothing to change
-for the scope** (no anycast driver, or none for that zone, and no mesh
-route naming it: no tier below dns can act on the zone, so its scope is
-exceeded; the rung is skipped, which is an event, not a cutover). An
-attempt that a safety rule refused or that is still running holds the
+    rung  scope     tiers            acts on
+    0     instance  l7               the instance's generation (ejected through the snapshot)
+    1     zone      anycast + mesh   the zone's prefix (BGP withdraw) and its mesh routes
+    2     zone      l7               the zone's clusters, drained in the snapshot gateways route by
+    3     region    dns              the region's record — for a region fault only
+
+    fault scope   first rung
+    instance      0
+    zone          1
+    region        3 (every zone tier's scope is exceeded)
+
+An attempt escalates one rung **only when its verification failed** (a
+step did not verify, or no longer showed its after-state: the cutover
+rolled back or failed with that failure) **or its tiers had nothing to
+change for the scope** (no anycast driver, or none for that zone, and no
+mesh route naming it; no cluster in the zone for l7; the rung is skipped,
+which is an event, not a cutover). A zone fault with no anycast driver and
+no mesh route is drained at l7 — the snapshot can take just that zone's
+clusters out — and the region stays where it is.
+
+**A region move needs the evidence of a region fault.** The ladder never
+climbs from a zone rung to dns for an instance or zone fault: a zone its
+zone tiers could not contain holds there and says so, and the region moves
+when a detector (the region's agent seeing every zone down, a person, an
+observer outside the region) reports the region itself. Before this, a
+zone fault with nothing to change at anycast and mesh went straight to a
+region-wide DNS cutover, moving every healthy zone's traffic with it.
+
+An attempt that a safety rule refused or that is still running holds the
 ladder where it is: a larger blast radius would not be safer than what
 the rule or the operator decided. So does one at a tier with no driver
 configured (recorded only, in the served control plane): it "verified"
@@ -94,14 +113,15 @@ class Decision:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-# rung → the tiers that act there, in order (the first is the cutover's tier)
+# rung → the tiers that act there, in order (the first is the cutover's tier), and the scope they act on
 RUNGS: tuple[tuple[CutoverTier, ...], ...] = (
-    (CutoverTier.L7,), (CutoverTier.ANYCAST, CutoverTier.MESH), (CutoverTier.DNS,))
-FIRST_RUNG = {ScopeKind.INSTANCE: 0, ScopeKind.ZONE: 1, ScopeKind.REGION: 2}
-_SCOPE_OF_RUNG = (ScopeKind.INSTANCE, ScopeKind.ZONE, ScopeKind.REGION)
-_EXCEEDED = {
+    (CutoverTier.L7,), (CutoverTier.ANYCAST, CutoverTier.MESH), (CutoverTier.L7,), (CutoverTier.DNS,))
+_SCOPE_OF_RUNG = (ScopeKind.INSTANCE, ScopeKind.ZONE, ScopeKind.ZONE, ScopeKind.REGION)
+FIRST_RUNG = {ScopeKind.INSTANCE: 0, ScopeKind.ZONE: 1, ScopeKind.REGION: 3}
+_WHY_FIRST = {
     ScopeKind.INSTANCE: "the fastest tier that covers one instance",
-    ScopeKind.ZONE: "a zone fault exceeds l7's scope (it acts per instance)",
+    ScopeKind.ZONE: "the zone's own tiers first (anycast + mesh, then l7's zone drain); the region is not moved "
+                    "for a zone",
     ScopeKind.REGION: "a region fault exceeds l7's, mesh's and anycast's scope (they act per zone or less)",
 }
 
@@ -125,7 +145,7 @@ def decide(fault: Fault, attempts: Sequence[Attempt]) -> Decision:
         raise EvidenceRequired("an automatic cutover must name the evidence that triggered it")
     if not attempts:
         rung = FIRST_RUNG[fault.scope.kind]
-        return Decision(Action.CUT_OVER, f"{fault.scope.kind.value} fault: {_EXCEEDED[fault.scope.kind]}",
+        return Decision(Action.CUT_OVER, f"{fault.scope.kind.value} fault: {_WHY_FIRST[fault.scope.kind]}",
                         rung, RUNGS[rung], fault.scope, fault_evidence(fault))
     last = max(attempts, key=lambda a: a.rung)
     described = (f"cutover #{last.cutover_id} ({last.tier.value}, {last.scope.key})" if last.cutover_id is not None
@@ -148,6 +168,10 @@ def decide(fault: Fault, attempts: Sequence[Attempt]) -> Decision:
     rung = last.rung + 1
     if rung >= len(RUNGS):
         return Decision(Action.EXHAUSTED, f"{described} {failed} and no tier is left above dns")
+    if _SCOPE_OF_RUNG[rung] == ScopeKind.REGION and fault.scope.kind != ScopeKind.REGION:
+        return Decision(Action.HOLD, f"{described} {failed}, and no tier smaller than the region is left; a region "
+                                     f"move needs the evidence of a region fault: report region:{fault.scope.region} "
+                                     "itself to move it at dns")
     scope = _scope_at(fault, rung)
     if scope is None:
         return Decision(Action.HOLD, f"{described} {failed}, and the fault does not name the zone to escalate to")

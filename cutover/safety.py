@@ -10,7 +10,9 @@ ARC's two kinds, plus one against flapping:
     assertion   assertion.capacity       capacity left < demand × headroom (only when a
                                          capacity plan is configured; skipped otherwise)
     wait        wait.min_interval        the scope's last cutover ended less than
-                                         `min_wait` ago
+                                         `min_wait` ago (not when that one was an
+                                         earlier rung of the same automatic
+                                         escalation: see `_same_escalation`)
 
 Only taking a scope out is checked by the assertions; putting one back in
 cannot reduce what serves. Rollback and zonal-shift expiry are never
@@ -123,7 +125,7 @@ def evaluate(
 
     if include_wait:
         last = repository.last_ended_for_scope(session, scope=cutover.scope, exclude_id=cutover.id)
-        if last is not None and last.ended_at is not None:
+        if last is not None and last.ended_at is not None and not _same_escalation(last, cutover):
             elapsed = (clock.utcnow() - aware(last.ended_at)).total_seconds()
             wait = policy.min_wait.total_seconds()
             if elapsed < wait:
@@ -134,3 +136,18 @@ def evaluate(
                     retry_after_s=wait - elapsed,
                 ))
     return violations
+
+
+def _same_escalation(earlier: Cutover, cutover: Cutover) -> bool:
+    """Both automatic cutovers of one fault's ladder (`evidence.fault.id`): the next rung, not a flap.
+
+    A zone's rung at anycast + mesh that did not verify rolls back, and the
+    ladder's next rung drains the same zone at l7 at once: the wait between
+    cutovers of one scope is there against a scope flapping in and out, and
+    holding the smaller-scope tier back for `min_wait` after a failed attempt
+    would leave the fault uncontained for that long.
+    """
+    def fault_id(c: Cutover) -> Any:
+        return ((c.evidence or {}).get("fault") or {}).get("id") if c.mode == "automatic" else None
+
+    return fault_id(earlier) is not None and fault_id(earlier) == fault_id(cutover)

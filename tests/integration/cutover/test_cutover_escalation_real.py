@@ -1,4 +1,5 @@
-"""Automatic escalation on the real drivers: a zone fault withdraws the zone at BIRD; when that cannot verify, DNS moves.
+"""Automatic escalation on the real drivers: a zone fault withdraws the zone at BIRD; when that cannot verify, l7
+drains just that zone and the region's DNS record, read back from a real BIND9, stays where it was.
 
 The runtime's anycast and dns drivers are built from typed driver settings
 (`cutover.driver_config`, as the served control plane builds them) over a
@@ -93,7 +94,7 @@ def test_zone_fault_withdraws_the_zone_at_real_bird_and_stops_there(
     assert evidence["fault"]["failed_probes"] == 5 and "escalated_from" not in evidence
 
 
-def test_zone_fault_escalates_to_real_dns_when_the_withdrawal_cannot_verify(
+def test_zone_fault_whose_withdrawal_cannot_verify_is_drained_at_l7_and_dns_stays(
         real_runtime: CutoverRuntime, anycast_lab: AnycastLab, bind_server: BindServer) -> None:
     speaker = anycast_lab.speakers["zone-a"]
     assert speaker.process is not None
@@ -103,15 +104,15 @@ def test_zone_fault_escalates_to_real_dns_when_the_withdrawal_cannot_verify(
     finally:
         os.kill(speaker.process.pid, signal.SIGCONT)
     assert [d.action for d in decisions] == [Action.CUT_OVER, Action.CUT_OVER, Action.CONTAINED]
-    assert _answer(bind_server) == [REGION_B]  # the region's record now answers with the takeover region
-    (anycast, dns_cutover) = _cutovers(real_runtime)
+    assert _answer(bind_server) == [REGION_A]  # the region's record did not move for one zone
+    (anycast, l7_cutover) = _cutovers(real_runtime)
     assert (anycast[1], anycast[4]) == ("anycast", "failed")  # neither the withdrawal nor its revert verified
-    assert (dns_cutover[1], dns_cutover[2], dns_cutover[3], dns_cutover[4]) == (
-        "dns", "region:eu", "automatic", "completed")
-    escalated = dns_cutover[5]["escalated_from"]
+    assert (l7_cutover[1], l7_cutover[2], l7_cutover[3], l7_cutover[4]) == (
+        "l7", "region:eu/zone:eu-a", "automatic", "completed")
+    escalated = l7_cutover[5]["escalated_from"]
     assert (escalated["cutover_id"], escalated["tier"], escalated["outcome"]) == (
         anycast[0], "anycast", "verification_failed")
-    assert dns_cutover[5]["fault"]["id"] == FAULT.id
+    assert l7_cutover[5]["fault"]["id"] == FAULT.id
     # The step's own evidence says why the lower tier failed: the speaker never acknowledged.
     with session_scope(real_runtime.factory) as session:
         step = cutover_service.get_or_raise(session, cutover_id=anycast[0]).steps[0]
@@ -119,7 +120,7 @@ def test_zone_fault_escalates_to_real_dns_when_the_withdrawal_cannot_verify(
     # Where the ladder stopped, and on what, is one event.
     with session_scope(real_runtime.factory) as session:
         (stop,) = event_service.list_events(session, EventFilter(kind="cutover.escalation"), limit=10)
-        assert (stop.routing_tier, stop.outcome, stop.scope) == ("dns", "succeeded", "region:eu/zone:eu-a")
+        assert (stop.routing_tier, stop.outcome, stop.scope) == ("l7", "succeeded", "region:eu/zone:eu-a")
         assert [a["outcome"] for a in stop.after["attempts"]] == ["verification_failed", "verified"]
 
 

@@ -1,12 +1,15 @@
-"""A zone fault where no tier below dns can act: no anycast driver, no mesh route naming the zone.
+"""A zone fault where anycast and mesh cannot act (no anycast driver, no mesh route naming the zone).
 
 The runtime is the served plane's shape — the snapshot's l7 and mesh
 built in, a dns tier built from typed driver settings
 (`cutover.driver_config`) over a real BIND9, and no anycast table — so
-the zone's rung has nothing to change. The ladder skips it (one
-`cutover.escalation_skipped` event, no cutover) and the region's record
-moves at dns, read back from BIND; the safety rules still hold it
-(capacity, the anti-flapping wait), and with no dns driver it holds too.
+the zone's anycast + mesh rung has nothing to change. The ladder skips it
+(one `cutover.escalation_skipped` event, no cutover) and drains just that
+zone at l7, in the snapshot; the region's record, read back from BIND,
+stays where it was. A zone where l7 has nothing to drain either holds
+short of the region: a region move needs a region fault. A region fault
+moves the record at dns, and the safety rules still hold it (capacity,
+the anti-flapping wait).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
+from controlplane.topology import repository as topology_repository
+from controlplane.topology import service as topology_service
 from cutover import flows
 from cutover import service as cutover_service
 from cutover.capacity import CapacityConfig
@@ -49,6 +54,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_reg
 EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")
 EU = Scope(ScopeKind.REGION, "eu", "eu")
 FAULT = Fault("agent:eu:region:eu:zone:eu-a:1", EU_A, {"source": "agent probe", "zone": "eu-a", "rounds": 3})
+REGION_FAULT = Fault("agent:eu:region:eu:1", EU, {"source": "agent probe", "zones_down": ["eu-a", "eu-b"],
+                                                   "rounds": 3})
 # eu (two warm zones, 300 sequences) and us (one cold zone, 90): all of eu out leaves 110 for 390 × 1.2.
 PLANS = """
 [[plans]]
@@ -111,7 +118,7 @@ def _cutovers(runtime: CutoverRuntime) -> list[Any]:
         return sorted(cutover_service.list_cutovers(session), key=lambda c: c.id)
 
 
-def test_a_zone_no_lower_tier_can_act_on_escalates_to_the_real_dns_record(
+def test_a_zone_anycast_and_mesh_cannot_act_on_is_drained_at_l7_and_the_region_record_stays(
         session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
         bind_dns: list[Any], bind_server: BindServer) -> None:
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
@@ -121,43 +128,76 @@ def test_a_zone_no_lower_tier_can_act_on_escalates_to_the_real_dns_record(
     assert [d.action for d in decisions] == [Action.SKIPPED, Action.CUT_OVER, Action.CONTAINED]
     assert REGISTRY.get_sample_value("lifeline_cutover_escalation_decisions_total", skips) == skipped_before + 1
     assert (decisions[0].tiers, decisions[0].scope) == ((CutoverTier.MESH,), EU_A)
-    assert _answer(bind_server) == [REGION_B]  # read back from the authoritative server
+    assert (decisions[1].tiers, decisions[1].scope) == ((CutoverTier.L7,), EU_A)
+    assert _answer(bind_server) == [REGION_A]  # read back from the authoritative server: the region did not move
 
-    (dns_cutover,) = _cutovers(runtime)  # the skipped rung made no cutover
-    assert (dns_cutover.tier, dns_cutover.scope, dns_cutover.mode, dns_cutover.state) == (
-        "dns", "region:eu", "automatic", "completed")
-    escalated = dns_cutover.evidence["escalated_from"]
+    (l7_cutover,) = _cutovers(runtime)  # the skipped rung made no cutover
+    assert (l7_cutover.tier, l7_cutover.scope, l7_cutover.mode, l7_cutover.state) == (
+        "l7", "region:eu/zone:eu-a", "automatic", "completed")
+    escalated = l7_cutover.evidence["escalated_from"]
     assert (escalated["cutover_id"], escalated["tier"], escalated["scope"], escalated["outcome"]) == (
         None, "mesh", "region:eu/zone:eu-a", "nothing_to_change")
-    assert dns_cutover.evidence["fault"]["id"] == FAULT.id
+    assert l7_cutover.evidence["fault"]["id"] == FAULT.id
+    with session_scope(runtime.factory) as session:
+        clusters = {c.name: c.state for c in topology_repository.list_clusters(session, model=None, region="eu")}
+    assert clusters == {"c-eu-a": "draining", "c-eu-b": "active"}  # just the zone
 
     # One event per step of the ladder, each with its routing tier.
     (skip,) = _events(runtime, "cutover.escalation_skipped")
     assert (skip.routing_tier, skip.outcome, skip.scope, skip.after["tiers"]) == (
         "mesh", "skipped", "region:eu/zone:eu-a", ["mesh"])
     (step,) = _events(runtime, "cutover.step")
-    assert (step.routing_tier, step.outcome, step.after["state"]["values"]) == ("dns", "succeeded", [REGION_B])
+    assert (step.routing_tier, step.outcome, step.after["state"]["state"]) == ("l7", "succeeded", "draining")
     (stop,) = _events(runtime, "cutover.escalation")
-    assert (stop.routing_tier, stop.outcome) == ("dns", "succeeded")
+    assert (stop.routing_tier, stop.outcome) == ("l7", "succeeded")
     assert [(a["tier"], a["outcome"]) for a in stop.after["attempts"]] == [
-        ("mesh", "nothing_to_change"), ("dns", "verified")]
+        ("mesh", "nothing_to_change"), ("l7", "verified")]
 
     # The same fault again resumes its ladder from the records: contained, no second skip or cutover.
     again = escalate(runtime, FAULT, actor="token:agent-eu#5")
     assert [d.action for d in again] == [Action.CONTAINED]
     assert len(_cutovers(runtime)) == 1 and len(_events(runtime, "cutover.escalation_skipped")) == 1
-    stops = _events(runtime, "cutover.escalation")
-    assert [(a["tier"], a["outcome"]) for a in stops[-1].after["attempts"]] == [
-        ("mesh", "nothing_to_change"), ("dns", "verified")]
 
 
-def test_the_dns_rung_a_skip_reaches_is_refused_by_the_capacity_rule_and_changes_nothing(
+def test_a_zone_no_zone_tier_can_act_on_holds_and_never_moves_the_region(
+        session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
+        bind_dns: list[Any], bind_server: BindServer) -> None:
+    with session_scope(session_factory) as session:  # a zone with no cluster: l7 has nothing to drain there
+        topology_service.create_zone(session, region="eu", name="eu-c", actor="test", clock=clock)
+    runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
+    fault = Fault("agent:eu:region:eu:zone:eu-c:1", Scope(ScopeKind.ZONE, "eu", "eu-c"), {"source": "agent probe"})
+    decisions = escalate(runtime, fault, actor="agent")
+    assert [(d.action, d.tiers) for d in decisions] == [
+        (Action.SKIPPED, (CutoverTier.MESH,)), (Action.SKIPPED, (CutoverTier.L7,)), (Action.HOLD, ())]
+    assert "a region move needs the evidence of a region fault" in decisions[2].reason
+    assert _answer(bind_server) == [REGION_A]
+    assert _cutovers(runtime) == []
+    (stop,) = _events(runtime, "cutover.escalation")
+    assert (stop.outcome, stop.after["action"], [a["outcome"] for a in stop.after["attempts"]]) == (
+        "blocked", "hold", ["nothing_to_change", "nothing_to_change"])
+
+
+def test_a_region_fault_moves_the_real_dns_record(
+        session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
+        bind_dns: list[Any], bind_server: BindServer) -> None:
+    runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
+    decisions = escalate(runtime, REGION_FAULT, actor="token:agent-eu#5")
+    assert [(d.action, d.tiers) for d in decisions] == [(Action.CUT_OVER, (CutoverTier.DNS,)), (Action.CONTAINED, ())]
+    assert _answer(bind_server) == [REGION_B]
+    (dns_cutover,) = _cutovers(runtime)
+    assert (dns_cutover.tier, dns_cutover.scope, dns_cutover.mode, dns_cutover.state) == (
+        "dns", "region:eu", "automatic", "completed")
+    (step,) = _events(runtime, "cutover.step")
+    assert (step.routing_tier, step.outcome, step.after["state"]["values"]) == ("dns", "succeeded", [REGION_B])
+
+
+def test_a_region_fault_is_refused_by_the_capacity_rule_and_changes_nothing(
         session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
         bind_dns: list[Any], bind_server: BindServer) -> None:
     capacity = CapacityConfig.model_validate(tomllib.loads(PLANS)).build()
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns, capacity=capacity)
-    decisions = escalate(runtime, FAULT, actor="agent")
-    assert [d.action for d in decisions] == [Action.SKIPPED, Action.CUT_OVER, Action.HOLD]
+    decisions = escalate(runtime, REGION_FAULT, actor="agent")
+    assert [d.action for d in decisions] == [Action.CUT_OVER, Action.HOLD]
     assert _answer(bind_server) == [REGION_A]
     (dns_cutover,) = _cutovers(runtime)
     assert (dns_cutover.tier, dns_cutover.state) == ("dns", "planned")
@@ -167,7 +207,7 @@ def test_the_dns_rung_a_skip_reaches_is_refused_by_the_capacity_rule_and_changes
     assert (stop.outcome, stop.after["action"]) == ("blocked", "hold")
 
 
-def test_the_dns_rung_a_skip_reaches_waits_out_the_regions_last_cutover(
+def test_a_region_fault_waits_out_the_regions_last_cutover(
         session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy,  # noqa: F811
         bind_dns: list[Any], bind_server: BindServer) -> None:
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
@@ -178,22 +218,10 @@ def test_the_dns_rung_a_skip_reaches_waits_out_the_regions_last_cutover(
     flows.execute(runtime, cutover_id=manual.id, idempotency_key="k", actor="op")
     flows.rollback(runtime, cutover_id=manual.id, actor="op", reason="drill over")
     assert _answer(bind_server) == [REGION_A]
-    decisions = escalate(runtime, FAULT, actor="agent")
-    assert [d.action for d in decisions] == [Action.SKIPPED, Action.CUT_OVER, Action.HOLD]
+    decisions = escalate(runtime, REGION_FAULT, actor="agent")
+    assert [d.action for d in decisions] == [Action.CUT_OVER, Action.HOLD]
     assert _answer(bind_server) == [REGION_A]
     (_, automatic) = _cutovers(runtime)
     assert (automatic.tier, automatic.mode, automatic.state) == ("dns", "automatic", "planned")
     (blocked,) = _events(runtime, "cutover.blocked")
     assert [v["rule"] for v in blocked.after["violations"]] == ["wait.min_interval"]
-
-
-def test_with_no_dns_driver_either_the_ladder_holds_and_plans_nothing(
-        session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy) -> None:  # noqa: F811
-    runtime = _runtime(session_factory, read_factory, clock, policy, [], record_unconfigured=True)
-    decisions = escalate(runtime, FAULT, actor="agent")
-    assert [d.action for d in decisions] == [Action.SKIPPED, Action.HOLD]
-    assert "no dns driver is configured" in decisions[1].reason and "a person must act" in decisions[1].reason
-    assert _cutovers(runtime) == []  # not even a recorded-only region cutover for the safety rules to count
-    (stop,) = _events(runtime, "cutover.escalation")
-    assert (stop.routing_tier, stop.outcome, [a["outcome"] for a in stop.after["attempts"]]) == (
-        "mesh", "blocked", ["nothing_to_change"])

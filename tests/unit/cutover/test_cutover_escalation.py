@@ -33,7 +33,7 @@ def _skip(rung: int, tier: T, scope: Scope) -> Attempt:
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [], Action.CUT_OVER, (T.L7,), ENGINE, None,
                  id="instance-fault-starts-at-l7"),
     pytest.param(Fault("f", EU_A, SEEN), [], Action.CUT_OVER, (T.ANYCAST, T.MESH), EU_A, None,
-                 id="zone-fault-exceeds-l7-starts-at-anycast-and-mesh"),
+                 id="zone-fault-starts-at-anycast-and-mesh"),
     pytest.param(Fault("f", EU, SEEN), [], Action.CUT_OVER, (T.DNS,), EU, None,
                  id="region-fault-exceeds-every-zone-tier-starts-at-dns"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [_attempt(0, T.L7, ENGINE, Outcome.VERIFIED)],
@@ -44,34 +44,46 @@ def _skip(rung: int, tier: T, scope: Scope) -> Attempt:
     pytest.param(Fault("f", ENGINE, SEEN), [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED)],
                  Action.HOLD, (), None, None, id="l7-failed-without-a-known-zone-holds"),
     pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 9)],
-                 Action.CUT_OVER, (T.DNS,), EU, 9, id="anycast-failed-escalates-to-dns-for-the-region"),
+                 Action.CUT_OVER, (T.L7,), EU_A, 9, id="anycast-failed-drains-the-zone-at-l7-not-the-region"),
     pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.REFUSED, failure="capacity")],
                  Action.HOLD, (), None, None, id="a-refused-attempt-is-not-escalated-past"),
     pytest.param(Fault("f", EU_A, SEEN), [_attempt(1, T.ANYCAST, EU_A, Outcome.IN_PROGRESS)],
                  Action.HOLD, (), None, None, id="a-running-attempt-holds"),
-    pytest.param(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.VERIFICATION_FAILED)],
+    pytest.param(Fault("f", EU, SEEN), [_attempt(3, T.DNS, EU, Outcome.VERIFICATION_FAILED)],
                  Action.EXHAUSTED, (), None, None, id="dns-failed-nothing-left"),
-    pytest.param(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.RECORDED_ONLY)],
+    pytest.param(Fault("f", EU, SEEN), [_attempt(3, T.DNS, EU, Outcome.RECORDED_ONLY)],
                  Action.HOLD, (), None, None, id="a-recorded-only-attempt-changed-nothing-so-contains-nothing"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
                  [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
                   _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 2)],
-                 Action.CUT_OVER, (T.DNS,), EU, 2, id="instance-fault-climbs-the-whole-ladder"),
+                 Action.CUT_OVER, (T.L7,), EU_A, 2, id="instance-fault-climbs-to-its-zones-l7-drain"),
+    pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
+                 [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
+                  _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFICATION_FAILED, 2),
+                  _attempt(2, T.L7, EU_A, Outcome.VERIFICATION_FAILED, 3)],
+                 Action.HOLD, (), None, None, id="instance-fault-never-moves-the-region"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
                  [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 1),
                   _attempt(1, T.ANYCAST, EU_A, Outcome.VERIFIED, 2)],
                  Action.CONTAINED, (), None, None, id="the-highest-rung-decides"),
     pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A)],
-                 Action.CUT_OVER, (T.DNS,), EU, None, id="zone-with-nothing-to-change-below-dns-goes-to-dns"),
+                 Action.CUT_OVER, (T.L7,), EU_A, None, id="zone-with-nothing-to-change-at-anycast-and-mesh-drains-at-l7"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _attempt(2, T.L7, EU_A, Outcome.VERIFIED, 5)],
+                 Action.CONTAINED, (), None, None, id="the-zones-l7-drain-contains-it"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A),
+                                          _attempt(2, T.L7, EU_A, Outcome.VERIFICATION_FAILED, 5)],
+                 Action.HOLD, (), None, None, id="a-zone-fault-its-zone-tiers-cannot-contain-holds-short-of-dns"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _skip(2, T.L7, EU_A)],
+                 Action.HOLD, (), None, None, id="a-zone-nothing-can-change-holds-short-of-dns"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"),
                  [_attempt(0, T.L7, ENGINE, Outcome.VERIFICATION_FAILED, 3), _skip(1, T.ANYCAST, EU_A)],
-                 Action.CUT_OVER, (T.DNS,), EU, None, id="instance-fault-skips-a-zone-with-nothing-to-change"),
+                 Action.CUT_OVER, (T.L7,), EU_A, None, id="instance-fault-skips-to-its-zones-l7-drain"),
     pytest.param(Fault("f", ENGINE, SEEN, zone="eu-a"), [_skip(0, T.L7, ENGINE)],
                  Action.HOLD, (), None, None, id="an-instance-l7-cannot-act-on-never-widens-to-its-zone"),
-    pytest.param(Fault("f", EU, SEEN), [_skip(2, T.DNS, EU)],
+    pytest.param(Fault("f", EU, SEEN), [_skip(3, T.DNS, EU)],
                  Action.EXHAUSTED, (), None, None, id="dns-with-nothing-to-change-nothing-left"),
-    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _attempt(2, T.DNS, EU, Outcome.REFUSED, 6)],
-                 Action.HOLD, (), None, None, id="the-dns-attempt-after-a-skip-is-held-by-a-safety-rule"),
+    pytest.param(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _attempt(2, T.L7, EU_A, Outcome.REFUSED, 6)],
+                 Action.HOLD, (), None, None, id="the-l7-drain-after-a-skip-is-held-by-a-safety-rule"),
 ])
 def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tuple[T, ...], scope: Scope | None,
                 from_cutover: int | None) -> None:
@@ -95,11 +107,19 @@ def test_an_automatic_action_needs_evidence() -> None:
 
 
 def test_a_recorded_only_attempt_says_a_person_must_act_at_that_tier() -> None:
-    decision = decide(Fault("f", EU, SEEN), [_attempt(2, T.DNS, EU, Outcome.RECORDED_ONLY, 5)])
+    decision = decide(Fault("f", EU, SEEN), [_attempt(3, T.DNS, EU, Outcome.RECORDED_ONLY, 5)])
     assert "no dns driver is configured" in decision.reason and "a person must act" in decision.reason
 
 
 def test_a_skip_says_what_had_nothing_to_change_and_where_the_ladder_goes() -> None:
     decision = decide(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A)])
-    assert decision.reason == "mesh for region:eu/zone:eu-a had nothing to change: escalating to dns"
+    assert decision.reason == "mesh for region:eu/zone:eu-a had nothing to change: escalating to l7"
     assert decision.evidence["escalated_from"]["failure"] == "no tier has anything to change for region:eu/zone:eu-a"
+
+
+@pytest.mark.parametrize("outcome", [Outcome.VERIFICATION_FAILED, Outcome.NOTHING_TO_CHANGE])
+def test_a_zone_fault_the_zone_tiers_cannot_contain_says_a_region_move_needs_a_region_fault(outcome: Outcome) -> None:
+    decision = decide(Fault("f", EU_A, SEEN), [_skip(1, T.MESH, EU_A), _attempt(2, T.L7, EU_A, outcome, 5)])
+    assert decision.action == Action.HOLD
+    assert "a region move needs the evidence of a region fault" in decision.reason
+    assert "report region:eu itself" in decision.reason
