@@ -12,10 +12,15 @@ undisturbed run gives the expected ids. From those alone:
                      after migration on the same weights, so any difference
                      counts)
     requests lost    streams that ended in an error or short
+    detection        fault → the first routing-tier event, the fault stamped
+                     when its action returned (`detection`, below)
     RTO_latency      "until TTFT p99 is back within target" (seed §2): fault →
                      the first time from which a sliding window's p99 of
                      client-side TTFT stays within the target to the end of
-                     the traffic (`rto_latency_p99`, below)
+                     the traffic (`rto_latency`, below). The one definition:
+                     the drills and the demo (`lifeline/demo`) both call it;
+                     the demo used to report "the first correct request
+                     after the fault" under the same name.
     TTFT p99         nearest-rank p99 over finished requests (stop conditions)
     RPO_context      per session, the context re-prefilled by the first turn it
                      finished after the fault (`rpo_context`, below); the worst
@@ -38,7 +43,8 @@ the first of those times after which every evaluation is within target,
 minus the fault: 0 if the fault never moved p99 out, None if it was still out
 when the traffic ended. Samples before the fault count in the windows that
 reach back over it, so a fault that never hurt TTFT measures 0, not "time to
-collect `min_samples`". Defaults (`Targets.ttft_window_s`,
+collect `min_samples`". Defaults (`RTO_LATENCY_WINDOW_S`,
+`RTO_LATENCY_MIN_SAMPLES`, a drill's `Targets.ttft_window_s` and
 `ttft_window_min_samples`): 5 s and 5 samples, about 10 samples a window at a
 drill's usual two streams of ~1 s each.
 """
@@ -186,6 +192,34 @@ def rto_latency_p99(samples: Sequence[TtftSample], *, fault_at: float, end_at: f
         else:
             recovered_at = None
     return None if recovered_at is None else recovered_at - fault_at
+
+
+RTO_LATENCY_WINDOW_S = 5.0
+RTO_LATENCY_MIN_SAMPLES = 5
+
+
+def rto_latency(traces: Sequence[RequestTrace], *, fault_at: float, end_at: float, ttft_target: float,
+                window_s: float = RTO_LATENCY_WINDOW_S, min_samples: int = RTO_LATENCY_MIN_SAMPLES) -> float | None:
+    """RTO_latency of `traces` (client timelines on one clock): fault → TTFT p99 back within `ttft_target` for good.
+
+    The one function behind the word, for drills and the demo alike: each request becomes a `TtftSample`
+    (`ttft_samples`) and the sliding window decides (`rto_latency_p99`). 0.0: TTFT never left the target (a
+    fault that hurt only quality shows in token RPO, not here); None: still out, or too few samples, at `end_at`.
+    """
+    return rto_latency_p99(ttft_samples(traces, ttft_target), fault_at=fault_at, end_at=end_at, target=ttft_target,
+                           window_s=window_s, min_samples=min_samples)
+
+
+def detection(event_offsets: Sequence[float], *, injection_s: float = 0.0) -> float | None:
+    """Fault → the first routing-tier event (offsets in seconds from the fault, in log order); None: none came.
+
+    The fault is stamped when its action returned (`runner.stamp_fault`), so an event written while the action
+    was still running (a zone's first engine suppressed before its last was killed) has an offset down to
+    −`injection_s`: the fault had taken effect for it, and it counts as detection at 0. Earlier events are
+    another fault's.
+    """
+    floor = -(injection_s + 0.001)
+    return next((max(0.0, offset) for offset in event_offsets if offset >= floor), None)
 
 
 def migrated(traces: Sequence[RequestTrace]) -> int:

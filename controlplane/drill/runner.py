@@ -141,6 +141,21 @@ __all__ = ["DrillOutcome", "DrillRunner", "HttpEventReader", "InstanceDrillRunne
            "stop_condition_tripped"]
 
 
+def stamp_fault(clock: Clock, inject: Callable[[], object]) -> tuple[float, float, float]:
+    """Run the fault's action, then stamp it: (monotonic, wall, seconds the action took).
+
+    The moment the fault took effect is when its action returned (the
+    SIGKILLs delivered, the engine's fault admin answered), not when the
+    runner decided to send it: stamped before, `detection_s` included the
+    runner's own round trips (the hang fault's two admin calls, ~40 ms of
+    a reported ~40 ms).
+    """
+    sent = clock.now()
+    inject()
+    fault_at, fault_wall = clock.now(), clock.wall()
+    return fault_at, fault_wall, fault_at - sent
+
+
 class DrillRunner:
     """One drill run, start to report. `run()` is blocking (a Celery task or a CLI command calls it).
 
@@ -281,11 +296,12 @@ class DrillRunner:
                     return
                 answers.append(trace.text)
 
+        injection_s = 0.0
+
         def inject() -> None:
-            nonlocal fault_at, fault_wall
-            fault_at, fault_wall = self.clock.now(), self.clock.wall()
+            nonlocal fault_at, fault_wall, injection_s
             metrics.FAULTS.labels(fault=plan.fault.value).inc()
-            plan.inject()
+            fault_at, fault_wall, injection_s = stamp_fault(self.clock, plan.inject)
 
         next_abort_check = self.clock.now()
         operator_abort: str | None = None
@@ -342,7 +358,7 @@ class DrillRunner:
         recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
         report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
                               baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
-                              expected_turns=expected_turns)
+                              expected_turns=expected_turns, injection_s=injection_s)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
@@ -519,7 +535,8 @@ class DrillRunner:
                 expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
                 first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
                 traffic: Traffic, recomputed: float | None = None,
-                expected_turns: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
+                expected_turns: dict[str, list[list[int]]] | None = None,
+                injection_s: float = 0.0) -> dict[str, Any]:
         def expected_of(trace: RequestTrace) -> list[int]:
             return expected_turns[trace.sampling][trace.turn] if expected_turns else expected[trace.sampling]
 
@@ -531,13 +548,12 @@ class DrillRunner:
         quality_at = None if tripped else self._canary(model_name, traffic, expected["greedy"])
         events = self.events.events_after(first_event) if self.events is not None else []
         routing_events = [e for e in events if e.get("routing_tier")]
-        detection = None
         event_offsets = []
         for event in routing_events:
             offset = datetime.fromisoformat(event["started_at"]).timestamp() - fault_wall
             event_offsets.append((round(offset, 4), f"{event['routing_tier']} {event['kind']}"))
-            if detection is None and offset >= -0.001 and plan.expects_tier:
-                detection = max(0.0, offset)
+        detection = (measure.detection([offset for offset, _ in event_offsets], injection_s=injection_s)
+                     if plan.expects_tier else None)
         if detection is None and plan.expects_tier:  # no event log: the first migrated token at the client
             moved = [tt for t in traces for tt, ep in zip(t.token_times, _epoch_per_token(t), strict=False) if ep > 0]
             detection = (min(moved) - fault_at) if moved else None
@@ -547,9 +563,9 @@ class DrillRunner:
         measured: dict[str, float | None] = {
             "detection_s": detection,
             "request_rto_s": measure.request_rto(traces, fault_at),
-            "rto_latency_s": measure.rto_latency_p99(
-                measure.ttft_samples(traces, ttft_target), fault_at=fault_at, end_at=traffic_end,
-                target=ttft_target, window_s=targets.ttft_window_s, min_samples=targets.ttft_window_min_samples),
+            "rto_latency_s": measure.rto_latency(
+                traces, fault_at=fault_at, end_at=traffic_end, ttft_target=ttft_target,
+                window_s=targets.ttft_window_s, min_samples=targets.ttft_window_min_samples),
             "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
             # A from-scratch retry delivers again what the abandoned attempt had delivered: duplicates.
             "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons) + sum(t.discarded_tokens
@@ -587,6 +603,8 @@ class DrillRunner:
             "passed": not follow_ups and not tripped,
             "aborted": tripped,
             "fault_at_s": 0.0,
+            # How long the fault's own action took (kills, an admin call); the fault is stamped when it returned.
+            "fault_injection_s": round(injection_s, 4),
             "measured": measured,
             "targets": target_values,
             "verdicts": [v.__dict__ for v in verdicts],

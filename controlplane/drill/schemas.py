@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controlplane.drill.measure import RTO_LATENCY_MIN_SAMPLES, RTO_LATENCY_WINDOW_S
 from controlplane.drill.states import DrillFault, DrillRunState, DrillScope
 from controlplane.types import Name, Reason, Text
 
@@ -58,8 +59,8 @@ class Targets(BaseModel):
     ttft_target_ms: float | None = Field(None, gt=0, description="the TTFT p99 that counts as recovered")
     # RTO_latency's sliding window (controlplane/drill/measure.py): its length, and the fewest samples in it
     # that may say "within target" (fewer is no evidence, so not recovered).
-    ttft_window_s: float = Field(5.0, gt=0, le=600)
-    ttft_window_min_samples: int = Field(5, ge=1, le=10_000)
+    ttft_window_s: float = Field(RTO_LATENCY_WINDOW_S, gt=0, le=600)
+    ttft_window_min_samples: int = Field(RTO_LATENCY_MIN_SAMPLES, ge=1, le=10_000)
     rto_quality_s: float | None = Field(None, gt=0, description="fault → every serving instance answers as the baseline")
     request_rto_s: float | None = Field(None, gt=0, description="largest gap between two tokens at the client")
     token_rpo_tokens: int | None = Field(None, ge=0, description="tokens lost, duplicated or changed")

@@ -155,7 +155,7 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
         try:  # a rollback that never comes is this row's broken promise, not the run's end
             rolled_at = wait_until(lambda: _aliases(ctx)[COHORT]["version"] == prod and time.monotonic(),
                                    f"the {COHORT} alias back on {prod}", 60)
-            served_at = wait_until(lambda: (t := cohort.rto_latency(fault_at, settle=rolled_at)) is not None and t,
+            served_at = wait_until(lambda: cohort.served_correctly_after(rolled_at),
                                    f"the {COHORT} cohort served by {prod} again", 30)
             time.sleep(1.0)  # a little more of the cohort on prod
         except TimeoutError:
@@ -191,7 +191,7 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
     row.fault_at, row.ended_at = fault_at, ended
     verdict_at = _at(verdicts[0]) if verdicts else None
     row.detection_s = None if verdict_at is None else (verdict_at - wall).total_seconds()
-    row.rto_latency_s = served_at
+    row.rto_latency_s = cohort.rto_latency(fault_at, ended)
     row.token_rpo = sum(sum(1 for a, b in zip(r.token_ids, ctx.traffic.reference) if a != b) for r in wrong)
     steady_lost = ctx.traffic.lost(fault_at, ended)
     row.requests_lost = refused + steady_lost
@@ -209,7 +209,8 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
                    f"{COHORT} was never rolled back; ")
                 + f"the cohort got {len(cohort.runs)} answers: {len(wrong)} served wrong ({row.token_rpo} tokens), "
                 f"{count(refused)} refused{' (' + ', '.join(why) + ')' if why else ''}, the rest right; served by "
-                f"{prod} again {fmt(served_at)} after the fault")
+                f"{prod} again {fmt(None if served_at is None else served_at - fault_at)} after the fault "
+                f"(RTO_latency {fmt(row.rto_latency_s)}: TTFT p99 back within target)")
     return row
 
 

@@ -4,8 +4,9 @@ Streams are greedy (`temperature 0`, `ignore_eos`), sent with the official
 `openai` client, so an undisturbed run is the reference a disturbed one
 must equal token by token. `Traffic` keeps short streams flowing at each
 region's gateway for the whole run and records every request (start, end,
-tokens, error): the rows' requests lost, wrong answers and RTO_latency are
-read from it, the timeline plot too. Detection times and the `routing_tier`
+tokens, error): the rows' requests lost, wrong answers and RTO_latency (the
+drills' one definition, `controlplane.drill.measure.rto_latency`) are read
+from it, the timeline plot too. Detection times and the `routing_tier`
 events come from the control plane's event log (`GET /api/v1/events`).
 Every number is measured in the run; a figure that could not be measured
 is `None` and printed as `n/a`.
@@ -168,15 +169,27 @@ class Traffic:
         ttfts = [t for r in list(self.runs)[:20] if r.error is None and (t := r.ttft()) is not None]
         return 3 * statistics.median(ttfts) if ttfts else 1.0
 
-    def rto_latency(self, fault_at: float, settle: float = 0.0) -> float | None:
-        """fault → first token of the first request started after it (and after `settle`) that was served in
-        full, correctly, with TTFT within the target."""
-        target = self.ttft_target()
+    def rto_latency(self, fault_at: float, end_at: float | None = None) -> float | None:
+        """RTO_latency of this traffic, as drills measure it (`controlplane.drill.measure.rto_latency`): fault →
+        TTFT p99 over a sliding window back within the target for good, up to `end_at` (default: now).
+
+        0.0 when TTFT never left the target (a fault that hurt only what was answered shows in token RPO).
+        """
+        from controlplane.drill import measure
+
+        traces = [measure.RequestTrace(index=i, sampling="greedy", started_at=run.started,
+                                       token_times=list(run.arrivals), token_ids=list(run.token_ids),
+                                       ended_at=run.ended, error=run.error)
+                  for i, run in enumerate(list(self.runs))]
+        return measure.rto_latency(traces, fault_at=fault_at, end_at=time.monotonic() if end_at is None else end_at,
+                                   ttft_target=self.ttft_target())
+
+    def served_correctly_after(self, since: float) -> float | None:
+        """When the first request started after `since` that was served in full and token-identical came back
+        (its last token), or None: when the service answered right again, not a latency figure."""
         for run in list(self.runs):
-            if run.started < max(fault_at, settle) or run.error is not None or run.token_ids != self.reference:
-                continue
-            if (ttft := run.ttft()) is not None and ttft <= target:
-                return run.arrivals[0] - fault_at
+            if run.started >= since and run.error is None and run.token_ids == self.reference:
+                return run.ended
         return None
 
 
@@ -323,7 +336,7 @@ def engine_kill(ctx: Context) -> Row:
     row.request_rto_s = gap
     row.token_rpo = rpo
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
-    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, row.ended_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
     row.tiers = tiered(events)
     row.ok = identical and migrated == 1 and row.requests_lost == 0 and bool(promoted)
@@ -361,7 +374,7 @@ def silent_hang(ctx: Context) -> Row:
     row.detection_s = detection(events, wall, about=victim.instance_id)
     row.request_rto_s, row.token_rpo = gap, rpo
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
-    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, row.ended_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
     row.tiers = tiered(events)
     watchdog = watchdog_at is not None and live is not None and live.status_code == 503
@@ -395,7 +408,7 @@ def corrupted_weights(ctx: Context) -> Row:
     row.detection_s = detection(events, wall, about=victim.instance_id)
     row.token_rpo = sum(sum(1 for a, b in zip(r.token_ids, ctx.traffic.reference) if a != b) for r in wrong)
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
-    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, settle=ejected)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, row.ended_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at)
     row.tiers = tiered(events)
     reason = next((str((e.get("after") or {}).get("verdict", "")) + ": " + e.get("reason", "") for e in verdicts
@@ -467,7 +480,7 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     row.rpo_context = int(gateway_counter(region, "lifeline_gateway_reprefilled_tokens_total") - reprefilled)
     row.detection_s = detection(events, wall)
     row.request_rto_s, row.token_rpo = gap, rpo
-    row.rto_latency_s = ctx.traffic.rto_latency(fault_at)
+    row.rto_latency_s = ctx.traffic.rto_latency(fault_at, row.ended_at)
     row.requests_lost = ctx.traffic.lost(fault_at, row.ended_at) + (0 if run.error is None else 1)
     row.tiers = tiered(events)
     steps = [s["tier"] for c in cutovers for s in c["steps"]]
