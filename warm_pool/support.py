@@ -22,10 +22,7 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse
 
 from common.errors import LifelineError
-
-# The first vLLM whose streamed completions carry per-token ids (`return_token_ids`); lifeline/vllm.py's
-# MIN_VLLM_VERSION says the same for the processes Lifeline starts (a unit test keeps the two equal).
-MIN_VLLM_VERSION = "0.10.2"
+from contract.engine_support import MIN_VLLM_VERSION
 CHECK_PROMPT = [1, 2, 3, 4]  # ids every vocabulary has
 
 

@@ -81,10 +81,6 @@ async def test_a_streamed_chunk_with_token_ids_passes() -> None:
         await check_token_ids(client, "http://e", model="v9")
 
 
-def test_the_minimum_version_is_one_number() -> None:
-    assert support.MIN_VLLM_VERSION == lifeline_vllm.MIN_VLLM_VERSION
-
-
 async def test_a_bare_url_of_stock_vllm_is_leased_under_its_served_model_name() -> None:
     seen: list[str] = []
     registry = MemoryRegistry(ManualClock())
