@@ -17,8 +17,9 @@ compare-and-set in the token log (frames from an older epoch are fenced off
 there) and counts against `max_migrations`. Failures include an engine that
 ends the stream with a finish the client did not ask for (vLLM's "abort":
 `engine_aborted`) and one whose chunks carry no token ids (`no_token_ids`).
-A continuation never goes back to an endpoint `(instance_id, generation)`
-that failed this request (`Router.acquire(exclude=…)`). A migration needs
+A continuation never goes back to the endpoint `(instance_id, generation)`
+that just failed it, and to one that failed it earlier only when no other
+is routable (`Router.acquire(exclude=…, avoid=…)`). A migration needs
 all of: no grammar state once a token is committed, fewer than
 `max_migrations` so far, more than `min_deadline_remaining` left before the
 original deadline, and a token from the retry budget. The budget bounds
@@ -104,7 +105,7 @@ class StreamSession:
         self._failed_at: float | None = None
         self._holds_retry_token = False
         self._opened = False
-        self._failed_endpoints: set[EndpointKey] = set()  # never routed to again by this session
+        self._failed_endpoints: list[EndpointKey] = []  # in order; the last is never routed to again, the rest last
         self._last_failure: EngineFailure | None = None
 
     @classmethod
@@ -199,7 +200,9 @@ class StreamSession:
                             return
             except EngineFailure as failure:
                 log_.warning("engine failed mid-request", reason=failure.reason, detail=str(failure), committed=len(self.committed))
-                self._failed_endpoints.add(endpoint.key)
+                if endpoint.key in self._failed_endpoints:
+                    self._failed_endpoints.remove(endpoint.key)
+                self._failed_endpoints.append(endpoint.key)
                 self._last_failure = failure
                 await self._migrate(failure)
             except EngineRejected as rejected:
@@ -214,7 +217,8 @@ class StreamSession:
             return await self.deps.router.acquire(
                 self.request.version, client_key=self.request.client_key,
                 queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
-                prefer=self.request.prefer_instance if first else None, exclude=frozenset(self._failed_endpoints),
+                prefer=self.request.prefer_instance if first else None,
+                exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
             )
         except (NoHealthyEndpoint, Overloaded) as exc:
             if self.migrations == 0 and not self._opened:

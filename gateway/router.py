@@ -7,10 +7,12 @@ the local ejection covers the window before the lapsed lease removes them
 everywhere. Ejection is per `(instance_id, generation)`, so a restarted
 instance (new generation) is routable at once.
 
-A request's continuation never goes back to an endpoint that failed that
-request: the session passes those endpoint keys as `exclude` to `acquire`.
-When every routable endpoint is excluded (or ejected) there is nothing to
-wait for — no slot frees up on an engine we will not use — so it is
+A request's continuation never goes back to the endpoint that just failed
+it (`exclude`), and goes to one that failed it earlier (`avoid`) only when
+no other is routable — Envoy's `previous_hosts` retry predicate falls back
+the same way — so one transient 500 on each of two engines costs a request
+nothing. When only excluded (or ejected) endpoints are left there is nothing
+to wait for — no slot frees up on an engine we will not use — so it is
 `no_healthy_endpoint` at once, as for a version with no engine; a restarted
 instance is a new generation, a new key, and routable again. When every
 routable endpoint is held out because it streams no token ids, it is
@@ -179,6 +181,16 @@ class LeaseView:
         return await self.registry.live()
 
 
+def _least_recently_failed(candidates: list[Endpoint], avoid: tuple[EndpointKey, ...]) -> list[Endpoint]:
+    """The candidates not in `avoid`; if there are none, the one that failed earliest."""
+    untried = [e for e in candidates if e.key not in avoid]
+    if untried:
+        return untried
+    rank = {key: i for i, key in enumerate(avoid)}
+    earliest = min(rank[e.key] for e in candidates)
+    return [e for e in candidates if rank[e.key] == earliest]
+
+
 def lease_view_of(view: object) -> LeaseView | None:
     """The LeaseView under a wrapper (the snapshot's view), if there is one."""
     while not isinstance(view, LeaseView):
@@ -281,11 +293,14 @@ class Router:
         self.admission.retry_budget.release()
 
     async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float,
-                      prefer: str | None = None, exclude: frozenset[EndpointKey] = frozenset()) -> Endpoint:
+                      prefer: str | None = None, exclude: frozenset[EndpointKey] = frozenset(),
+                      avoid: tuple[EndpointKey, ...] = ()) -> Endpoint:
         """Take a slot on an endpoint, waiting in the bounded queue if all are busy.
 
         `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
-        `exclude`: endpoint keys `(instance_id, generation)` never to take (those that failed this request).
+        `exclude`: endpoint keys `(instance_id, generation)` never to take (the one that just failed the request).
+        `avoid`: endpoint keys to take only when no other is routable (those that failed the request before,
+        earliest first): then the earliest one.
         """
         deadline = self.clock.now() + queue_timeout
         if (leases := lease_view_of(self.view)) is not None:
@@ -294,6 +309,8 @@ class Router:
             candidates = await self.endpoints(version)
             if exclude:
                 candidates = [e for e in candidates if e.key not in exclude]
+            if avoid and candidates:
+                candidates = _least_recently_failed(candidates, avoid)
             if prefer is not None:
                 for endpoint in candidates:
                     if endpoint.instance_id == prefer and self.admission.has_room(prefer):
@@ -326,8 +343,8 @@ class Router:
             return EngineIncompatible(f"no engine can serve {version!r}: " + missing_token_ids(names))
         failed = sorted(f"{e.instance_id}@{e.generation}" for e in routable if e.key in exclude)
         if failed:
-            return NoHealthyEndpoint(f"no live, ready engine serves {version!r} that has not already failed this "
-                                     f"request (failed: {', '.join(failed)})", retry_after_s=retry_after)
+            return NoHealthyEndpoint(f"no live, ready engine serves {version!r} but the one that just failed this "
+                                     f"request ({', '.join(failed)})", retry_after_s=retry_after)
         return NoHealthyEndpoint(f"no live, ready engine serves {version!r}", retry_after_s=retry_after)
 
     async def release(self, endpoint: Endpoint) -> None:

@@ -72,8 +72,24 @@ async def test_when_only_the_failed_endpoint_is_left_the_stream_ends_no_healthy_
     async with asyncio.timeout(30):  # nothing to wait for: no slot frees on an engine we will not use
         frames = await frames_of((await h.session(max_tokens=3)).run())
     error = _error(frames)
-    assert error["type"] == "no_healthy_endpoint" and "already failed this request" in error["message"]
+    assert error["type"] == "no_healthy_endpoint" and "just failed this request" in error["message"]
     assert [p[0] for p in h.engines.payloads] == ["a"]
+
+
+async def test_an_endpoint_that_failed_earlier_is_taken_again_only_when_no_other_is_left(tiny_model):
+    """One transient 500 on each of two engines costs the request nothing (Envoy's previous_hosts falls back too)."""
+    h = Harness(tiny_model, ["a", "b", "c"], outlier=LENIENT)
+    await h.register()
+    h.engines.script("a", OPEN, 5, EngineFailure("http_500", "transient"))
+    h.engines.script("b", OPEN, 6, EngineFailure("http_500", "transient"))
+    h.engines.script("c", OPEN, 7, EngineFailure("http_500", "transient"))
+    h.engines.script("a", OPEN, 8, ("finish", 9))
+    frames = await frames_of((await h.session(max_tokens=5, prefer="a")).run())
+    tokens = _tokens(frames)
+    assert _error(frames) is None and tokens[0] == 5 and sorted(tokens[1:3]) == [6, 7] and tokens[3:] == [8, 9]
+    order = [p[0] for p in h.engines.payloads]
+    assert order[0] == "a" and set(order[1:3]) == {"b", "c"} and order[3] == "a"  # untried ones first, then a
+    assert _migrations(h, "http_500") == 3
 
 
 async def test_a_restarted_instance_is_a_new_endpoint_and_may_continue_the_stream(tiny_model):
