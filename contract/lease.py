@@ -71,6 +71,7 @@ import redis.asyncio as aioredis
 from common.errors import LifelineError
 from common.logs import get_logger
 from common.redis_url import async_redis_client, is_sentinel_client, redis_client
+from contract.sampling import Sampling
 
 log = get_logger(__name__)
 
@@ -104,13 +105,19 @@ class LeaseExpired(LeaseError):
 
 @dataclass(frozen=True)
 class Registration:
-    """What an engine declares about itself when it registers."""
+    """What an engine declares about itself when it registers.
+
+    `sampling` (`contract.sampling.Sampling`): whether a seeded stream moved to
+    this endpoint continues token-identically. The reference engine declares
+    `position_keyed`; the agent declares what a vLLM answered when asked.
+    """
 
     instance_id: str
     url: str
     version: str
     zone: str = "local-a"
     region: str = "local"
+    sampling: str = Sampling.ENGINE_DEFAULT.value
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,7 @@ class Lease:
     zone: str = "local-a"
     region: str = "local"
     expires_at: float = 0.0  # Unix seconds
+    sampling: str = Sampling.ENGINE_DEFAULT.value  # a record without it (an older writer) claims nothing
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -136,7 +144,7 @@ class Lease:
             return cls(
                 instance_id=str(data["instance_id"]), generation=int(data["generation"]), url=str(data["url"]),
                 version=str(data["version"]), zone=str(data["zone"]), region=str(data["region"]),
-                expires_at=float(data["expires_at"]),
+                expires_at=float(data["expires_at"]), sampling=_sampling(data.get("sampling")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a lease record: {exc!r}") from None
@@ -152,6 +160,14 @@ class Lease:
 
 
 LEASE_FIELDS = tuple(Lease.__dataclass_fields__)
+
+
+def _sampling(value: Any) -> str:
+    """A stored sampling kind; anything unknown claims nothing (a continuation may differ), never identity."""
+    try:
+        return Sampling(value).value
+    except ValueError:
+        return Sampling.ENGINE_DEFAULT.value
 
 
 @dataclass(frozen=True)

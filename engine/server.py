@@ -28,6 +28,7 @@ from engine.api_router import admin_router, health_router, openai_router
 from engine.kv_router import kv_router
 from common.errors import error_body
 from engine.drain import Drainer
+from contract.sampling import Sampling
 from engine.errors import EngineError, MethodNotAllowed, NotFound
 from engine.lease_client import LeaseClient, transport_for
 from engine.lifecycle import LifecycleEvent
@@ -77,6 +78,7 @@ def start_lease_client(runtime: EngineRuntime, registry_url: str) -> LeaseClient
         "version": settings.model_name,
         "zone": settings.zone,
         "region": settings.region,
+        "sampling": Sampling.POSITION_KEYED.value,  # engine/sampling.py: the token at i is keyed by (seed, i)
     }
     client = LeaseClient(
         transport_for(registry_url, settings.registry_token, registration),

@@ -97,7 +97,7 @@ class InMemoryLeaseRegistry:
         async with self._lock:
             generation = await self._generations.next(registration.instance_id)
             return self._stamp(Lease(registration.instance_id, generation, registration.url, registration.version,
-                                     registration.zone, registration.region))
+                                     registration.zone, registration.region, sampling=registration.sampling))
 
     async def renew(self, instance_id: str, generation: int) -> Lease:
         async with self._lock:

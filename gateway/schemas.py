@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.openai import TOOL_FIELDS, ChatMessage, ConstrainedDecodingFields, SamplingFields
+from contract.sampling import Sampling
 
 
 NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls"})  # accepted, change nothing
@@ -128,6 +129,7 @@ class LeaseRegistration(BaseModel):
     version: str = Field(min_length=1)
     zone: str = "local-a"
     region: str = "local"
+    sampling: Sampling = Sampling.ENGINE_DEFAULT  # contract/sampling.py: may a seeded stream move here exactly?
 
 
 class LeaseRenewal(BaseModel):

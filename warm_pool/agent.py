@@ -60,7 +60,7 @@ from warm_pool.events import EventShipper
 from warm_pool.fault import Fault, FaultDetector, FaultReporter, Observation, RoundResult
 from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
 from warm_pool.progress import judge_progress
-from warm_pool.support import SupportUnknown, UnsupportedEngine, check_token_ids
+from warm_pool.support import SupportUnknown, UnsupportedEngine, ask_sampling, check_token_ids
 from warm_pool.report import ReportSender
 from warm_pool.instance import Instance
 from warm_pool.reconciler import PoolReconciler
@@ -375,6 +375,7 @@ class Agent:
             instance.canary_task = None
         instance.canary = None
         instance.unleasable = None
+        instance.supported = False  # another process: it may be another vLLM, with or without Lifeline's sampler
         await self.release(instance)
         self._seq += 1
         instance.released_seq = self._seq
@@ -500,6 +501,8 @@ class Agent:
             return False
         try:
             await check_token_ids(self.http, instance.url, model=instance.version, timeout=self._canary_timeout())
+            instance.sampling = await ask_sampling(self.http, instance.url, model=instance.version,
+                                                   timeout=self._canary_timeout())
         except UnsupportedEngine as exc:
             instance.unleasable = f"{exc.error_type}: {exc.message}"
             instance.reason = instance.unleasable
@@ -515,6 +518,7 @@ class Agent:
                      instance=instance.instance_id, why=str(exc))
             return False
         instance.supported = True
+        log.info("engine supported", instance=instance.instance_id, sampling=instance.sampling.value)
         return True
 
     async def register(self, instance: Instance) -> None:
@@ -523,7 +527,7 @@ class Agent:
         try:
             instance.lease = await self.registry.register(Registration(
                 instance_id=instance.instance_id, url=instance.url, version=instance.version, zone=instance.zone,
-                region=self.settings.region))
+                region=self.settings.region, sampling=instance.sampling.value))
         except Exception as exc:
             log.warning("lease not registered", instance=instance.instance_id, error=str(exc)[:200])
             return

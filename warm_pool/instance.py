@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Literal
 
 from contract.lease import Lease
+from contract.sampling import Sampling
 from warm_pool.probe import ProbeResult, Verdict
 from warm_pool.progress import ProgressTrack
 from warm_pool.states import InstanceState
@@ -51,6 +52,7 @@ class Instance:
     progress: ProgressTrack = field(default_factory=ProgressTrack)  # stock vLLM: its /metrics, busy or wedged
     metrics_task: asyncio.Task | None = None  # stock vLLM: a /metrics read that may outlive one probe
     supported: bool = False  # the first-lease check passed (warm_pool/support.py): streams per-token ids
+    sampling: Sampling = Sampling.ENGINE_DEFAULT  # what it answered when asked (contract/sampling.py); on its lease
     wrong_outputs: int = 0  # canaries it answered with other tokens than the record
 
     @property

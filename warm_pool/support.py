@@ -23,6 +23,7 @@ from httpx_sse import SSEError, aconnect_sse
 
 from common.errors import LifelineError
 from contract.engine_support import MIN_VLLM_VERSION
+from contract.sampling import Sampling, identify_request, sampling_from_answer
 CHECK_PROMPT = [1, 2, 3, 4]  # ids every vocabulary has
 
 
@@ -80,3 +81,19 @@ async def check_token_ids(client: httpx.AsyncClient, url: str, *, model: str,
     if chunks == 0:
         raise UnsupportedEngine(f"{url}: a streamed /v1/completions with max_tokens 2 and ignore_eos sent no token "
                                 f"chunk; Lifeline needs vLLM >= {MIN_VLLM_VERSION}")
+
+
+async def ask_sampling(client: httpx.AsyncClient, url: str, *, model: str,
+                       timeout: httpx.Timeout | None = None) -> Sampling:
+    """Whether the engine samples seeded requests position-keyed (Lifeline's sampler in vLLM): one request, no decode.
+
+    A 5xx or no answer is SupportUnknown (asked again before the next lease), never a guess of identity.
+    """
+    try:
+        response = await client.post(f"{url}/v1/completions", json=identify_request(model),
+                                     **({"timeout": timeout} if timeout is not None else {}))
+    except httpx.TransportError as exc:
+        raise SupportUnknown(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    if response.status_code >= 500 or response.status_code in (408, 429):
+        raise SupportUnknown(f"the sampler question was answered {response.status_code}")
+    return sampling_from_answer(response.status_code, response.text)

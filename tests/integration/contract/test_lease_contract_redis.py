@@ -8,6 +8,7 @@ control plane showing nothing although engines were registered.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import redis
 import redis.asyncio as aioredis
 
 from contract.lease import LeaseExpired, Registration, RedisLeaseRegistry, StaleGeneration
+from contract.sampling import Sampling
 from controlplane.topology.lease import RedisLeaseReader
 
 pytestmark = pytest.mark.integration
@@ -91,3 +93,34 @@ async def test_reader_skips_records_not_written_through_the_contract(prefix: str
         assert RedisLeaseReader(client, prefix=prefix).list_instances("eu") == []
     finally:
         client.close()
+
+
+async def test_the_sampling_an_engine_declared_reaches_every_reader_and_survives_renewal(prefix: str) -> None:
+    """The agent writes what a vLLM answered (contract/sampling.py); gateways and the control plane read it."""
+    agent_side = RedisLeaseRegistry.from_url(REDIS_URL, region="eu-west", prefix=prefix, ttl=timedelta(seconds=2))
+    gateway_side = RedisLeaseRegistry.from_url(REDIS_URL, region="eu-west", prefix=prefix, ttl=timedelta(seconds=2))
+    reader = RedisLeaseReader.from_url(REDIS_URL, prefix=prefix)
+    raw = redis.Redis.from_url(REDIS_URL)
+    try:
+        keyed = await agent_side.register(Registration("vllm-a", "http://127.0.0.1:9001", "tiny", "z1", "eu-west",
+                                                       sampling=Sampling.POSITION_KEYED.value))
+        plain = await agent_side.register(Registration("vllm-b", "http://127.0.0.1:9002", "tiny", "z2", "eu-west"))
+        await agent_side.renew("vllm-a", keyed.generation)
+        seen = {lease.instance_id: lease.sampling for lease in await gateway_side.live()}
+        assert seen == {"vllm-a": "position_keyed", "vllm-b": "engine_default"}
+        assert {lease.instance_id: lease.sampling for lease in reader.list_instances("eu-west")} == seen
+        # A record an older writer left (no field) or a kind this reader does not know claims nothing.
+        for stored in ("quantum", None):
+            record = json.loads(raw.get(f"{prefix}:eu-west:lease:vllm-b"))
+            record.pop("sampling", None)
+            if stored is not None:
+                record["sampling"] = stored
+            raw.set(f"{prefix}:eu-west:lease:vllm-b", json.dumps(record), px=2000)
+            assert {lease.instance_id: lease.sampling for lease in await gateway_side.live()}["vllm-b"] == \
+                "engine_default"
+        assert plain.sampling == "engine_default"
+    finally:
+        await agent_side.close()
+        await gateway_side.close()
+        reader.redis.close()
+        raw.close()
