@@ -13,6 +13,9 @@ class GatewayMetrics:
         self.engine_attempts = Counter("lifeline_gateway_engine_attempts", "Requests sent to engines (first tries and migrations)", registry=r)
         self.migrations = Counter("lifeline_gateway_migrations", "Streams moved to another engine, by failure reason", ["reason", "strategy"], registry=r)
         self.recovery_failures = Counter("lifeline_gateway_recovery_failures", "Streams ended with a typed error", ["type"], registry=r)
+        self.inexact_continuations = Counter(
+            "lifeline_gateway_inexact_continuations", "Sampled streams continued on an engine that could not redraw "
+            "them (no position-keyed sampler): their later chunks say continuation may_differ", registry=r)
         self.resumes = Counter("lifeline_gateway_resumes", "Client resumes with Last-Event-ID", ["mode"], registry=r)
         self.rejected = Counter("lifeline_gateway_admission_rejected", "Requests refused by admission", ["type"], registry=r)
         self.stale_frames = Counter("lifeline_gateway_stale_frames_dropped", "Frames dropped for an old epoch or generation", registry=r)

@@ -58,11 +58,12 @@ from contract.session import SESSION_USAGE_KEY
 from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
 from contract.engine_support import INCOMPATIBLE_ERROR_TYPE
+from contract.sampling import Sampling
 from gateway.engine_client import DRAINING, LEFT_ROUTING, NO_TOKEN_IDS, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
 from gateway.policy import continuation_refused, decide
 from gateway.outlier import EndpointKey
-from gateway.router import Endpoint
+from gateway.router import Endpoint, NoExactContinuation
 from gateway.sessions import SessionTurn
 from gateway.settings import RecoveryStrategy
 from gateway.stream_request import StreamRequest
@@ -76,6 +77,7 @@ class Fenced(Exception):
     """Our request epoch is no longer current: cancelled, or another replica took over."""
 
 
+MAY_DIFFER = "may_differ"  # `lifeline.continuation` of every chunk after an inexact move
 OPENED = object()  # yielded once the first engine accepted the request: HTTP 200 may go out
 
 
@@ -107,6 +109,11 @@ class StreamSession:
         self._opened = False
         self._failed_endpoints: list[EndpointKey] = []  # in order; the last is never routed to again, the rest last
         self._last_failure: EngineFailure | None = None
+        # A sampled stream's committed tokens can be redrawn token for token only while every one of them came
+        # from a position-keyed engine (contract/sampling.py); once a move could not keep that, every later
+        # token says `continuation: may_differ`.
+        self.redrawable = True
+        self.continuation: str | None = None
 
     @classmethod
     def from_log(cls, deps: Deps, request: StreamRequest, tokenizer: Tokenizer, *, epoch: int, frames: list[Frame],
@@ -122,6 +129,8 @@ class StreamSession:
                 session.committed.append(token_id)
                 session.text.push(token_id, final=False)
         session.text.sent = sum(len(f.text) for f in frames)
+        session.redrawable = all(f.redrawable for f in frames)
+        session.continuation = next((f.continuation for f in reversed(frames) if f.continuation), None)
         session._opened = True
         return session
 
@@ -213,18 +222,46 @@ class StreamSession:
     async def _acquire(self) -> Endpoint:
         admission = self.deps.settings.admission
         first = self.migrations == 0 and not self.committed
+        exact = self._exact_continuation_needed()
         try:
-            return await self.deps.router.acquire(
-                self.request.version, client_key=self.request.client_key,
-                queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
-                prefer=self.request.prefer_instance if first else None,
-                exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
-            )
+            if exact and not self.redrawable:
+                return await self._acquire_inexact("an engine with its own sampler drew this stream's tokens; no "
+                                                   "other engine can redraw them")
+            try:
+                return await self.deps.router.acquire(
+                    self.request.version, client_key=self.request.client_key,
+                    queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
+                    prefer=self.request.prefer_instance if first else None,
+                    exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
+                    sampling=Sampling.POSITION_KEYED if exact else None,
+                )
+            except NoExactContinuation as exc:
+                return await self._acquire_inexact(exc.message)
         except (NoHealthyEndpoint, Overloaded) as exc:
             if self.migrations == 0 and not self._opened:
                 self.deps.metrics.rejected.labels(type=exc.error_type).inc()
                 raise
             raise self._impossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
+
+    def _exact_continuation_needed(self) -> bool:
+        """A continuation of committed sampled tokens that has not yet been said to differ."""
+        # retry_from_scratch regenerates from the prompt under the same seed and checks every token (`diverged`).
+        return (bool(self.committed) and self.request.sampled and self.continuation is None
+                and self.request.strategy is RecoveryStrategy.TOKEN_COMMIT_RESUME)
+
+    async def _acquire_inexact(self, why: str) -> Endpoint:
+        """No engine can redraw this sampled stream: continue anyway if the request allows it, and say so."""
+        if not self.request.inexact_continuation_ok:
+            raise RecoveryImpossible("not_resumable", f"{why}; the request carries a seed, so it is not continued "
+                                     "differently (send X-Lifeline-Continuation: may-differ to allow it)")
+        self.continuation = MAY_DIFFER
+        self.deps.metrics.inexact_continuations.inc()
+        self.log.warning("sampled stream continues on an engine that cannot redraw it", why=why)
+        admission = self.deps.settings.admission
+        return await self.deps.router.acquire(
+            self.request.version, client_key=self.request.client_key,
+            queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
+            exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]))
 
     def _impossible(self, reason: str, message: str) -> RecoveryImpossible:
         """The stream's end; an engine that could not say what it committed is named as the cause, typed."""
@@ -292,9 +329,12 @@ class StreamSession:
         delta, stop_hit = self.text.push(token.token_id, final=finish is not None)
         if stop_hit:
             finish = "stop"
+        redrawable = not self.request.sampled or endpoint.sampling == Sampling.POSITION_KEYED.value
+        self.redrawable = self.redrawable and redrawable
         frames = [await self._commit(Frame(
             seq=self.next_seq, kind="token", epoch=self.epoch, token_ids=(token.token_id,), text=delta,
-            finish_reason=finish, instance=endpoint.instance_id,
+            finish_reason=finish, instance=endpoint.instance_id, continuation=self.continuation,
+            redrawable=redrawable,
         ))]
         if finish is not None:
             if self.request.include_usage:

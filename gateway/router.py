@@ -51,6 +51,7 @@ from uhashring import HashRing
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.lease import Lease, LeaseRegistry
+from contract.sampling import Sampling
 from gateway.admission import Admission
 from contract.engine_support import missing_token_ids
 from gateway.errors import EngineIncompatible, NoHealthyEndpoint, Overloaded
@@ -69,10 +70,17 @@ class Endpoint:
     url: str
     version: str
     zone: str
+    sampling: str = Sampling.ENGINE_DEFAULT.value  # contract/sampling.py, from its lease
 
     @property
     def key(self) -> tuple[str, int | None]:
         return (self.instance_id, self.generation)
+
+
+class NoExactContinuation(NoHealthyEndpoint):
+    """Engines are routable, but none can redraw this sampled stream's tokens (contract/sampling.py)."""
+
+    error_type = "not_resumable"
 
 
 class LeaseRegistryUnavailable(NoHealthyEndpoint):
@@ -217,10 +225,12 @@ class Router:
         found: dict[str, Endpoint] = {}
         for lease in await self.view.current():
             if lease.version == version:
-                found[lease.instance_id] = Endpoint(lease.instance_id, lease.generation, lease.url, lease.version, lease.zone)
+                found[lease.instance_id] = Endpoint(lease.instance_id, lease.generation, lease.url, lease.version,
+                                                    lease.zone, lease.sampling)
         if not self.settings.registry.require_lease:
             for engine in self.table.declared_engines(version):
-                found.setdefault(engine.instance_id, Endpoint(engine.instance_id, None, engine.url, engine.version, engine.zone))
+                found.setdefault(engine.instance_id, Endpoint(engine.instance_id, None, engine.url, engine.version,
+                                                              engine.zone, engine.sampling))
         return list(found.values())
 
     async def endpoints(self, version: str) -> list[Endpoint]:
@@ -294,9 +304,11 @@ class Router:
 
     async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float,
                       prefer: str | None = None, exclude: frozenset[EndpointKey] = frozenset(),
-                      avoid: tuple[EndpointKey, ...] = ()) -> Endpoint:
+                      avoid: tuple[EndpointKey, ...] = (), sampling: Sampling | None = None) -> Endpoint:
         """Take a slot on an endpoint, waiting in the bounded queue if all are busy.
 
+        `sampling`: only endpoints that sample this way (a seeded continuation that must stay exact);
+        `NoExactContinuation` when others are routable but none of these.
         `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
         `exclude`: endpoint keys `(instance_id, generation)` never to take (the one that just failed the request).
         `avoid`: endpoint keys to take only when no other is routable (those that failed the request before,
@@ -309,6 +321,10 @@ class Router:
             candidates = await self.endpoints(version)
             if exclude:
                 candidates = [e for e in candidates if e.key not in exclude]
+            if sampling is not None and candidates:
+                if not (candidates := [e for e in candidates if e.sampling == sampling.value]):
+                    raise NoExactContinuation(f"no routable engine for {version!r} samples {sampling.value}: a "
+                                              "sampled stream moved to another would continue differently")
             if avoid and candidates:
                 candidates = _least_recently_failed(candidates, avoid)
             if prefer is not None:

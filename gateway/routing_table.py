@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tokenizers import Tokenizer
+from contract.sampling import Sampling
 
 from gateway.errors import BadRequest
 from gateway.settings import EngineConfig, ModelConfig
@@ -50,6 +51,7 @@ class DeclaredEngine:
     version: str
     zone: str
     region: str
+    sampling: str = Sampling.ENGINE_DEFAULT.value
 
 
 class RoutingTable(Protocol):
@@ -85,7 +87,8 @@ class StaticRoutingTable:
         return [self._by_name[m.alias] for m in self.models]
 
     def declared_engines(self, version: str) -> list[DeclaredEngine]:
-        return [DeclaredEngine(e.instance_id, e.url, e.version, e.zone, e.region) for e in self.engines if e.version == version]
+        return [DeclaredEngine(e.instance_id, e.url, e.version, e.zone, e.region, e.sampling.value)
+                for e in self.engines if e.version == version]
 
 
 def route_request(table: RoutingTable, name: str, *, cohort: str | None, client_key: str | None) -> ModelVersion:

@@ -83,6 +83,7 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
     max_tokens = budget if budget is not None else limit - len(prompt_ids)
     if max_tokens <= 0 or len(prompt_ids) + max_tokens > limit:
         raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}", param="max_tokens")
+    inexact_ok = _continuation_header(headers.get("x-lifeline-continuation"), client_seeded=body.seed is not None)
     seed = body.seed
     if seed is None and body.temperature > 0:
         # Position-keyed engines then continue a migrated sampled stream token-identically.
@@ -106,7 +107,26 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
         client_key=headers.get("x-client-id") or body.user,
         prefer_instance=headers.get("x-lifeline-prefer-instance"),
         stateful=body.stateful(),
+        inexact_continuation_ok=inexact_ok,
     )
+
+
+def _continuation_header(raw: str | None, *, client_seeded: bool) -> bool:
+    """Whether a sampled stream may continue inexactly: `X-Lifeline-Continuation`, else only if the gateway seeded it.
+
+    A client that sent a `seed` asked for reproducible output: by default its stream ends `not_resumable` rather
+    than continue differently. One that sent none gets a gateway seed and a continuation that may differ, said.
+    """
+    if raw is None:
+        return not client_seeded
+    value = raw.strip().lower()
+    if value not in CONTINUATION_VALUES:
+        raise BadRequest(f"X-Lifeline-Continuation must be one of {sorted(CONTINUATION_VALUES)}",
+                         param="X-Lifeline-Continuation")
+    return CONTINUATION_VALUES[value]
+
+
+CONTINUATION_VALUES = {"exact": False, "may-differ": True}
 
 
 async def resume(st: GatewayState, request_id: str, last_event_id: str) -> Response:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from common.durations import Seconds
 from contract.kv_checkpoint import check_kv_store_url
 from contract.snapshot import ReplicationPolicyEntry
+from contract.sampling import Sampling
 
 
 class RecoveryStrategy(StrEnum):
@@ -48,6 +49,7 @@ class EngineConfig(_Section):
     version: str
     zone: str = "local-a"
     region: str = "local"
+    sampling: Sampling = Sampling.ENGINE_DEFAULT  # position_keyed: seeded streams moved here continue exactly
 
 
 class RegistryConfig(_Section):

@@ -63,7 +63,8 @@ def _envelope(req: StreamRequest, frame: Frame, choices: list[dict]) -> dict:
         "created": req.created,
         "model": req.model,
         "choices": choices,
-        "lifeline": {"request_id": req.request_id, "seq": frame.seq, "epoch": frame.epoch},
+        "lifeline": {"request_id": req.request_id, "seq": frame.seq, "epoch": frame.epoch,
+                     **({"continuation": frame.continuation} if frame.continuation else {})},
     }
 
 
@@ -124,8 +125,9 @@ class FrameRenderer:
             variable = f'"text":{_json_str(frame.text)}'
         finish = "null" if frame.finish_reason is None else _json_str(frame.finish_reason)
         ids = f',"token_ids":[{",".join(map(str, frame.token_ids))}]' if self.token_ids else ""
+        continuation = f',"continuation":{_json_str(frame.continuation)}' if frame.continuation else ""
         return (f"id: {frame.seq}\n{self.head}{variable},\"logprobs\":null,\"finish_reason\":{finish}{ids}"
-                f'{self.lifeline}{frame.seq},"epoch":{frame.epoch}}}}}\n\n')
+                f'{self.lifeline}{frame.seq},"epoch":{frame.epoch}{continuation}}}}}\n\n')
 
 
 async def sse_body(req: StreamRequest, frames: AsyncIterator[Any]) -> AsyncIterator[str]:
@@ -142,6 +144,7 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
     finish: str | None = None
     usage: dict[str, Any] | None = None
     session: dict[str, Any] | None = None
+    continuation: str | None = None
     epoch = 0
     async with aclosing(frames) as items:
         async for item in items:
@@ -155,6 +158,7 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
                 text.append(item.text)
                 token_ids.extend(item.token_ids)
                 finish = item.finish_reason or finish
+                continuation = item.continuation or continuation
             elif item.kind == "usage":
                 usage = dict(item.usage or {})
                 session = usage.pop(SESSION_USAGE_KEY, None)
@@ -162,6 +166,8 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
                            created=req.created, model=req.model, text="".join(text), finish_reason=finish,
                            token_ids=token_ids if req.return_token_ids else None, usage_=usage)
     body["lifeline"] = {"request_id": req.request_id, "epoch": epoch}
+    if continuation is not None:
+        body["lifeline"]["continuation"] = continuation
     if session is not None:
         body["lifeline"]["session"] = session
     return JSONResponse(body, headers=headers)

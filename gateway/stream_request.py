@@ -31,6 +31,15 @@ class StreamRequest:
     client_key: str | None = None
     prefer_instance: str | None = None
     stateful: bool = False  # grammar / structured output: the engine's state cannot be rebuilt from the prefix
+    # A sampled stream may continue on an engine that cannot redraw its tokens (contract/sampling.py) only when
+    # this is true: the client gave no seed, or sent `X-Lifeline-Continuation: may-differ`. Such a continuation
+    # says so in every later chunk (`lifeline.continuation: "may_differ"`).
+    inexact_continuation_ok: bool = True
+
+    @property
+    def sampled(self) -> bool:
+        """Drawn at random (a temperature above 0): only position-keyed engines redraw it token for token."""
+        return float(self.sampling.get("temperature") or 0.0) > 0.0
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)

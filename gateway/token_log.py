@@ -51,15 +51,21 @@ class Frame:
     error: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     instance: str | None = None
+    # "may_differ": this token follows a move to an engine that could not redraw the sampled stream exactly.
+    continuation: str | None = None
+    # False: an engine's own sampler drew this token (contract/sampling.py); no other engine can redraw it.
+    redrawable: bool = True
 
     def to_json(self) -> str:
-        body = {"seq": self.seq, "kind": self.kind, "epoch": self.epoch}
+        body: dict[str, Any] = {"seq": self.seq, "kind": self.kind, "epoch": self.epoch}
         if self.token_ids:
             body["token_ids"] = list(self.token_ids)
-        for name in ("text", "finish_reason", "error", "usage", "instance"):
+        for name in ("text", "finish_reason", "error", "usage", "instance", "continuation"):
             value = getattr(self, name)
             if value:
                 body[name] = value
+        if not self.redrawable:
+            body["redrawable"] = False
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -68,7 +74,8 @@ class Frame:
         return cls(
             seq=d["seq"], kind=d["kind"], epoch=d["epoch"], token_ids=tuple(d.get("token_ids", ())),
             text=d.get("text", ""), finish_reason=d.get("finish_reason"), error=d.get("error"),
-            usage=d.get("usage"), instance=d.get("instance"),
+            usage=d.get("usage"), instance=d.get("instance"), continuation=d.get("continuation"),
+            redrawable=d.get("redrawable", True) is not False,
         )
 
 

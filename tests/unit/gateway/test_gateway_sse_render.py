@@ -27,7 +27,7 @@ FRAMES = [
     Frame(seq=1, kind="token", epoch=0, token_ids=(17,), text="hello"),
     Frame(seq=2, kind="token", epoch=1, token_ids=(5, 6), text=' "quoted"\\ \n\t\u00e9\u4e2d\U0001f600'),
     Frame(seq=3, kind="token", epoch=1, token_ids=(9,), text=""),
-    Frame(seq=4, kind="token", epoch=2, token_ids=(9,), text="end", finish_reason="length"),
+    Frame(seq=4, kind="token", epoch=2, token_ids=(9,), text="end", finish_reason="length", continuation="may_differ"),
     Frame(seq=5, kind="token", epoch=2, finish_reason="error"),
     Frame(seq=6, kind="usage", epoch=2, usage={"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}),
     Frame(seq=7, kind="error", epoch=2, error={"type": "migration_limit", "message": "x", "code": 502}),
@@ -53,3 +53,9 @@ def test_token_frames_parse_as_openai_chunks_with_the_lifeline_object():
     chunk = json.loads(data_line.removeprefix("data: "))
     assert chunk["choices"][0]["text"] == FRAMES[2].text
     assert chunk["lifeline"] == {"request_id": req.request_id, "seq": 2, "epoch": 1}
+
+
+def test_an_inexact_continuation_is_said_in_the_lifeline_object():
+    req = _request("chat", return_token_ids=False)
+    chunk = json.loads(FrameRenderer(req).render(FRAMES[4]).rstrip("\n").split("\n")[1].removeprefix("data: "))
+    assert chunk["lifeline"] == {"request_id": req.request_id, "seq": 4, "epoch": 2, "continuation": "may_differ"}
