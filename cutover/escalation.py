@@ -136,7 +136,11 @@ def _scope_at(fault: Fault, rung: int) -> Scope | None:
 
 
 def fault_evidence(fault: Fault) -> dict[str, Any]:
-    return {"fault": {"id": fault.id, "scope": fault.scope.key, **dict(fault.evidence)}}
+    """The fault as its cutovers and events name it; an instance fault with the generation it judged."""
+    named: dict[str, Any] = {"id": fault.id, "scope": fault.scope.key}
+    if fault.scope.kind == ScopeKind.INSTANCE:
+        named["generation"] = fault.generation
+    return {"fault": {**named, **dict(fault.evidence)}}
 
 
 def decide(fault: Fault, attempts: Sequence[Attempt]) -> Decision:

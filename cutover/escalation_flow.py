@@ -156,6 +156,11 @@ def _count(fault: Fault, decision: Decision) -> None:
              tier=tier, scope=decision.scope.key if decision.scope else None, reason=decision.reason)
 
 
+def _generation(fault: Fault) -> dict[str, int | None]:
+    """`after.generation` of an instance fault's events, as every instance-scope cutover event carries it."""
+    return {"generation": fault.generation} if fault.scope.kind == ScopeKind.INSTANCE else {}
+
+
 def _record_skip(runtime: CutoverRuntime, fault: Fault, decision: Decision, *, actor: str) -> None:
     """One `cutover.escalation_skipped` event per skipped rung: the log says why the ladder went past it."""
     from controlplane.event import service as event_service
@@ -166,7 +171,7 @@ def _record_skip(runtime: CutoverRuntime, fault: Fault, decision: Decision, *, a
             session, kind="cutover.escalation_skipped", actor=actor, reason=decision.reason, scope=fault.scope.key,
             clock=runtime.clock, routing_tier=event_tier(decision.tiers[0]), outcome="skipped",
             after={"action": decision.action.value, "rung": decision.rung, "scope": decision.scope.key,
-                   "tiers": [t.value for t in decision.tiers], **fault_evidence(fault)})
+                   "tiers": [t.value for t in decision.tiers], **fault_evidence(fault), **_generation(fault)})
 
 
 def _record_stop(runtime: CutoverRuntime, fault: Fault, decision: Decision, attempts: Sequence[Attempt], *,
@@ -180,6 +185,6 @@ def _record_stop(runtime: CutoverRuntime, fault: Fault, decision: Decision, atte
             session, kind="cutover.escalation", actor=actor, reason=decision.reason, scope=fault.scope.key,
             clock=runtime.clock, routing_tier=event_tier(last.tier) if last else None,
             outcome={Action.CONTAINED: "succeeded", Action.HOLD: "blocked"}.get(decision.action, "failed"),
-            after={"action": decision.action.value, **fault_evidence(fault),
+            after={"action": decision.action.value, **fault_evidence(fault), **_generation(fault),
                    "attempts": [{"cutover_id": a.cutover_id, "tier": a.tier.value, "scope": a.scope.key,
                                  "outcome": a.outcome.value} for a in attempts]})

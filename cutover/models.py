@@ -86,6 +86,8 @@ class Cutover(Base):
     mode: Mapped[str] = mapped_column(String(16))
     # Automatic cutovers name the evidence that triggered them.
     evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # An instance scope: the endpoint generation it was planned for (every event of it says so); else None.
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
     planned_by: Mapped[str] = mapped_column(String(160))
     executed_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)

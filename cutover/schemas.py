@@ -98,6 +98,7 @@ class CutoverRead(BaseModel):
     reason: str
     mode: CutoverMode
     evidence: dict[str, Any] | None
+    generation: int | None = Field(default=None, description="an instance scope: the endpoint generation it acts on")
     planned_by: str
     executed_by: str | None
     idempotency_key: str | None

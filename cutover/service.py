@@ -69,6 +69,9 @@ class CutoverRuntime:
 
 def record(session: Session, cutover: Cutover, *, kind: str, actor: str, clock: Clock, reason: str | None = None,
            **fields: Any) -> None:
+    """One event of `cutover`; an instance scope's carries the generation it acts on in `after.generation`."""
+    if cutover.scope_kind == ScopeKind.INSTANCE:
+        fields["after"] = {**(fields.get("after") or {}), "generation": cutover.generation}
     event_service.record(
         session, kind=kind, actor=actor, reason=reason if reason is not None else cutover.reason,
         scope=cutover.scope, clock=clock, **fields,
@@ -142,7 +145,7 @@ def plan(
     cutover = Cutover(
         scope_kind=scope.kind.value, region=scope.region, scope_name=scope.name, scope=scope.key,
         tier=tiers[0].value, target_state=target_state.value, reason=reason, mode=mode.value, evidence=evidence,
-        planned_by=actor, state=CutoverState.PLANNED.value, revision=1, break_glass=False,
+        generation=generation if scope.kind == ScopeKind.INSTANCE else None, planned_by=actor, state=CutoverState.PLANNED.value, revision=1, break_glass=False,
         created_at=now, updated_at=now, steps=planned,
     )
     session.add(cutover)

@@ -90,7 +90,8 @@ def test_decide(fault: Fault, attempts: list[Attempt], action: Action, tiers: tu
     decision = decide(fault, attempts)
     assert (decision.action, decision.tiers, decision.scope) == (action, tiers, scope)
     if action == Action.CUT_OVER:
-        assert decision.evidence["fault"] == {"id": "f", "scope": fault.scope.key, **SEEN}  # names what it saw
+        named = {"generation": fault.generation} if fault.scope.kind == ScopeKind.INSTANCE else {}
+        assert decision.evidence["fault"] == {"id": "f", "scope": fault.scope.key, **named, **SEEN}  # what it saw
         escalated = decision.evidence.get("escalated_from")
         assert (escalated or {}).get("cutover_id") == from_cutover
         if escalated:
@@ -123,3 +124,9 @@ def test_a_zone_fault_the_zone_tiers_cannot_contain_says_a_region_move_needs_a_r
     assert decision.action == Action.HOLD
     assert "a region move needs the evidence of a region fault" in decision.reason
     assert "report region:eu itself" in decision.reason
+
+
+def test_an_instance_faults_evidence_names_the_generation_it_judged() -> None:
+    decision = decide(Fault("f", ENGINE, SEEN, zone="eu-a", generation=7), [])
+    assert decision.evidence["fault"]["generation"] == 7
+    assert "generation" not in decide(Fault("f", EU_A, SEEN), []).evidence["fault"]  # a zone has no incarnation
