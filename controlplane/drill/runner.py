@@ -53,6 +53,7 @@ from common.clock import Clock
 from common.logs import get_logger
 from controlplane.db import session_scope
 from controlplane.drill import faults, measure, metrics, service
+from controlplane.drill.engines import evidence as engine_evidence
 from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius, UnsupportedDrill
 from controlplane.drill.faults import check_blast_radius
 from controlplane.drill.measure import RequestTrace
@@ -211,6 +212,9 @@ class DrillRunner:
                               clock=self.clock)
             metrics.RUNS.labels(scope=scope.value, fault=fault.value, outcome="refused").inc()
             raise
+        # Which engines serve, and whether they sample by position (before the fault, while every one answers):
+        # the SLO document says "token-identical" only for what this shows (controlplane/drill/engines.py).
+        meta["engines"] = engine_evidence(self.fleet, self.fleet.instance_ids())
         with session_scope(self.factory) as session:
             service.start(session, run_id=run_id, fault_target=plan.target, actor=RUNNER_ACTOR, clock=self.clock)
 

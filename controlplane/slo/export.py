@@ -40,7 +40,26 @@ def to_markdown(document: SloDocument) -> str:
             lines += ["| target | objective | latest measured |", "|---|---|---|"]
             lines += [f"| {f.label} | {_value(f, f.target)} | {_measured(f)} |" for f in entry.figures]
             lines.append("")
+    lines += ["## Continuations after a migration", "", f"Engines: {_engines(document)}.", "",
+              "| decoding | continuation |", "|---|---|",
+              f"| greedy | {document.continuation.greedy} |", f"| seeded | {document.continuation.seeded} |",
+              f"| other sampling | {document.continuation.sampled} |", "",
+              "## RPO_context declared per session class", ""]
+    if document.rpo_context_policies:
+        lines += ["| session class | mode | declared RPO_context | policy revision |", "|---|---|---|---|"]
+        lines += [f"| {p.session_class} | {p.mode} | {p.declared} | {p.revision} |"
+                  for p in document.rpo_context_policies]
+    else:
+        lines.append("No replication policy: a region loss costs every session its context (prefilled again).")
+    lines.append("")
     return "\n".join(lines)
+
+
+def _engines(document: SloDocument) -> str:
+    engine = document.engine
+    if engine.run_id is None:
+        return "not recorded by any drill run (unverified)"
+    return f"{', '.join(engine.engines)}, sampling {engine.sampling or 'unknown'} (drill run {engine.run_id})"
 
 
 def to_json(document: SloDocument) -> str:
@@ -58,12 +77,22 @@ _HTML = Environment(autoescape=select_autoescape(default=True)).from_string("""<
 {%- elif f.source == "reports" %}{{ value(f, f.measured) }} ({{ f.why }})
 {%- else %}{{ value(f, f.measured) }}
 (run {{ f.run_id }}, {{ f.drill }}){% endif %}</td></tr>
-{% endfor %}</table>{% endif %}{% endfor %}</body></html>
+{% endfor %}</table>{% endif %}{% endfor %}
+<h2>Continuations after a migration</h2><p>Engines: {{ engines }}.</p>
+<table><tr><th>decoding</th><th>continuation</th></tr>
+<tr><td>greedy</td><td>{{ d.continuation.greedy }}</td></tr><tr><td>seeded</td><td>{{ d.continuation.seeded }}</td></tr>
+<tr><td>other sampling</td><td>{{ d.continuation.sampled }}</td></tr></table>
+<h2>RPO_context declared per session class</h2>
+{% if d.rpo_context_policies %}<table><tr><th>session class</th><th>mode</th><th>declared RPO_context</th>
+<th>policy revision</th></tr>{% for p in d.rpo_context_policies %}<tr><td>{{ p.session_class }}</td><td>{{ p.mode }}</td>
+<td>{{ p.declared }}</td><td>{{ p.revision }}</td></tr>{% endfor %}</table>
+{% else %}<p>No replication policy: a region loss costs every session its context (prefilled again).</p>{% endif %}
+</body></html>
 """)
 
 
 def to_html(document: SloDocument) -> str:
-    return _HTML.render(d=document, value=_value)
+    return _HTML.render(d=document, value=_value, engines=_engines(document))
 
 
 def render(document: SloDocument, fmt: Format) -> str:

@@ -34,6 +34,34 @@ class TripleEntry(BaseModel):
     figures: list[SloFigure]
 
 
+class EngineEvidence(BaseModel):
+    """The engines the newest drill run that recorded them saw (controlplane/drill/engines.py); none: unknown."""
+
+    engines: list[str]  # "reference", "vllm"
+    sampling: str | None  # the weakest seen: "position_keyed" | "engine_default"; None: unknown
+    run_id: int | None
+
+
+class ContinuationPromise(BaseModel):
+    """What a continuation after a migration on the same weights is, per decoding, for those engines."""
+
+    greedy: str
+    seeded: str
+    sampled: str
+    verified: bool  # False: no drill recorded the engines, or one did not say how it samples
+
+
+class RpoContextPolicy(BaseModel):
+    """The RPO_context a replication policy declares for one session class of the model."""
+
+    session_class: str
+    mode: str
+    rpo_context_seconds: int
+    rpo_context_turns: int | None
+    revision: int
+    declared: str
+
+
 class CatalogView(BaseModel):
     versions: list[str]
     aliases: dict[str, str]  # alias → version
@@ -44,5 +72,9 @@ class SloDocument(BaseModel):
     generated_at: datetime
     catalog: CatalogView
     triple: list[TripleEntry]
-    note: str = ("Generated from the drill runs in the control plane; never edited by hand. A target without a "
-                 "passed drill run within its cadence is unverified, never met.")
+    engine: EngineEvidence
+    continuation: ContinuationPromise
+    rpo_context_policies: list[RpoContextPolicy]
+    note: str = ("Generated from the drill runs, the engines they recorded and the replication policies in the "
+                 "control plane; never edited by hand. A target without a passed drill run within its cadence is "
+                 "unverified, never met.")

@@ -24,6 +24,10 @@ verify it. Two figures rest on other evidence:
                   measured value (traffic without sessions, a gateway that
                   does not count it) says so: "no drill measured it"
 
+The "lost / kept / recovery" text of K and C is generated too, from the
+drill runs (per fault scope), the engines they recorded and the replication
+policies' declared RPO_context (`triple.py`).
+
 Never commits.
 """
 
@@ -38,7 +42,9 @@ from controlplane.drill import repository as drill_repository
 from controlplane.drill.models import DrillDefinition, DrillRun
 from controlplane.drill.service import DEFAULT_CADENCE
 from controlplane.drill.states import DrillRunState, DrillScope
+from controlplane.replication import repository as replication_repository
 from controlplane.slo import rpo_weight
+from controlplane.slo import triple as triple_text
 from controlplane.slo.schemas import CatalogView, SloDocument, SloFigure, TripleEntry
 from weight_catalog import repository as catalog_repository
 
@@ -52,23 +58,19 @@ FIGURES: dict[str, tuple[str, str]] = {
     "token_rpo_tokens": ("token RPO: tokens lost, duplicated or changed", "tokens"),
 }
 
-TRIPLE: list[tuple[str, str, str, str, str, list[str]]] = [
-    ("W", "weights",
-     "nothing on an instance loss: weights are reloaded from the catalog's checksummed artifacts",
-     "the version the alias names (sha256 per shard, semantic fingerprint)",
-     "a new instance or the warm pool serves the same version; quality is back when the canary passes",
-     ["rto_latency_s", "rto_quality_s", "rpo_weight_versions"]),
-    ("K", "KV cache and session state",
-     "the KV cache of in-flight requests on the lost instance",
-     "committed tokens (the gateway's token log): the continuation recomputes the prefill from prompt ‖ committed",
-     "in-flight streams continue on another instance; the client sees the gap, not a loss",
-     ["rpo_context_tokens", "request_rto_s", "token_rpo_tokens"]),
-    ("C", "generation configuration",
-     "nothing: sampling parameters travel with every request, not with the instance",
-     "temperature, top_p, seed, stop: greedy and seeded (position-keyed) continuations are token-identical",
-     "none needed beyond the request's own migration",
-     []),
+# dimension → (name, the figures beside it); W's text is the catalog's design, K's and C's come from evidence
+# (controlplane/slo/triple.py).
+TRIPLE: list[tuple[str, str, list[str]]] = [
+    ("W", "weights", ["rto_latency_s", "rto_quality_s", "rpo_weight_versions"]),
+    ("K", "KV cache and session state", ["rpo_context_tokens", "request_rto_s", "token_rpo_tokens"]),
+    ("C", "generation configuration", []),
 ]
+WEIGHTS_TEXT = (
+    "nothing the catalog holds: weights are reloaded from its checksummed artifacts",
+    "the version the alias names (sha256 per shard, semantic fingerprint)",
+    "a new instance or the warm pool serves the same version, quality back when the canary passes; after a "
+    "region loss the standby serves what it staged, at most RPO_weight versions behind prod",
+)
 
 
 def model_names(session: Session, *, model: str) -> tuple[list[str], CatalogView]:
@@ -110,10 +112,16 @@ def build(session: Session, *, model: str, clock: Clock,
                                                 agent_stale_after=agent_stale_after)
     figures["rpo_weight_versions"] = _rpo_weight_figure(definitions, rpo_weight.measure(history, regions),
                                                         clock=clock)
-    triple = [TripleEntry(dimension=dim, name=name, lost=lost, kept=kept, recovery=recovery,
-                          figures=[figures[m] for m in metrics])
-              for dim, name, lost, kept, recovery, metrics in TRIPLE]
-    return SloDocument(model=model, generated_at=clock.utcnow(), catalog=catalog, triple=triple)
+    engine = triple_text.engine_evidence(runs)
+    promise = triple_text.continuation(engine)
+    policies = triple_text.declared_rpo_context(replication_repository.list_policies(session, model=model))
+    texts = {"W": WEIGHTS_TEXT, "K": triple_text.kv_texts(runs, policies),
+             "C": triple_text.configuration_texts(promise)}
+    triple = [TripleEntry(dimension=dim, name=name, lost=texts[dim][0], kept=texts[dim][1],  # type: ignore[arg-type]
+                          recovery=texts[dim][2], figures=[figures[m] for m in metrics])
+              for dim, name, metrics in TRIPLE]
+    return SloDocument(model=model, generated_at=clock.utcnow(), catalog=catalog, triple=triple, engine=engine,
+                       continuation=promise, rpo_context_policies=policies)
 
 
 def _figure(metric: str, definitions: list[DrillDefinition], runs: list[DrillRun] | object, *, clock: Clock,

@@ -143,3 +143,42 @@ def test_cli_executes_an_approved_region_run_and_refuses_it_typed_without_a_seco
     assert refused.exit_code == 1 and "error: region_tier_not_wired:" in refused.output, refused.output
     shown = json.loads(cli("show", run_id).output)
     assert shown["state"] == "aborted" and "no dns tier" in shown["abort_reason"] and shown["started_at"] is None
+
+
+def test_lost_kept_and_recovery_come_from_the_runs_the_engines_and_the_policies(client, as_role, session_factory,
+                                                                                 clock):
+    """No constant text: region streams end with the region; seeded identity only where the engine samples so."""
+    viewer, op = as_role("viewer"), as_role("operator")
+    document = client.get("/api/v1/slo/tiny", headers=viewer).json()
+    k, c = document["triple"][1], document["triple"][2]
+    assert "region: streams in flight at the region's gateways end with the region" in k["recovery"]
+    assert "never drilled: unverified" in k["recovery"]
+    assert document["continuation"]["verified"] is False and document["engine"]["run_id"] is None
+    assert document["rpo_context_policies"] == []
+
+    assert client.put("/api/v1/replication/policies", headers=op, json={
+        "model": "tiny", "session_class": "chat", "mode": "critical", "rpo_context_seconds": 30,
+        "source_store": "file:///var/kv/a", "destination_store": "file:///var/kv/b", "retention_seconds": 3600,
+        "reason": "standby"}).status_code == 200
+    with session_scope(session_factory) as session:
+        service.define(session, spec=DrillSpec.model_validate(SPEC), actor="t", clock=clock)
+    run_id = ended_run(session_factory, clock, state="passed", measured={"requests_lost": 0.0,
+                                                                        "token_rpo_tokens": 0.0})
+    with session_scope(session_factory) as session:  # the runner's report also names the engines it saw
+        run = service.get_run_or_raise(session, run_id=run_id)
+        run.report = {**run.report, "migrated_streams": 2,
+                      "engines": {"engines": ["vllm"], "sampling": "engine_default", "instances": {}}}
+    document = client.get("/api/v1/slo/tiny", headers=viewer).json()
+    k, c = document["triple"][1], document["triple"][2]
+    assert "instance: streams in flight on the lost instance continue on another" in k["recovery"]
+    assert f"(run {run_id}: 2 streams migrated, 0 requests lost, token RPO 0)" in k["recovery"]
+    assert "chat: at most 30 s of context without a checkpoint at the standby (critical)" in k["kept"]
+    assert document["rpo_context_policies"][0]["session_class"] == "chat"
+    assert document["continuation"]["greedy"] == "token-identical on the same weights"
+    assert document["continuation"]["seeded"].startswith("continues, may differ (vLLM without")
+    assert "seeded: continues, may differ" in c["kept"]
+    md = client.get("/api/v1/slo/tiny", params={"format": "md"}, headers=viewer).text
+    assert "## RPO_context declared per session class" in md and "| chat | critical |" in md
+    assert f"Engines: vllm, sampling engine_default (drill run {run_id})." in md
+    html = client.get("/api/v1/slo/tiny", params={"format": "html"}, headers=viewer).text
+    assert "RPO_context declared per session class" in html and "lifeline_vllm" in html
