@@ -71,5 +71,9 @@ demo: $(STAMP) demo-deps
 test: $(STAMP) system-deps vllm
 	$(BIN)/python -m pytest -q
 
+# The fast lane: no I/O beyond temp files, no services, no vLLM.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit
+
 bench: $(STAMP)
 	$(BIN)/python -m bench.engine
