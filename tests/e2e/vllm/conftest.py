@@ -123,6 +123,7 @@ class Streamed:
     token_ids: list[int] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)
+    continuations: list[str | None] = field(default_factory=list)  # `lifeline.continuation` of each chunk
     finish_reason: str | None = None
     error: dict | None = None
     done: bool = False
@@ -148,6 +149,7 @@ def stream(gateway_url: str, path: str, body: dict[str, Any], *, prefer: str | N
             if "lifeline" in chunk:
                 result.seqs.append(chunk["lifeline"]["seq"])
                 result.epochs.append(chunk["lifeline"].get("epoch", 0))
+                result.continuations.append(chunk["lifeline"].get("continuation"))
             for choice in chunk.get("choices") or []:
                 result.token_ids += choice.get("token_ids") or []
                 result.finish_reason = choice.get("finish_reason") or result.finish_reason

@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from contract.sampling import Sampling, identify_request, sampling_from_answer
-from tests.e2e.vllm.conftest import SERVED, Streamed, VllmStack, stream, until
+from tests.e2e.vllm.conftest import REGION, SERVED, Streamed, VllmStack, stream, until
 
 pytestmark = pytest.mark.e2e
 
@@ -148,3 +148,49 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
     assert len(moved) >= (4 * ROUNDS_PER_SIGNAL if sig is signal.SIGKILL else 2 * ROUNDS_PER_SIGNAL), moved
     vllm_stack.wait_all_routable()
     assert set(vllm_stack.leased()) == set(instances)
+
+
+def sampling_of(stack: VllmStack, instance_id: str) -> str | None:
+    return next((lease.sampling for lease in stack.reader.list_instances(REGION) if lease.instance_id == instance_id),
+                None)
+
+
+@pytest.mark.timeout(900)
+def test_without_the_sampler_a_seeded_stream_is_refused_and_an_unseeded_one_says_it_differs(
+        vllm_stack: VllmStack) -> None:
+    """Stock vLLM without Lifeline's sampler: the agent leases it as engine_default; no silent different output.
+
+    Two sampled streams on it at once, then SIGKILL: the one whose client sent a seed (it asked for
+    reproducible output) ends `not_resumable`; the one the gateway seeded continues on the other vLLM and
+    says `continuation: may_differ` from the first moved token on.
+    """
+    vllm_stack.wait_all_routable()
+    plain = list(vllm_stack.servers)[1]
+    server = vllm_stack.servers[plain]
+    server.stop()
+    server.logits_processor = False
+    server.start()
+    server.wait_ready()
+    until(lambda: sampling_of(vllm_stack, plain) == "engine_default", f"{plain} leased as engine_default", 120)
+    vllm_stack.wait_all_routable()
+    path, seeded = body("completion-seeded")
+    unseeded = {k: v for k, v in seeded.items() if k != "seed"}
+    progress = {"seeded": 0, "unseeded": 0}
+
+    def on_token(name: str, count: int) -> None:
+        progress[name] = count
+        if min(progress.values()) >= 12 and server.alive():
+            server.kill()
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(stream, vllm_stack.gateway.url, path, request, prefer=plain,
+                                     on_token=lambda count, name=name: on_token(name, count))
+                   for name, request in (("seeded", seeded), ("unseeded", unseeded))}
+        refused, moved = (futures[name].result(timeout=300) for name in ("seeded", "unseeded"))
+    assert not server.alive(), f"the streams ended before the kill: {progress}"
+    assert refused.error is not None and refused.error["type"] == "not_resumable", refused.error
+    assert "X-Lifeline-Continuation" in refused.error["message"] and len(refused.token_ids) >= 12
+    assert moved.error is None and moved.done and len(moved.token_ids) == MAX_TOKENS, moved.error
+    moved_at = moved.continuations.index("may_differ")
+    assert moved.epochs[moved_at] > 0 and set(moved.continuations[moved_at:]) == {"may_differ"}
+    assert set(moved.continuations[:moved_at]) == {None}
