@@ -48,7 +48,7 @@ def document_errors(route: APIRoute) -> None:
         403: _error("the token's role may not do this (`forbidden`)"),
         503: _error("the database is down or does not answer (`database_unavailable`, with Retry-After)"),
     }
-    if "{" in route.path:
+    if "{" in route.path or route.methods & MUTATING:  # a change's body can name a thing too (a cluster's region)
         responses[404] = _error("a named thing does not exist (`<thing>_not_found`)")
     if route.methods & MUTATING:
         responses[409] = _error("the change conflicts with current state (a compare-and-set lost, a guard refused, "
