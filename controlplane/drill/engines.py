@@ -12,6 +12,10 @@ report (`engines`):
      "engines": ["reference", …], "sampling": the weakest seen, or null when one could not be asked}
 
 An engine that does not answer the question is `null`, never assumed.
+
+`instance_generation` reads the faulted instance's generation the same way,
+for the run's events: the reference engine reports it
+(`GET /healthz/generation`); stock vLLM has no such endpoint, so None.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from contract.identity import EngineIdentity
 from contract.sampling import Sampling, identify_request, sampling_from_answer
 
 Post = Callable[..., Any]
@@ -59,3 +64,16 @@ def evidence(fleet: Any, instance_ids: Sequence[str], *, post: Post = httpx.post
         weakest = Sampling.POSITION_KEYED.value
     return {"instances": instances, "engines": sorted({str(i["engine"]) for i in instances.values()}),
             "sampling": weakest}
+
+
+def instance_generation(fleet: Any, instance_id: str, *, get: Callable[..., Any] = httpx.get) -> int | None:
+    """The generation `instance_id` serves under, as its engine reports it; None where it cannot say."""
+    engine_of = getattr(fleet, "engine_of", None)
+    if (engine_of(instance_id) if engine_of is not None else "reference") != "reference":
+        return None
+    try:
+        answer = get(f"{fleet.engine_url(instance_id).rstrip('/')}/healthz/generation", timeout=5.0)
+        answer.raise_for_status()
+        return EngineIdentity.model_validate(answer.json()).generation
+    except (httpx.HTTPError, ValueError):
+        return None

@@ -75,6 +75,8 @@ class DrillRun(Base):
     approved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The instance (or zone) the runner chose inside the blast radius.
     fault_target: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # An instance drill: the faulted instance's generation as its engine reported it before the fault; else None.
+    fault_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
     abort_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     failure: Mapped[str | None] = mapped_column(Text, nullable=True)
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -54,6 +54,7 @@ from common.logs import get_logger
 from controlplane.db import session_scope
 from controlplane.drill import faults, measure, metrics, service
 from controlplane.drill.engines import evidence as engine_evidence
+from controlplane.drill.engines import instance_generation
 from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius, UnsupportedDrill
 from controlplane.drill.faults import check_blast_radius
 from controlplane.drill.measure import RequestTrace
@@ -215,8 +216,12 @@ class DrillRunner:
         # Which engines serve, and whether they sample by position (before the fault, while every one answers):
         # the SLO document says "token-identical" only for what this shows (controlplane/drill/engines.py).
         meta["engines"] = engine_evidence(self.fleet, self.fleet.instance_ids())
+        # An instance drill's events name the incarnation it faults (the run's fault_generation).
+        fault_generation = instance_generation(self.fleet, plan.target) if scope == DrillScope.INSTANCE else None
+        meta["fault_generation"] = fault_generation
         with session_scope(self.factory) as session:
-            service.start(session, run_id=run_id, fault_target=plan.target, actor=RUNNER_ACTOR, clock=self.clock)
+            service.start(session, run_id=run_id, fault_target=plan.target, actor=RUNNER_ACTOR, clock=self.clock,
+                          fault_generation=fault_generation)
 
         try:
             outcome = self._drive(run_id, meta, model_name, plan, stops, targets, traffic)

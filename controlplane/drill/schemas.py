@@ -187,6 +187,7 @@ class DrillRunRead(BaseModel):
     approved_by: str | None
     approved_at: datetime | None
     fault_target: str | None
+    fault_generation: int | None = None
     abort_reason: str | None
     failure: str | None
     report: dict[str, Any] | None

@@ -105,12 +105,15 @@ def approve(session: Session, *, run_id: int, actor: str, clock: Clock) -> Drill
     return run
 
 
-def start(session: Session, *, run_id: int, fault_target: str, actor: str, clock: Clock) -> DrillRun:
+def start(session: Session, *, run_id: int, fault_target: str, actor: str, clock: Clock,
+          fault_generation: int | None = None) -> DrillRun:
+    """`fault_generation`: an instance drill's target generation, as its engine reported it (None: unknown)."""
     run = get_run_or_raise(session, run_id=run_id, fresh=True)
     if run.state == DrillRunState.SCHEDULED and not may_start(run.scope, approved=run.approved_by is not None):
         raise ApprovalRequired(f"drill run {run.id} is a {run.scope} drill: an operator must approve it first")
     run = advance(session, run=run, event=DrillRunEvent.START, clock=clock, started_at=clock.utcnow(),
-                  fault_target=fault_target)
+                  fault_target=fault_target,
+                  fault_generation=fault_generation if run.scope == DrillScope.INSTANCE else None)
     _record(session, run, kind="drill.started", actor=actor, reason=f"fault {run.definition.fault} on {fault_target}",
             clock=clock)
     return run
@@ -159,11 +162,19 @@ def schedule_due(session: Session, *, clock: Clock, cadence: dict[DrillScope, ti
 
 
 def _record(session: Session, run: DrillRun, *, kind: str, actor: str, reason: str, clock: Clock) -> None:
+    """One event of the run, scoped to what it faulted; an instance's names its generation (`after.generation`).
+
+    A zone drill's target is a zone (`region:r/zone:z`), not an instance as the scope once said; a region
+    drill's is its region.
+    """
     definition = run.definition
-    event_service.record(
-        session, kind=kind, actor=actor, reason=reason,
-        scope=f"region:{definition.region}" + (f"/instance:{run.fault_target}" if run.fault_target else ""),
-        clock=clock, after={"drill": definition.name, "version": definition.version, "run": run.id,
-                            "state": run.state},
-        outcome="succeeded",
-    )
+    after: dict[str, Any] = {"drill": definition.name, "version": definition.version, "run": run.id,
+                             "state": run.state}
+    scope = f"region:{definition.region}"
+    if run.fault_target and run.scope == DrillScope.INSTANCE:
+        scope += f"/instance:{run.fault_target}"
+        after["generation"] = run.fault_generation
+    elif run.fault_target and run.scope == DrillScope.ZONE:
+        scope += f"/zone:{run.fault_target}"
+    event_service.record(session, kind=kind, actor=actor, reason=reason, scope=scope, clock=clock, after=after,
+                         outcome="succeeded")

@@ -145,3 +145,27 @@ def test_weekly_cadence_fires_under_a_fake_clock(client, as_role, session_factor
     assert beat_tick() == []  # an open run is not scheduled twice
     with session_scope(session_factory) as session:
         assert {r.trigger for r in service.list_runs(session, name="kill-one")} == {"schedule"}
+
+
+def test_drill_events_name_what_they_faulted_and_an_instances_generation(client, as_role, session_factory, clock):
+    define(client, as_role, INSTANCE)
+    define(client, as_role, ZONE)
+    instance_run = request_run(client, as_role, "kill-one")
+    zone_run = request_run(client, as_role, "lose-zone-a")
+    assert client.post(f"/api/v1/drills/runs/{zone_run['id']}/approve", headers=as_role("operator")).status_code == 200
+    with session_scope(session_factory) as session:
+        service.start(session, run_id=instance_run["id"], fault_target="victim", actor="t", clock=clock,
+                      fault_generation=4)
+        service.start(session, run_id=zone_run["id"], fault_target="local-a", actor="t", clock=clock,
+                      fault_generation=9)  # a zone has no one generation: not kept
+        service.abort(session, run_id=instance_run["id"], reason="stop", actor="t", clock=clock)
+    started = client.get("/api/v1/events", params={"kind": "drill.started"}, headers=as_role("viewer")).json()
+    by_run = {e["after"]["run"]: e for e in started}
+    assert by_run[instance_run["id"]]["scope"] == "region:local/instance:victim"
+    assert by_run[instance_run["id"]]["after"]["generation"] == 4
+    assert by_run[zone_run["id"]]["scope"] == "region:local/zone:local-a"  # once mislabelled as an instance
+    assert "generation" not in by_run[zone_run["id"]]["after"]
+    (aborted,) = client.get("/api/v1/events", params={"kind": "drill.aborted"}, headers=as_role("viewer")).json()
+    assert (aborted["scope"], aborted["after"]["generation"]) == ("region:local/instance:victim", 4)
+    shown = client.get(f"/api/v1/drills/runs/{instance_run['id']}", headers=as_role("viewer")).json()
+    assert shown["fault_generation"] == 4

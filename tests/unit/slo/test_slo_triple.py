@@ -153,3 +153,19 @@ def test_vllm_engines_are_asked_and_the_weakest_sampler_is_the_fleets() -> None:
     assert seen["sampling"] == "engine_default" and seen["instances"]["b"]["sampling"] == "engine_default"
     seen = engines.evidence(fleet, fleet.instance_ids(), post=answering({"a": refused, "b": None}))
     assert seen["sampling"] is None and seen["instances"]["b"]["sampling"] is None  # never assumed
+
+
+def test_a_reference_engines_generation_is_read_and_vllms_is_unknown() -> None:
+    fleet = FakeFleet({"r": "reference", "v": "vllm", "gone": "reference"})
+    identity = {"instance_id": "r", "generation": 7, "boot_generation": 2, "model": "tiny", "weights_digest": "x",
+                "zone": "a", "region": "local", "started_at": 0.0}
+
+    def get(url: str, **_: Any) -> httpx.Response:
+        host = httpx.URL(url).host
+        if host == "gone":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, json=identity, request=httpx.Request("GET", url))
+
+    assert engines.instance_generation(fleet, "r", get=get) == 7
+    assert engines.instance_generation(fleet, "v", get=get) is None  # stock vLLM reports none
+    assert engines.instance_generation(fleet, "gone", get=get) is None
