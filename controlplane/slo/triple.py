@@ -10,7 +10,8 @@ processor `lifeline_vllm` is loaded). Now each sentence is built from:
 
 - **the drills' runs** of the model: per fault scope (instance, zone,
   region) the latest ended run says what happened to the streams in flight
-  (`migrated_streams`, `requests_lost`, `token_rpo_tokens` of its report),
+  (`migrated_streams`, `requests_lost`, `token_rpo_tokens` of its report)
+  and how long it took (`request_rto_s`, `rto_latency_s`, where measured),
   or that the scope was never drilled, in which case the design's
   statement is given and marked unverified;
 - **the engine kind and its sampler**, as the newest run that recorded them
@@ -68,6 +69,10 @@ def streams_in_flight(scope: DrillScope, run: Any | None) -> str:
     measured = _measured(run)
     figures = (f"{_count(report.get('migrated_streams'))} streams migrated, {_count(measured.get('requests_lost'))} "
                f"requests lost, token RPO {_count(measured.get('token_rpo_tokens'))}")
+    # How long: the gap the clients saw and the time until TTFT p99 was back, where the run measured them.
+    figures += "".join(f", {label} {float(measured[key]):.3g} s" for key, label in
+                       (("request_rto_s", "request RTO"), ("rto_latency_s", "RTO_latency"))
+                       if measured.get(key) is not None)
     if run.state != DrillRunState.PASSED:
         return f"{scope.value}: {design} (the last {scope.value} drill, run {run.id}, {run.state}: {figures})"
     lost = measured.get("requests_lost")

@@ -60,6 +60,13 @@ def test_drilled_scopes_cite_their_runs_and_what_they_measured() -> None:
     assert "end with the region" in region and "run 9: 0 streams migrated, 3 requests lost" in region
 
 
+def test_how_long_is_the_runs_request_rto_and_rto_latency_where_measured() -> None:
+    run = ran(5, "zone")
+    run.report["measured"].update(request_rto_s=0.134, rto_latency_s=1.5)
+    zone = triple.kv_texts([run], [])[2].split("; ")[1]
+    assert "(run 5: 2 streams migrated, 0 requests lost, token RPO 0, request RTO 0.134 s, RTO_latency 1.5 s)" in zone
+
+
 def test_an_instance_drill_that_lost_requests_does_not_promise_continuation() -> None:
     instance = triple.kv_texts([ran(4, "instance", lost=2)], [])[2].split("; ")[0]
     assert "run 4 lost requests in flight" in instance and "continue on another" not in instance
