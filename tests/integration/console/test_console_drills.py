@@ -63,6 +63,9 @@ def test_slo_document_marks_figures_without_a_run_unverified(console: TestClient
     page = console.get("/console/slo/m")
     assert page.status_code == 200
     assert "unverified" in page.text and "verified</span>" not in page.text.replace("unverified</span>", "")
+    # The generated continuation promise and the policies' RPO_context, as in the exported document.
+    assert 'data-testid="slo-continuation"' in page.text and "not recorded by any drill run" in page.text
+    assert "No replication policy" in page.text
 
 
 REPORT = {
