@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -17,13 +18,23 @@ class StreamResult:
     finish_reason: str | None = None
     done: bool = False
     error: dict | None = None
+    # The gateway's `lifeline` object, per chunk that has one.
+    seqs: list[int] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)
+    continuations: list[str | None] = field(default_factory=list)
 
 
-def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_chunks: int | None = None) -> StreamResult:
-    """POST a streaming completion and collect it; stops early after `max_chunks`."""
+def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_chunks: int | None = None,
+                      path: str = "/v1/completions", headers: dict[str, str] | None = None,
+                      on_token: Callable[[int], None] | None = None) -> StreamResult:
+    """POST a streaming completion (or chat, by `path`) and collect it; stops early after `max_chunks`.
+
+    `on_token(n)` is called after each chunk with the number of token ids seen so far (a test's kill trigger).
+    """
     result = StreamResult()
     with httpx.Client(timeout=timeout) as client:
-        with connect_sse(client, "POST", f"{base_url}/v1/completions", json={**body, "stream": True}) as source:
+        with connect_sse(client, "POST", f"{base_url}{path}", json={**body, "stream": True},
+                         headers=headers or {}) as source:
             source.response.raise_for_status()
             for event in source.iter_sse():
                 if event.data == "[DONE]":
@@ -34,11 +45,17 @@ def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_c
                     result.error = chunk["error"]
                     break
                 result.chunks.append(chunk)
+                if (lifeline := chunk.get("lifeline")) is not None:
+                    result.seqs.append(lifeline["seq"])
+                    result.epochs.append(lifeline.get("epoch", 0))
+                    result.continuations.append(lifeline.get("continuation"))
                 choice = chunk["choices"][0] if chunk.get("choices") else None
                 if choice is not None:
                     result.token_ids += choice.get("token_ids", [])
                     result.text += choice.get("text", "")
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
+                if on_token is not None:
+                    on_token(len(result.token_ids))
                 if max_chunks is not None and len(result.chunks) >= max_chunks:
                     break
     return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,4 +23,14 @@ async def until(condition: Callable[[], Any | Awaitable[Any]], what: str, timeou
         if result:
             return result
         await asyncio.sleep(0.1)
+    raise AssertionError(f"never: {what}")
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.02) -> Any:
+    """`until` for synchronous tests: poll `condition` until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(interval)
     raise AssertionError(f"never: {what}")

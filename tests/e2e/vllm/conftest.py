@@ -9,11 +9,9 @@ model is small. A module shares one stack: a vLLM takes 20-60 s to start.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,25 +21,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from httpx_sse import connect_sse
 
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from lifeline.vllm import VllmProcess
+from tests.support.sse import StreamResult, stream_completion
+from tests.support.waiting import wait_for as until
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-vllm"
 SERVED = "tiny"
 ZONES = ("z1", "z2")
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = 120.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"never: {what}")
 
 
 @dataclass
@@ -118,41 +108,8 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
             agent.wait(30)
 
 
-@dataclass
-class Streamed:
-    token_ids: list[int] = field(default_factory=list)
-    seqs: list[int] = field(default_factory=list)
-    epochs: list[int] = field(default_factory=list)
-    continuations: list[str | None] = field(default_factory=list)  # `lifeline.continuation` of each chunk
-    finish_reason: str | None = None
-    error: dict | None = None
-    done: bool = False
-
-
 def stream(gateway_url: str, path: str, body: dict[str, Any], *, prefer: str | None = None,
-           on_token: Callable[[int], None] | None = None) -> Streamed:
-    """One streaming request through the gateway with the official SSE framing; every frame recorded."""
-    result = Streamed()
-    headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
-    with httpx.Client(timeout=300) as client, connect_sse(
-            client, "POST", f"{gateway_url}{path}", json={**body, "stream": True, "return_token_ids": True},
-            headers=headers) as source:
-        assert source.response.status_code == 200, source.response.read()
-        for event in source.iter_sse():
-            if event.data == "[DONE]":
-                result.done = True
-                break
-            chunk = json.loads(event.data)
-            if "error" in chunk:
-                result.error = chunk["error"]
-                break
-            if "lifeline" in chunk:
-                result.seqs.append(chunk["lifeline"]["seq"])
-                result.epochs.append(chunk["lifeline"].get("epoch", 0))
-                result.continuations.append(chunk["lifeline"].get("continuation"))
-            for choice in chunk.get("choices") or []:
-                result.token_ids += choice.get("token_ids") or []
-                result.finish_reason = choice.get("finish_reason") or result.finish_reason
-            if on_token is not None:
-                on_token(len(result.token_ids))
-    return result
+           on_token: Callable[[int], None] | None = None) -> StreamResult:
+    """One streaming request through the gateway, token ids asked for, pinned to `prefer`; every frame recorded."""
+    return stream_completion(gateway_url, {**body, "return_token_ids": True}, path=path, timeout=300,
+                             headers={"X-Lifeline-Prefer-Instance": prefer} if prefer else None, on_token=on_token)

@@ -29,7 +29,8 @@ import httpx
 import pytest
 
 from contract.sampling import Sampling, identify_request, sampling_from_answer
-from tests.e2e.vllm.conftest import REGION, SERVED, Streamed, VllmStack, stream, until
+from tests.e2e.vllm.conftest import REGION, SERVED, VllmStack, stream, until
+from tests.support.sse import StreamResult
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +92,7 @@ def test_vllm_with_the_sampler_draws_what_the_reference_engine_draws(
         assert outputs[0] == outputs[1], sampling
 
 
-def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: int) -> dict[str, Streamed]:
+def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: int) -> dict[str, StreamResult]:
     """Four streams pinned to `victim`; `sig` to it once one has `kill_after` tokens; every stream's result."""
     progress = {name: 0 for name in REQUESTS}
     all_started = threading.Event()

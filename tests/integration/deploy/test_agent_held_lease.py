@@ -28,6 +28,7 @@ import yaml
 
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
+from tests.support.waiting import wait_for as until
 
 pytestmark = pytest.mark.e2e
 
@@ -36,15 +37,6 @@ REGION = "r-deploy"
 LEASE_TTL_S = 2.0
 PROBE_INTERVAL_S = 0.25
 GATEWAY_REFRESH_S = 0.1
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"never: {what}")
 
 
 class Stack:
