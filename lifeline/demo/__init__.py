@@ -21,10 +21,18 @@ The modules behind the command are imported when it runs, not when
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+class DemoEngine(StrEnum):
+    """What the pools run: the reference engine (every scenario), or stock vLLM (the scenarios that apply)."""
+
+    REFERENCE = "reference"
+    VLLM = "vllm"
 
 
 def demo(
@@ -36,10 +44,14 @@ def demo(
                                         "(about a minute); what CI runs")] = False,
     outage_s: Annotated[float, typer.Option(min=1, max=120, help="How long the control plane's API is stopped "
                                             "(issue 17: 20 s)")] = 20.0,
+    engine: Annotated[DemoEngine, typer.Option(help="What the pools run: `vllm` plays the scenarios that apply to "
+                                               "stock vLLM (installed by `make vllm`) and says which it skips")]
+    = DemoEngine.REFERENCE,
 ) -> None:
     """Two regions on real processes through a scripted outage; a table row per scenario and a report directory."""
     from lifeline.demo.run import run_demo
 
     if kill_after >= max_tokens:
         raise typer.BadParameter("must be below --max-tokens", param_hint="--kill-after")
-    raise typer.Exit(run_demo(workdir.resolve(), max_tokens=max_tokens, kill_after=kill_after, quick=quick, outage_s=outage_s))
+    raise typer.Exit(run_demo(workdir.resolve(), max_tokens=max_tokens, kill_after=kill_after, quick=quick,
+                              outage_s=outage_s, engine=engine.value))

@@ -53,7 +53,11 @@ class PoolEngine:
     agent_pid: int
 
     def pid(self) -> int | None:
-        """The engine's pid: the agent's child whose argv names this instance (the local driver's process)."""
+        """The engine's pid: the agent's child whose argv names this instance (the local driver's process).
+
+        `lifeline engine serve` carries `--instance-id`; stock vLLM knows no instance ids, so its server is the
+        child listening on this instance's port (`--port`, from its command template)."""
+        port = self.url.rsplit(":", 1)[-1].encode()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -66,14 +70,21 @@ class PoolEngine:
                 continue
             if b"--instance-id" in argv and argv[argv.index(b"--instance-id") + 1] == self.instance_id.encode():
                 return int(entry.name)
+            if b"--instance-id" not in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port:
+                return int(entry.name)
         return None
 
     def kill(self, sig: int = signal.SIGKILL) -> bool:
+        """Signal the engine's process group (the local driver gives each its own session), as a node loss
+        would: vLLM's engine core is a child of its API server and must go with it."""
         pid = self.pid()
         if pid is None:
             return False
         try:
-            os.kill(pid, sig)
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
         except ProcessLookupError:
             return False
         return True
@@ -138,6 +149,7 @@ class DemoFleet:
     workdir: Path
     model_dir: Path
     drivers_file: Path | None = None
+    engine: str = "reference"  # what the pools run: `reference` (lifeline engine serve) or `vllm` (stock vLLM)
     controlplane: ControlPlaneProcess = field(init=False)
     operator_token: str = ""
     gateway_token: str = ""
@@ -162,6 +174,11 @@ class DemoFleet:
             # whole timeout). Three report intervals say "gone" soon enough for the region loss to measure.
             env["LIFELINE_CONTROLPLANE_GATEWAY_REPORT_STALE_AFTER"] = "PT3S"
         self.controlplane = ControlPlaneProcess(self.workdir, env=env)
+
+    @property
+    def pool_timeout(self) -> float:
+        """How long a pool may take to reach its plan: a vLLM takes 20-90 s to start on two busy cores."""
+        return 420.0 if self.engine == "vllm" else 180.0
 
     @property
     def fleet_file(self) -> Path:
@@ -272,16 +289,25 @@ class DemoFleet:
             "canary_per_instance_per_s": CANARY_PER_INSTANCE_PER_S, "canary_jitter": CANARY_JITTER,
             "pool": {"driver": "local", "model": MODEL, "alias": "prod",
                      "versions": {self.model_dir.name: str(self.model_dir)}, "zones": plan,
-                     "state_dir": str(state / f"pool-{name}"),
-                     "engine_args": ["--enable-fault-admin", "--step-stall-bound", str(STEP_STALL_BOUND_S),
-                                     *sessions.ENGINE_ARGS, "--kv-checkpoint-store",
-                                     sessions.kv_store_url(self.workdir, name)]},
+                     "state_dir": str(state / f"pool-{name}"), **self._engine_pool(name)},
         }, self.logs)
         (state / f"agent-{name}").mkdir(parents=True, exist_ok=True)
         region = self.regions[name] = Region(name, zones, plan, gateway, agent)  # before they start: close() stops them
         gateway.start()
         agent.start()
         return region
+
+    def _engine_pool(self, region: str) -> dict[str, Any]:
+        """The pool's engine settings: `lifeline engine serve` flags, or stock vLLM's command template."""
+        if self.engine == "vllm":
+            from lifeline.vllm import pool_command
+
+            # vLLM's own drain short (a retire stops an idle warm instance); the production command otherwise.
+            return {"commands": {self.model_dir.name: pool_command(shutdown_timeout=5.0, unroute_wait=1.0)},
+                    "start_timeout": self.pool_timeout}
+        return {"engine_args": ["--enable-fault-admin", "--step-stall-bound", str(STEP_STALL_BOUND_S),
+                                *sessions.ENGINE_ARGS, "--kv-checkpoint-store",
+                                sessions.kv_store_url(self.workdir, region)]}
 
     def start_replication(self, source: str, destination: str) -> str:
         """The `chat` class's critical policy from `source` to `destination`, and a Celery worker + beat to run it."""
@@ -319,8 +345,9 @@ class DemoFleet:
                 layout.setdefault(i["zone"], {"serving": 0, "warm": 0})[i["pool_state"]] += 1
         return layout
 
-    def wait_pool(self, region: Region, timeout: float = 180.0) -> dict[str, dict[str, int]]:
+    def wait_pool(self, region: Region, timeout: float | None = None) -> dict[str, dict[str, int]]:
         """Until the agent reports the planned pool and the gateway routes to every serving instance."""
+        timeout = self.pool_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         layout: dict[str, dict[str, int]] = {}
         while time.monotonic() < deadline:
@@ -368,8 +395,8 @@ class DemoFleet:
         # scenario, a crash) live on in their own sessions. Each names this run's work dir in its argv.
         for pid in self._stray_pids | set(_engines_under(self.workdir)):
             try:
-                if _is_our_engine(pid, self.workdir):
-                    os.kill(pid, signal.SIGKILL)
+                if _is_our_engine(pid, self.workdir):  # its session too: a vLLM's engine core
+                    os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         if self.redis is not None:
@@ -436,10 +463,12 @@ def kill_agent_and_pool(agent: AgentProcess) -> int:
 
 
 def _is_our_engine(pid: int, workdir: Path) -> bool:
-    """Still one of this run's engines (its argv names our work dir), not a pid reused by someone else's process."""
+    """Still one of this run's engines (its argv names our work dir), not a pid reused by someone else's process:
+    `lifeline engine serve`, or a stock vLLM server started from the pool's command template."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"engine\0serve" in argv and str(workdir).encode() in argv
+        return (b"engine\0serve" in argv or b"vllm.entrypoints.openai.api_server" in argv) \
+            and str(workdir).encode() in argv
     except OSError:
         return False
 

