@@ -74,6 +74,7 @@ def _kill_line_holds(out: str) -> None:
     assert kill and kill[1] != kill[2], out
 
 
+@pytest.mark.timeout(420)  # the bound of its own subprocess timeout
 def test_demo_quick_keeps_its_promises_and_stops_everything(tmp_path: Path) -> None:
     done = _demo(tmp_path, "--quick", "--max-tokens", "32", "--kill-after", "10", timeout=420)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
@@ -124,6 +125,7 @@ def test_demo_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
     assert _left_running(tmp_path) == []
 
 
+@pytest.mark.timeout(900)  # the bound the demo's own subprocess timeout sets; pytest's default 300 s cut it first
 def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None:
     done = _demo(tmp_path, "--max-tokens", "32", "--kill-after", "10", "--outage-s", "5", timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
