@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from contract.openai import ChatMessage, ConstrainedDecodingFields, SamplingFields
+from contract.sampling import IDENTIFY_ARG, IDENTIFY_VALUE, SAMPLER_ID
 
 _NO_OP = {name: field.default for name, field in ConstrainedDecodingFields.model_fields.items()}
 
@@ -24,6 +25,16 @@ class EngineSampling(SamplingFields, ConstrainedDecodingFields):
     model: str | None = None
     max_tokens: int | None = None
     n: int = Field(1, ge=1, le=1, description="the reference engine serves one choice per request")
+    vllm_xargs: dict[str, Any] | None = Field(None, description="vLLM's per-request extra arguments; only the "
+                                              "sampler question (contract/sampling.py) means anything here")
+
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _sampler_question(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Answer as Lifeline's vLLM sampler does: this engine always samples position-keyed (engine/sampling.py)."""
+        if value and value.get(IDENTIFY_ARG) == IDENTIFY_VALUE:
+            raise ValueError(f"{IDENTIFY_ARG}: this engine samples with {SAMPLER_ID}")
+        return value
 
     @field_validator(*_NO_OP)
     @classmethod

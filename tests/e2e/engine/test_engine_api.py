@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from contract.sampling import Sampling, identify_request, sampling_from_answer
 from tests.support.sse import complete, stream_completion
 
 pytestmark = pytest.mark.e2e
@@ -192,3 +193,12 @@ def test_bad_caller_request_id_is_refused(engine) -> None:
     bad = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
                      headers={"X-Request-Id": "two words"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Request-Id"
+
+
+def test_the_engine_answers_the_sampler_question_as_lifelines_vllm_sampler_does(engine) -> None:
+    """contract/sampling.py: the agent asks every engine before its first lease; this one is position-keyed."""
+    answer = httpx.post(f"{engine.url}/v1/completions", json=identify_request(MODEL), timeout=10)
+    assert sampling_from_answer(answer.status_code, answer.text) is Sampling.POSITION_KEYED, answer.text
+    other = httpx.post(f"{engine.url}/v1/completions", timeout=10,
+                       json={**identify_request(MODEL), "vllm_xargs": {"unrelated": 1}})
+    assert other.status_code == 200, other.text  # like vLLM, other extra arguments change nothing
