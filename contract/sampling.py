@@ -10,8 +10,9 @@ differ from the first resumed token on.
 
 The question is asked through the OpenAI API alone: a completion request
 carrying `vllm_xargs: {IDENTIFY_ARG: IDENTIFY_VALUE}` is refused with a 400
-naming `SAMPLER_ID` by an engine that has the processor, and answered by one
-that does not (vLLM keeps unknown extra arguments without a word).
+naming `SAMPLER_ID` by an engine that samples position-keyed (vLLM with the
+processor, the reference engine), and answered by one that does not (vLLM
+keeps unknown extra arguments without a word).
 """
 
 from __future__ import annotations
