@@ -83,7 +83,9 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     config = workdir / "agent.yaml"
     config.write_text(yaml.safe_dump({
-        "registry_prefix": prefix, "lease_ttl": 2.0, "probe_interval": 0.25, "probe_timeout": 1.5,
+        # Probes get room on two shared cores (an idle vLLM's /health took over 1.5 s at load 9 here); a killed
+        # vLLM still loses its lease at the first refused probe, and the gateway suppresses it at once.
+        "registry_prefix": prefix, "lease_ttl": 5.0, "probe_interval": 0.25, "probe_timeout": 3.0,
         "renew_leases_for": [{"url": server.url, "instance_id": instance_id, "version": SERVED, "zone": zone}
                              for (instance_id, server), zone in zip(servers.items(), ZONES, strict=True)]}))
     agent_log = open(workdir / "agent.log", "ab")  # noqa: SIM115

@@ -129,6 +129,7 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         vllm_stack: VllmStack, undisturbed: dict[str, list[int]], sig: signal.Signals) -> None:
     instances = list(vllm_stack.servers)
     moved: list[tuple[int, str]] = []
+    rounds_that_moved: set[int] = set()
     for round_no in range(ROUNDS_PER_SIGNAL):
         vllm_stack.wait_all_routable()
         victim = instances[round_no % 2]
@@ -142,11 +143,14 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
             assert result.seqs == sorted(set(result.seqs)) and result.seqs[0] == 0, where
             if max(result.epochs) > 0:
                 moved.append((round_no, name))
+                rounds_that_moved.add(round_no)
         until(lambda: victim not in vllm_stack.leased() or vllm_stack.leased()[victim] != generation,
               f"{victim}'s lease gone after {sig.name}", timeout=30)
         vllm_stack.restart_in_background(victim)
-    # A stream the drain let finish on the dying vLLM needed no move; with a 1 s drain few do.
-    assert len(moved) >= (4 * ROUNDS_PER_SIGNAL if sig is signal.SIGKILL else 2 * ROUNDS_PER_SIGNAL), moved
+    # Every round's signal hit streams in flight. A stream may still end unmoved: the drain let it finish on
+    # the dying vLLM, or it was routed to the other one because the victim was briefly unroutable (a probe that
+    # timed out on a loaded machine) — it is checked token for token all the same.
+    assert rounds_that_moved == set(range(ROUNDS_PER_SIGNAL)) and len(moved) >= 2 * ROUNDS_PER_SIGNAL, moved
     vllm_stack.wait_all_routable()
     assert set(vllm_stack.leased()) == set(instances)
 
