@@ -220,28 +220,34 @@ class StreamSession:
                 raise EnginePassthrough(rejected.status_code, rejected.body) from None
 
     async def _acquire(self) -> Endpoint:
-        admission = self.deps.settings.admission
-        first = self.migrations == 0 and not self.committed
-        exact = self._exact_continuation_needed()
+        prefer = self.request.prefer_instance if self.migrations == 0 and not self.committed else None
         try:
-            if exact and not self.redrawable:
-                return await self._acquire_inexact("an engine with its own sampler drew this stream's tokens; no "
-                                                   "other engine can redraw them")
+            if not self._exact_continuation_needed():
+                return await self._route(prefer=prefer)
+            if not self.redrawable:
+                self._allow_inexact("an engine with its own sampler drew this stream's tokens; no other engine "
+                                    "can redraw them")
+                return await self._route(prefer=prefer)
             try:
-                return await self.deps.router.acquire(
-                    self.request.version, client_key=self.request.client_key,
-                    queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
-                    prefer=self.request.prefer_instance if first else None,
-                    exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
-                    sampling=Sampling.POSITION_KEYED if exact else None,
-                )
+                return await self._route(prefer=prefer, sampling=Sampling.POSITION_KEYED)
             except NoExactContinuation as exc:
-                return await self._acquire_inexact(exc.message)
+                self._allow_inexact(exc.message)
+                return await self._route(prefer=prefer)
         except (NoHealthyEndpoint, Overloaded) as exc:
             if self.migrations == 0 and not self._opened:
                 self.deps.metrics.rejected.labels(type=exc.error_type).inc()
                 raise
             raise self._impossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
+
+    async def _route(self, *, prefer: str | None, sampling: Sampling | None = None) -> Endpoint:
+        """A slot on an engine for the next attempt: never the one that just failed, earlier failures last."""
+        queue_timeout = self.deps.settings.admission.queue_timeout.total_seconds()
+        return await self.deps.router.acquire(
+            self.request.version, client_key=self.request.client_key,
+            queue_timeout=min(queue_timeout, max(self._remaining(), 0.0)), prefer=prefer,
+            exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
+            sampling=sampling,
+        )
 
     def _exact_continuation_needed(self) -> bool:
         """A continuation of committed sampled tokens that has not yet been said to differ."""
@@ -249,19 +255,14 @@ class StreamSession:
         return (bool(self.committed) and self.request.sampled and self.continuation is None
                 and self.request.strategy is RecoveryStrategy.TOKEN_COMMIT_RESUME)
 
-    async def _acquire_inexact(self, why: str) -> Endpoint:
-        """No engine can redraw this sampled stream: continue anyway if the request allows it, and say so."""
+    def _allow_inexact(self, why: str) -> None:
+        """No engine can redraw this sampled stream: go on only if the request allows it, and say so from now on."""
         if not self.request.inexact_continuation_ok:
             raise RecoveryImpossible("not_resumable", f"{why}; the request carries a seed, so it is not continued "
                                      "differently (send X-Lifeline-Continuation: may-differ to allow it)")
         self.continuation = MAY_DIFFER
         self.deps.metrics.inexact_continuations.inc()
         self.log.warning("sampled stream continues on an engine that cannot redraw it", why=why)
-        admission = self.deps.settings.admission
-        return await self.deps.router.acquire(
-            self.request.version, client_key=self.request.client_key,
-            queue_timeout=min(admission.queue_timeout.total_seconds(), max(self._remaining(), 0.0)),
-            exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]))
 
     def _impossible(self, reason: str, message: str) -> RecoveryImpossible:
         """The stream's end; an engine that could not say what it committed is named as the cause, typed."""
