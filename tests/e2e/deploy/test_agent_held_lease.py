@@ -30,8 +30,6 @@ from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.waiting import wait_for as until
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-deploy"
 LEASE_TTL_S = 2.0
