@@ -7,10 +7,15 @@ check and the child's own bind, and Redis/Sentinel/BIND then die with
 "Address already in use". Ports below the ephemeral range are never given to
 clients, so a port checked free there stays free unless another starter takes
 it; this process never hands the same one out twice.
+
+Starters in several processes at once (the test suite's parallel workers)
+are kept apart by `LIFELINE_PORT_SLICE=i/n`: this process and its children
+pick only from the i-th of n equal slices of the range.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -40,13 +45,29 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def port_range() -> tuple[int, int]:
+    """The ports this process may hand out (inclusive): below the ephemeral range, within its slice if it has one."""
+    lowest, highest = _LOWEST, _ephemeral_start() - 1
+    slice_ = os.environ.get("LIFELINE_PORT_SLICE")
+    if not slice_:
+        return lowest, highest
+    try:
+        index, count = (int(part) for part in slice_.split("/"))
+    except ValueError:
+        raise ValueError(f"LIFELINE_PORT_SLICE={slice_!r}: expected i/n, e.g. 0/3") from None
+    if not 0 <= index < count:
+        raise ValueError(f"LIFELINE_PORT_SLICE={slice_!r}: i must be in 0..n-1")
+    width = (highest - lowest + 1) // count
+    return lowest + index * width, lowest + (index + 1) * width - 1
+
+
 def free_port() -> int:
     """A loopback port (TCP and UDP) nothing listens on now, below the ephemeral range (racy only against other starters)."""
-    highest = _ephemeral_start() - 1
+    lowest, highest = port_range()
     with _lock:
         for _ in range(200):
-            port = random.randint(_LOWEST, highest)  # noqa: S311 - spreads starters apart, not a secret
+            port = random.randint(lowest, highest)  # noqa: S311 - spreads starters apart, not a secret
             if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
-    raise OSError(f"no free loopback port in {_LOWEST}..{highest}")
+    raise OSError(f"no free loopback port in {lowest}..{highest}")
