@@ -68,12 +68,16 @@ system-deps:
 demo: $(STAMP) demo-deps
 	$(BIN)/lifeline demo
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps their ports apart, puts every
+# real-vLLM test on one worker and each e2e module on one). Its time per tier: docs/testing.md.
+TEST_WORKERS ?= 3
 test: $(STAMP) system-deps vllm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-# The fast lane: no I/O beyond temp files, no services, no vLLM.
+# The fast lane: unit tests (no I/O beyond temp files) and the contract tests (one side writes, the
+# other reads, on the real Redis and databases); no engines, no vLLM.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m unit
+	$(BIN)/python -m pytest -q -n 2 -m "unit or contract"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.engine

@@ -56,11 +56,17 @@ def built_model(preset: str, seed: int) -> Path:
 
     target = MODEL_CACHE / f"{preset}-seed{seed}"
     if not (target / "model.safetensors.index.json").exists():
+        # Built aside and renamed into place: parallel test workers may build the same model at once, and
+        # the first rename wins (a rename onto a non-empty directory fails); the others drop their copy.
         partial = target.with_name(target.name + f".partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         build_model(partial, preset_name=preset, seed=seed)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        if target.exists() and not (target / "model.safetensors.index.json").exists():
+            shutil.rmtree(target, ignore_errors=True)  # a torn build from before the rename existed
+        try:
+            partial.rename(target)
+        except OSError:
+            shutil.rmtree(partial, ignore_errors=True)
     return target
 
 

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 ENV = {"COLUMNS": "400", "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
 
 

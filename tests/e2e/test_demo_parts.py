@@ -18,11 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from lifeline.demo.cp_outage import QuiescedPause, sqlite_path
-
-pytestmark = pytest.mark.e2e
 
 WRITER = """
 import sqlite3, sys, time

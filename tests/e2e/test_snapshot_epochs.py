@@ -34,8 +34,6 @@ import pytest
 from bench.snapshot_propagation import MODEL, SnapshotFleet, answer, wait_answer
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.e2e
-
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
 _HOP_BY_HOP = {"host", "content-length", "connection", "accept-encoding", "transfer-encoding", "content-encoding"}
 

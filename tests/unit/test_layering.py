@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
-
 ROOT = Path(__file__).resolve().parents[2]
 LIFELINE_PACKAGES = {"common", "contract", "engine", "gateway", "holder", "controlplane", "weight_catalog", "warm_pool",
                      "cutover", "lifeline", "lifeline_vllm", "migrations", "bench", "tests"}

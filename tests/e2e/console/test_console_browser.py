@@ -45,8 +45,6 @@ from lifeline.processes import (
     free_port,
 )
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = Path(os.environ.get("LIFELINE_TEST_ARTIFACTS", ROOT / ".lifeline" / "test-artifacts")) / "console"
 CHROMIUM = "/usr/bin/chromium"

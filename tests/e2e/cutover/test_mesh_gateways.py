@@ -18,8 +18,6 @@ import pytest
 from bench.snapshot_propagation import MODEL, PROMPT, REGION, SnapshotFleet, answer
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.e2e
-
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
 
 

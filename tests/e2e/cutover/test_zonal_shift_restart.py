@@ -24,8 +24,6 @@ from sqlalchemy import create_engine, text
 from lifeline.processes import ControlPlaneProcess
 from tests.integration.cutover.conftest import AnycastLab, anycast_lab  # noqa: F401 - fixture
 
-pytestmark = pytest.mark.e2e
-
 EXPIRES_IN_S = 20  # long enough that the first process is killed well before it; the second reverts it
 
 

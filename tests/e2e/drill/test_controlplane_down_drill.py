@@ -24,8 +24,6 @@ from controlplane.drill.runner import DrillRunner, HttpEventReader
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
 
-pytestmark = pytest.mark.e2e
-
 
 def test_gateways_serve_on_the_last_good_snapshot_while_the_control_plane_is_silent(
         controlplane, snapshot_fleet, tmp_path):

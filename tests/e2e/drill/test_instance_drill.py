@@ -27,8 +27,6 @@ from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
 from tests.e2e.drill.conftest import faults
 
-pytestmark = pytest.mark.e2e
-
 CLEAR = {"exit_after_tokens": None, "hang_after_tokens": None, "token_delay_ms": 0.0, "first_token_delay_ms": 0.0,
          "fail_next_requests": 0, "corrupt_weights": False}
 

@@ -11,7 +11,6 @@ when Redis answers again; a new stream during the outage is refused with
 
 from __future__ import annotations
 
-import pytest
 
 from common.clock import SystemClock
 from controlplane.db import session_scope
@@ -19,8 +18,6 @@ from controlplane.drill import service
 from controlplane.drill.runner import DrillRunner, HttpEventReader
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
-
-pytestmark = pytest.mark.e2e
 
 
 def test_streams_in_flight_survive_a_silent_redis_as_documented(controlplane, redis_fleet, tmp_path):

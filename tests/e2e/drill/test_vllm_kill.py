@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from controlplane.drill.fleet import FileFleet, FleetFile
 
@@ -27,7 +26,6 @@ def fleet(tmp_path: Path) -> FileFleet:
                    "pid_file": str(tmp_path / "vllm-0.pid")}}}), sleep=lambda s: None)
 
 
-@pytest.mark.e2e
 def test_a_vllm_kill_takes_its_engine_core_too(tmp_path: Path) -> None:
     """A process in a session of its own with a child, as vLLM's API server and its engine core."""
     server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "

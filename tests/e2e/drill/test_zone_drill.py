@@ -27,8 +27,6 @@ from controlplane.drill.runner import DrillRunner, HttpEventReader
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
 
-pytestmark = pytest.mark.e2e
-
 ZONE_A = ("a-0", "a-1")
 
 

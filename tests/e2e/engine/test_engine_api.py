@@ -13,8 +13,6 @@ import pytest
 from contract.sampling import Sampling, identify_request, sampling_from_answer
 from tests.support.sse import complete, stream_completion
 
-pytestmark = pytest.mark.e2e
-
 MODEL = "tiny-seed0"
 PROMPT = "The standby region serves every request"
 

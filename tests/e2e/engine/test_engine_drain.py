@@ -9,14 +9,11 @@ import time
 import uuid
 
 import httpx
-import pytest
 from httpx_sse import connect_sse
 
 from contract.identity import DRAINING_ERROR_TYPE
 from contract.lease import RedisLeaseReader
 from tests.support.sse import complete
-
-pytestmark = pytest.mark.e2e
 
 BODY = {"model": "tiny-seed0", "prompt": "Drain the zone before the upgrade", "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}

@@ -15,12 +15,9 @@ from __future__ import annotations
 import threading
 
 import httpx
-import pytest
 
 from lifeline.processes import LEASE_TOKEN, GatewayProcess, free_port, gateway_config
 from tests.support.sse import stream_completion
-
-pytestmark = pytest.mark.e2e
 
 AUTH = {"Authorization": f"Bearer {LEASE_TOKEN}"}
 BODY = {"model": "tiny", "prompt": "The agent holds this lease", "max_tokens": 12, "temperature": 0.0,

@@ -8,8 +8,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 MODEL = "tiny-seed0"
 DEEP = b'{"model": "tiny-seed0", "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
 SURROGATE_PROMPT = b'{"model": "tiny-seed0", "prompt": "cut over \\ud800 now", "max_tokens": 2}'

@@ -15,8 +15,6 @@ from httpx_sse import connect_sse
 from contract.identity import EngineIdentity, weights_digest
 from tests.support.sse import complete, stream_completion
 
-pytestmark = pytest.mark.e2e
-
 BODY = {"model": "tiny-seed0", "prompt": "Cut over the primary region", "max_tokens": 24,
         "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 

@@ -6,11 +6,8 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from tests.support.sse import StreamResult, complete, stream_completion
-
-pytestmark = pytest.mark.e2e
 
 BOUND_S = 1.0
 BODY = {"model": "tiny-seed0", "prompt": "Cut over the primary region", "max_tokens": 24,

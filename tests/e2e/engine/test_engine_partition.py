@@ -20,8 +20,6 @@ import pytest
 from contract.lease import RedisLeaseReader
 from tests.support.sse import complete
 
-pytestmark = pytest.mark.e2e
-
 REDIS = ("127.0.0.1", 6379)
 BODY = {"model": "tiny-seed0", "prompt": "Fence the partitioned engine", "max_tokens": 12,
         "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}

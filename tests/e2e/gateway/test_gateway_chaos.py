@@ -20,8 +20,6 @@ from httpx_sse import connect_sse
 from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, stream
 
-pytestmark = pytest.mark.e2e
-
 MAX_TOKENS = 48
 GREEDY = {"model": "tiny", "prompt": "When a region is lost the gateway", "max_tokens": MAX_TOKENS,
           "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}

@@ -17,8 +17,6 @@ import pytest
 from tests.e2e.gateway.conftest import direct_tokens, stream
 from lifeline.processes import gateway_config
 
-pytestmark = pytest.mark.e2e
-
 MAX_TOKENS = 24
 PROMPT = "The standby region takes over when"
 GREEDY = {"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}

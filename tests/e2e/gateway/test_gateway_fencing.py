@@ -24,8 +24,6 @@ from httpx_sse import connect_sse
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, resume
 from lifeline.processes import gateway_config
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BODY = {"model": "tiny", "prompt": "The paused replica wakes up", "max_tokens": 40, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}

@@ -13,8 +13,6 @@ import redis
 from tests.e2e.gateway.conftest import direct_tokens, resume, stream
 from lifeline.processes import gateway_config
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BODY = {"model": "tiny", "prompt": "A burst arrives", "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 

@@ -17,8 +17,6 @@ import redis
 from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import resume, stream
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BODY = {"model": "tiny", "prompt": "A client resumes with garbage", "max_tokens": 24, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}

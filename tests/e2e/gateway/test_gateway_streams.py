@@ -12,8 +12,6 @@ import pytest
 from tests.e2e.gateway.conftest import direct_tokens, resume, stream
 from lifeline.processes import LEASE_TOKEN, gateway_config, scrape_metric
 
-pytestmark = pytest.mark.e2e
-
 BODY = {"model": "tiny", "prompt": "Leases lapse, generations grow", "max_tokens": 32, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}
 

@@ -14,7 +14,6 @@ import signal
 import threading
 
 import httpx
-import pytest
 
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
@@ -26,8 +25,6 @@ from tests.e2e.holder.conftest import (
     wait_for,
     weights_origin,
 )
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
 

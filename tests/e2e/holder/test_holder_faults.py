@@ -13,12 +13,9 @@ import signal
 import threading
 
 import httpx
-import pytest
 
 from lifeline.processes import scrape_metric
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, wait_for, weights_origin
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 16
 

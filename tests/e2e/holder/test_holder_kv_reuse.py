@@ -14,12 +14,9 @@ import json
 import signal
 
 import httpx
-import pytest
 
 from lifeline.processes import scrape_metric
 from tests.e2e.holder.conftest import completion_tokens, prompt_ids, wait_for, weights_origin
-
-pytestmark = pytest.mark.e2e
 
 BLOCK = 16
 MAX_TOKENS = 24

@@ -21,13 +21,10 @@ import subprocess
 from dataclasses import dataclass
 
 import httpx
-import pytest
 
 from contract.standby import StandbyPrime
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, wait_for
 from warm_pool.driver import LocalDriver
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
 VERSION = "tiny-v1"

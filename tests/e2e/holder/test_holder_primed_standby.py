@@ -20,13 +20,10 @@ import json
 import signal
 
 import httpx
-import pytest
 
 from contract.standby import StandbyPrime
 from lifeline.processes import free_port, scrape_metric
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, weights_origin
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 import signal
 
 import httpx
-import pytest
 
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, weights_origin
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
 

@@ -24,8 +24,6 @@ from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from tests.e2e.kv.conftest import PROMPT, log_records, metric, prompt_ids, tokens
 from tests.e2e.holder.conftest import fleet_factory, wait_for, weights_origin  # noqa: F401 - fleet_factory: a fixture
 
-pytestmark = pytest.mark.e2e
-
 BLOCK = 16
 EVERY = 8
 MAX_TOKENS = 32
@@ -148,7 +146,6 @@ def test_a_survivor_with_a_holder_imports_into_the_holders_pool(fleet_factory, u
     assert committed + response.json()["choices"][0]["token_ids"] == expected
     assert metric(survivor, "lifeline_engine_kv_imported_tokens_total") == checkpoint_blocks * BLOCK
     assert holder.state()["kv"]["committed"] - committed_before >= checkpoint_blocks
-
 
 
 @pytest.mark.parametrize("backend", ["filesystem", "s3"])

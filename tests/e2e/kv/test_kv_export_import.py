@@ -15,8 +15,6 @@ import pytest
 from lifeline.processes import built_model
 from tests.e2e.kv.conftest import PROMPT, kv_summary, log_records, metric, prompt_ids, tokens
 
-pytestmark = pytest.mark.e2e
-
 BLOCK = 16
 ADMIN = ["--enable-kv-admin"]
 

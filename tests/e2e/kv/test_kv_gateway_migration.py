@@ -20,8 +20,6 @@ from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import cluster_factory, stream  # noqa: F401 - cluster_factory: a fixture
 from tests.e2e.kv.conftest import PROMPT, metric, prompt_ids, tokens
 
-pytestmark = pytest.mark.e2e
-
 BLOCK = 16
 EVERY = 8
 MAX_TOKENS = 40

@@ -27,8 +27,6 @@ from lifeline.daemons import RedisSentinelLab
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 from tests.e2e.gateway.conftest import direct_tokens, stream
 
-pytestmark = pytest.mark.e2e
-
 BODY = {"model": "tiny", "prompt": "Redis fails over under a stream", "max_tokens": 120, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True}
 CLIENTS = 8

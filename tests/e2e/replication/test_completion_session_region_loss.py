@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from tokenizers import Tokenizer
 
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
@@ -38,8 +37,6 @@ from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape
 from tests.e2e.kv.conftest import prompt_ids
 from tests.e2e.replication.conftest import wait_for
 from tests.e2e.replication.test_replication_celery import set_policy, status_of
-
-pytestmark = pytest.mark.e2e
 
 BLOCK = 16
 MAX_TOKENS = 24

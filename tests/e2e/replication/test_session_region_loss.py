@@ -27,15 +27,12 @@ import signal
 from typing import Any
 
 import httpx
-import pytest
 
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionRecord, SessionStore
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.e2e.replication.conftest import wait_for
 from tests.e2e.replication.test_replication_celery import set_policy
-
-pytestmark = pytest.mark.e2e
 
 BLOCK = 16
 MAX_TOKENS = 24

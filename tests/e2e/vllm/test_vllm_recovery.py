@@ -32,8 +32,6 @@ from contract.sampling import Sampling, identify_request, sampling_from_answer
 from tests.e2e.vllm.conftest import REGION, SERVED, VllmStack, stream, until
 from tests.support.sse import StreamResult
 
-pytestmark = pytest.mark.e2e
-
 MAX_TOKENS = 200
 ROUNDS_PER_SIGNAL = 5  # x 4 streams per round: 20 moved streams per signal
 

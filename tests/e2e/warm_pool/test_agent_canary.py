@@ -30,8 +30,6 @@ from contract.lease import RedisLeaseReader
 from lifeline.processes import free_port, scrape_metric, wait_for_http_ok
 from warm_pool.probe import record_canary
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-canary"
 

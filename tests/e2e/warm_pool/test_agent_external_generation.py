@@ -26,15 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import redis
 import yaml
 
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.sse import StreamResult, stream_completion
-
-pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-extgen"

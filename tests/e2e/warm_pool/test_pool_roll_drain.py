@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 from httpx_sse import aconnect_sse
 
 from tests.support.pool_agent import AliasSnapshots, ticking_agent
@@ -27,13 +26,10 @@ from tests.support.waiting import until
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-drain"
 PROMPT = [11, 42, 7, 99, 5]
 MAX_TOKENS = 400  # at 250 ms a token, far longer than v2's start and the grace; the delay is lifted once seen
-
 
 
 async def stream_tokens(http: httpx.AsyncClient, url: str, first_token: asyncio.Event | None = None) -> list[int]:

@@ -17,21 +17,17 @@ import shutil
 import uuid
 from pathlib import Path
 
-import pytest
 
 from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-staged"
 ONE_ZONE_COLD = {"zones": ["x"], "demand_seqs": 2, "demand_tokens_per_s": 50, "context_tokens": 40,
                  "instance_seqs": 4, "instance_tokens_per_s": 100, "instance_prefill_tokens_per_s": 1000,
                  "recovery_target_s": 5.0, "tier": "cold"}
-
 
 
 async def test_a_loss_never_loads_the_corrupted_staged_copy_and_the_re_synced_one_serves(

@@ -15,18 +15,14 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pytest
 
 from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
-pytestmark = pytest.mark.e2e
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-roll"
-
 
 
 async def test_rollback_after_a_promotion_leases_the_warm_previous_version_and_loads_nothing(

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 
 from lifeline.processes import built_model
 from lifeline.vllm import pool_command
@@ -24,8 +23,6 @@ from tests.support.pool_agent import ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings, ZoneTarget
 from warm_pool.states import InstanceState
-
-pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-vllm-pool"

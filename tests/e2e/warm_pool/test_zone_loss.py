@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.pool_agent import ticking_agent
@@ -29,8 +28,6 @@ from tests.support.waiting import until
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
-
-pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-zone-loss"

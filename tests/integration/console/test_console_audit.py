@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from tests.integration.console.conftest import sign_in
-
-pytestmark = pytest.mark.integration
 
 
 def audit_rows(client: TestClient, admin_secret: str) -> list[dict[str, Any]]:

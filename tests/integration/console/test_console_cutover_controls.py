@@ -33,7 +33,7 @@ from tests.integration.console.conftest import csrf_of, sign_in
 from tests.integration.cutover.test_cutover_support import ScriptedDriver
 from tests.support.controlplane_testing import ON_SQLITE
 
-pytestmark = [pytest.mark.integration, ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
+pytestmark = [ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
 
 EU = Scope(ScopeKind.REGION, "eu", "eu")
 

@@ -11,7 +11,7 @@ from controlplane.drill import service as drill_service
 from tests.integration.console.conftest import sign_in
 from tests.support.controlplane_testing import ON_SQLITE
 
-pytestmark = [pytest.mark.integration, ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
+pytestmark = [ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
 
 ZONE_DRILL = {"name": "lose-eu-a", "model": "m", "scope": "zone", "fault": "zone_loss",
               "blast_radius": {"region": "eu", "zones": ["eu-a"]}}

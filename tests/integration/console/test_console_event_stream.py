@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import pytest
 from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
@@ -18,7 +17,7 @@ from controlplane.event.repository import EventFilter
 from tests.integration.console.conftest import sign_in
 from tests.support.controlplane_testing import ON_SQLITE
 
-pytestmark = [pytest.mark.integration, ON_SQLITE]
+pytestmark = ON_SQLITE
 
 
 class StreamRequest:

@@ -35,7 +35,7 @@ from tests.support.controlplane_testing import ON_SQLITE
 from weight_catalog import aliases as catalog_aliases
 from weight_catalog.models import AliasMove
 
-pytestmark = [pytest.mark.integration, ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
+pytestmark = [ON_SQLITE, pytest.mark.usefixtures("topology_eu")]
 
 ZONE_DRILL = {"name": "lose-eu-a", "model": "m", "scope": "zone", "fault": "zone_loss",
               "blast_radius": {"region": "eu", "zones": ["eu-a"]}}

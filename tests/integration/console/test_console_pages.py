@@ -26,7 +26,7 @@ from weight_catalog import aliases as catalog_aliases
 from weight_catalog import service as catalog_service
 from weight_catalog.store import open_store
 
-pytestmark = [pytest.mark.integration, ON_SQLITE]
+pytestmark = ON_SQLITE
 
 
 def audit_rows(session_factory: Any) -> list[tuple[str, str, str, int | None]]:

@@ -22,8 +22,6 @@ from contract.lease import LeaseExpired, Registration, RedisLeaseRegistry, Stale
 from contract.sampling import Sampling
 from controlplane.topology.lease import RedisLeaseReader
 
-pytestmark = pytest.mark.integration
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 

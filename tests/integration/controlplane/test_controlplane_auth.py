@@ -2,14 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from controlplane.auth.models import ApiToken, AuditRecord
 from controlplane.db import session_scope
-
-pytestmark = pytest.mark.integration
 
 
 def test_request_without_token_is_401_with_typed_error(client: TestClient) -> None:

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-pytestmark = pytest.mark.integration
-
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "controlplane.md"
 
 

@@ -25,8 +25,6 @@ from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.processes import free_port
 from tests.support.freezing_proxy import FreezingProxy
 
-pytestmark = pytest.mark.integration
-
 BEARER = {"Authorization": "Bearer llt_whatever"}
 
 

@@ -9,8 +9,6 @@ from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def history(client: TestClient, as_role: Any, clock: ManualClock) -> None:

@@ -11,8 +11,6 @@ from fastapi.testclient import TestClient
 from common.clock import ManualClock
 from contract.events import DataPlaneEvent, EventBatch, GatewayReport, LiveEndpoint
 
-pytestmark = pytest.mark.integration
-
 
 def report(replica: str, version: int | None, at: datetime, **extra: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {

@@ -21,8 +21,6 @@ from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
 
-pytestmark = pytest.mark.integration
-
 JSON = {"Content-Type": "application/json"}
 
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-
-pytestmark = pytest.mark.integration
 
 
 def requests_total(client: TestClient) -> dict[tuple[str, str, str], float]:

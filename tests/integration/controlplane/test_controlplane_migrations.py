@@ -11,8 +11,6 @@ from controlplane.schema import downgrade, metadata, upgrade
 
 from tests.support.controlplane_testing import throwaway_database
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_migrations_upgrade_empty_database_to_head_and_back(backend: str, tmp_path: Path) -> None:

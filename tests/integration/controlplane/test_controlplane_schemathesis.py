@@ -22,8 +22,6 @@ from schemathesis import GenerationMode
 from controlplane.config import ControlPlaneSettings
 from lifeline.daemons import MotoServer
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def moto_s3() -> Iterator[MotoServer]:

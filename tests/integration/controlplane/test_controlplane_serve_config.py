@@ -11,8 +11,6 @@ import pytest
 
 from lifeline.processes import free_port
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize(("text", "key"), [
     pytest.param('[dns]\nzone = "lifeline.test."\nname = "api.lifeline.test."\nttl_seconds = 60\n', "dns.ttl_seconds",

@@ -38,8 +38,6 @@ from controlplane.topology import service as topology
 from tests.support.controlplane_testing import throwaway_database
 from tests.support.freezing_proxy import FreezingProxy
 
-pytestmark = pytest.mark.integration
-
 
 def bounded(call: Any, limit_s: float = 60.0) -> Any:
     """`call()`'s result, or the exception it raised; an AssertionError if it is still running after `limit_s`."""

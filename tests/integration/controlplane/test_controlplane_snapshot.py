@@ -8,8 +8,6 @@ from fastapi.testclient import TestClient
 
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 
 def test_snapshot_version_grows_with_each_routing_change_and_etag_gives_304(client: TestClient, as_role: Any) -> None:
     viewer, op = as_role("viewer"), as_role("operator")

@@ -28,8 +28,6 @@ from common.clock import ManualClock
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.support.controlplane_seed import seed_fleet
 
-pytestmark = pytest.mark.integration
-
 # "2026-01-01T00:00:00", with a date-time separator and at least minutes: what an ISO-8601 date-time starts with.
 DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?")
 WITH_OFFSET = re.compile(r"(Z|[+-]\d{2}:\d{2})$")

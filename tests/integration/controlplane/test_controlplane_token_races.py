@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from tests.integration.weight_catalog.test_catalog_races import RACERS, race
-
-pytestmark = pytest.mark.integration
 
 
 def _bearer(secret: str) -> dict[str, str]:

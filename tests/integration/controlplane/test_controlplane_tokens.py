@@ -20,8 +20,6 @@ from common.clock import ManualClock
 from controlplane.db import session_scope
 from lifeline.cli import app
 
-pytestmark = pytest.mark.integration
-
 
 def _bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}

@@ -10,8 +10,6 @@ from common.clock import ManualClock
 from contract.lease import Lease
 from controlplane.topology.lease import InMemoryLeaseReader
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def declared(client: TestClient, as_role: Any) -> None:

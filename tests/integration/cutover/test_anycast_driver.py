@@ -9,8 +9,6 @@ import pytest
 from cutover.driver import AnycastState, AnycastTarget, DriverRejected, DriverUnavailable, VerificationFailed
 from tests.integration.cutover.conftest import SERVICE_PREFIX, AnycastLab
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = timedelta(seconds=10)
 
 

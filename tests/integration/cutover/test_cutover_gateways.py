@@ -25,7 +25,7 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     topology_two_regions,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")
 

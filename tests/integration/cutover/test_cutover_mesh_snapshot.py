@@ -19,7 +19,7 @@ from gateway import mesh as gateway_mesh
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 CATALOG = "/api/v1/catalog/models/m"
 SPLIT = {"model": "m", "reason": "1% canary in eu-a",

@@ -30,7 +30,7 @@ from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.cutover.conftest import AnycastLab, HaproxyLab
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 LAB_ZONE = {"eu-a": "zone-a", "eu-b": "zone-b"}
 

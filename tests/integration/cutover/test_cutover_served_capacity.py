@@ -26,7 +26,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 PLANS = """
 [[capacity.plans]]

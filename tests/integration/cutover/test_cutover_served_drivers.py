@@ -24,7 +24,7 @@ from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 
 def _drivers_file(tmp_path: Path, bind: BindServer, lab: HaproxyLab) -> Path:

@@ -24,7 +24,7 @@ from tests.integration.cutover.conftest import REGION_A, REGION_B
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 from tests.integration.cutover.test_dns_drivers import EXTERNAL, INTERNAL, ZONE, route53_emulator  # noqa: F401
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 
 @pytest.fixture

@@ -21,8 +21,6 @@ from lifeline.processes import free_port
 from tests.integration.cutover.conftest import REGION_A, REGION_B
 from lifeline.daemons import MotoServer, BindServer
 
-pytestmark = pytest.mark.integration
-
 ZONE = "lifeline.test."
 EXTERNAL = DnsTarget(zone=ZONE, name="api.lifeline.test.")
 INTERNAL = DnsTarget(zone=ZONE, name="api.internal.lifeline.test.")

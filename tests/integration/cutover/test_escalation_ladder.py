@@ -31,7 +31,7 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     topology_two_regions,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
 ENGINE = Scope(ScopeKind.INSTANCE, "eu", "engine-7")
 EU = Scope(ScopeKind.REGION, "eu", "eu")

@@ -10,8 +10,6 @@ import pytest
 from cutover.driver import DriverRejected, DriverUnavailable, L7State, L7Target, VerificationFailed
 from tests.integration.cutover.conftest import HaproxyLab
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = timedelta(seconds=5)
 
 

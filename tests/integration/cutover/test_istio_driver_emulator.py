@@ -32,8 +32,6 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     topology_two_regions,
 )
 
-pytestmark = pytest.mark.integration
-
 NS = "serving"
 HOST = "llm.serving.svc.cluster.local"
 TIMEOUT = timedelta(seconds=2)

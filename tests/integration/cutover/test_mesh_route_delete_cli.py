@@ -19,7 +19,7 @@ from cutover.cli import cutover_app
 from tests.integration.cutover.test_cutover_mesh_snapshot import SPLIT, catalog  # noqa: F401 - fixture
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("topology_two_regions", "catalog")]
+pytestmark = pytest.mark.usefixtures("topology_two_regions", "catalog")
 
 
 def _version(client: TestClient, as_role: Any) -> int:

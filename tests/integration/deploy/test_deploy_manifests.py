@@ -32,8 +32,6 @@ from gateway.settings import GatewaySettings
 from lifeline.cli import app as lifeline_app
 from warm_pool.settings import AgentSettings
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[3]
 OVERLAYS = ROOT / "deploy" / "overlays"
 KUBERNETES_VERSION = "1.33.0"

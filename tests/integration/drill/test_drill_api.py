@@ -12,8 +12,6 @@ from controlplane.drill import service
 from controlplane.drill.errors import ApprovalRequired, DrillRunChanged, InvalidTransition
 from controlplane.drill.states import DrillRunEvent
 
-pytestmark = pytest.mark.integration
-
 INSTANCE = {"name": "kill-one", "model": "tiny", "scope": "instance", "fault": "sigkill",
             "blast_radius": {"region": "local", "instances": ["victim"]}}
 ZONE = {"name": "lose-zone-a", "model": "tiny", "scope": "zone", "fault": "zone_loss",

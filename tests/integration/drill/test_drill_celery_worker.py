@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 
 from controlplane.celery_app import create_celery
 from controlplane.config import ControlPlaneSettings
@@ -22,8 +21,6 @@ from controlplane.db import session_scope
 from controlplane.drill import service
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.tasks import SCHEDULE_DUE
-
-pytestmark = pytest.mark.integration
 
 BROKER = os.environ.get("LIFELINE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 ROOT = Path(__file__).resolve().parents[3]

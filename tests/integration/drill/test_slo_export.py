@@ -6,7 +6,6 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from controlplane.db import session_scope
@@ -15,8 +14,6 @@ from controlplane.drill.cli import drill_app
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunEvent
 from controlplane.slo.cli import slo_app
-
-pytestmark = pytest.mark.integration
 
 SPEC = {"name": "kill-one", "model": "tiny", "scope": "instance", "fault": "sigkill",
         "blast_radius": {"region": "local", "instances": ["victim"]},

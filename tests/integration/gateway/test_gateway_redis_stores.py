@@ -14,8 +14,6 @@ from gateway.stream_status import StreamEvent, StreamStatus
 from gateway.token_log import Frame
 from gateway.token_log_redis import RedisTokenLog
 
-pytestmark = pytest.mark.integration
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
@@ -24,8 +23,6 @@ from gateway.sessions import SessionKeeper
 from gateway.settings import SessionsConfig
 from gateway.snapshot_source import PollOutcome, SnapshotSource
 from gateway.snapshot_table import SnapshotRouting
-
-pytestmark = pytest.mark.integration
 
 SECRET = "redis://:hunter2@127.0.0.1:6379/0?key_prefix=standby:"
 

@@ -13,8 +13,6 @@ from gateway.artifacts import ArtifactLoader, ArtifactVerificationFailed
 from lifeline.daemons import MotoServer
 from tests.support.snapshot_artifacts import write_version
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:

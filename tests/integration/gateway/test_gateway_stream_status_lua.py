@@ -19,8 +19,6 @@ from gateway.stream_status import InvalidTransition, StreamEvent, StreamStatus, 
 from gateway.token_log import Frame, MemoryTokenLog
 from gateway.token_log_redis import RedisTokenLog
 
-pytestmark = pytest.mark.integration
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 PAIRS = list(itertools.product(StreamStatus, StreamEvent))
 

@@ -30,8 +30,6 @@ from engine.prefix_cache import LocalPrefixCache
 from engine.runtime import compute_weights_digest
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.integration
-
 REDIS = "redis://127.0.0.1:6379/0"
 
 
@@ -132,8 +130,6 @@ def test_a_store_that_does_not_answer_is_unavailable_not_empty(tmp_path):
         open_kv_store("s3://bucket/p", s3_endpoint_url="http://127.0.0.1:1").get("kv/r/blocks/a.safetensors")
     with pytest.raises(ValueError, match="a KV store is"):
         open_kv_store("ftp://host/x")
-
-
 
 
 def test_a_checkpoint_copies_between_stores_verified_and_idempotent(store_url, tmp_path):

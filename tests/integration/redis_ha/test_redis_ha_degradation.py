@@ -23,8 +23,6 @@ from gateway.token_log_buffered import BufferedTokenLog, TokenLogUnavailable
 from gateway.token_log_redis import RedisTokenLog
 from lifeline.daemons import RedisSentinelLab
 
-pytestmark = pytest.mark.integration
-
 
 def _pause_all(lab: RedisSentinelLab) -> None:
     for node in lab.nodes:
@@ -50,7 +48,6 @@ async def _flushed(log: BufferedTokenLog) -> None:
     while log.held_frames or not log.available:
         assert time.monotonic() < deadline, "held frames were never flushed"
         await asyncio.sleep(0.05)
-
 
 
 async def _register_replicated(registry: RedisLeaseRegistry, registration: Registration, within: float = 15.0) -> Lease:

@@ -18,8 +18,6 @@ from contract.lease import NotReplicated, RedisLeaseReader, RedisLeaseRegistry, 
 from engine.lease_client import RedisLeaseTransport, RegistryUnreachable, transport_for
 from lifeline.daemons import RedisSentinelLab
 
-pytestmark = pytest.mark.integration
-
 REG = Registration("engine-a", "http://127.0.0.1:9001", "tiny-seed0", "local-a", "local")
 
 

@@ -17,8 +17,6 @@ from controlplane.replication.flows import ReadCache
 from controlplane.replication.schemas import ReplicationPolicySpec
 from tests.integration.replication.conftest import write_checkpoint
 
-pytestmark = pytest.mark.integration
-
 
 def policy(session_factory: Any, clock: Any, session_class: str, source: str, target: str | None,
            mode: str = "critical") -> int:

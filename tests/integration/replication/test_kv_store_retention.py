@@ -8,8 +8,6 @@ import pytest
 from contract.kv_checkpoint import KVCheckpointStore, block_key, open_kv_store, redact_kv_store_url, split_manifest_key
 from tests.integration.replication.conftest import ROOT, write_checkpoint
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize("backend", ["filesystem", "redis", "s3"])
 def test_old_checkpoints_are_listed_by_age_and_deleted_keeping_shared_blocks(store_urls, backend):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -12,8 +11,6 @@ from controlplane.auth.models import AuditRecord
 from controlplane.db import session_scope
 from controlplane.event.models import Event
 from controlplane.replication.cli import replication_app
-
-pytestmark = pytest.mark.integration
 
 DESTINATION = "redis://:hunter2@127.0.0.1:6379/0?key_prefix=standby:"
 

@@ -19,8 +19,6 @@ from controlplane.replication.cli import replication_app
 from tests.integration.replication.conftest import ROOT, write_checkpoint
 from tests.integration.replication.test_replication_flows import make_policy
 
-pytestmark = pytest.mark.integration
-
 
 def corrupt_block(store: KVCheckpointStore, key: str, index: int = 1) -> bytes:
     """Flip a byte of one block at the source; the block's original bytes."""

@@ -13,8 +13,6 @@ from controlplane.replication import flows, service, tasks
 from controlplane.replication.schemas import ReplicationPolicySpec
 from tests.integration.replication.conftest import ROOT, write_checkpoint
 
-pytestmark = pytest.mark.integration
-
 
 def make_policy(session_factory: Any, clock: Any, source: str, target: str, **extra: Any) -> int:
     spec = ReplicationPolicySpec(model="tiny", session_class="chat", mode="critical", rpo_context_seconds=60,

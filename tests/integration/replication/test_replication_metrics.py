@@ -16,8 +16,6 @@ from tests.integration.replication.conftest import write_checkpoint
 from tests.integration.replication.test_replication_dead_letters import corrupt_block, dead_letter
 from tests.integration.replication.test_replication_flows import make_policy
 
-pytestmark = pytest.mark.integration
-
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """(sample name without the prefix, labels other than model/session_class/destination) → value."""

@@ -7,8 +7,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-pytestmark = pytest.mark.integration
-
 SECRET_URL = "redis://:hunter2@127.0.0.1:6379/0?key_prefix=standby:"
 
 

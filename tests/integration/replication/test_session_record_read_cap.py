@@ -17,8 +17,6 @@ from controlplane.replication.exposition import PREFIX, ReplicationCollector
 from controlplane.replication.flows import ReadCache
 from tests.integration.replication.test_replication_flows import make_policy
 
-pytestmark = pytest.mark.integration
-
 CAP = 3
 RECORDS = 7  # more than two sweeps' share
 

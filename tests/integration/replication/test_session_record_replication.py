@@ -36,8 +36,6 @@ from tests.integration.replication.conftest import ROOT, write_checkpoint
 from tests.integration.replication.test_replication_flows import current_status, make_policy
 from tests.integration.replication.test_replication_metrics import scrape
 
-pytestmark = pytest.mark.integration
-
 POLICY = {"model": "tiny", "session_class": "chat", "mode": "critical", "rpo_context_seconds": 60,
           "rpo_context_turns": 0, "revision": 1}
 HEADERS = {"x-session-id": "s1", "x-session-class": "chat"}

@@ -23,8 +23,6 @@ from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunEvent
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 CATALOG = "/api/v1/catalog/models/tiny"
 
 

@@ -24,8 +24,6 @@ from contract.lease import RedisLeaseReader, RedisLeaseRegistry
 from warm_pool.agent import Agent
 from warm_pool.settings import AgentSettings
 
-pytestmark = pytest.mark.integration
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 

@@ -30,8 +30,6 @@ from warm_pool.kubernetes_driver import LABEL_INSTANCE, KubernetesDriver
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
-pytestmark = pytest.mark.integration
-
 NS = "lifeline"
 ZONES = {"a": {"serving": 1, "warm": 1}, "b": {"serving": 1, "warm": 0}}
 

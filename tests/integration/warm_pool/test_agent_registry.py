@@ -13,14 +13,11 @@ import uuid
 from datetime import timedelta
 
 import httpx
-import pytest
 
 from common.clock import SystemClock
 from contract.lease import RedisLeaseReader, RedisLeaseRegistry
 from warm_pool.agent import Agent
 from warm_pool.settings import AgentSettings
-
-pytestmark = pytest.mark.integration
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 IDENTITY = {"instance_id": "vllm-7", "generation": 1, "boot_generation": 1, "model": "v9", "weights_digest": "sha256:x",

@@ -19,8 +19,6 @@ from common.clock import ManualClock
 from contract.events import AgentInstance, AgentReport, DataPlaneEvent, EventBatch
 from tests.unit.warm_pool.test_pool_agent import Fleet, ScriptedEngine, make_agent, settle
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def agent_token(tokens: dict[str, str], session_factory: Any, clock: ManualClock) -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
@@ -26,8 +25,6 @@ from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
 from tests.unit.warm_pool.test_pool_staging import PLAN_INPUTS
 from warm_pool.events import EventShipper
 from warm_pool.report import ReportSender
-
-pytestmark = pytest.mark.integration
 
 
 async def test_a_cold_pool_reports_its_staged_version_verified_then_the_corrupted_shard(

@@ -35,8 +35,6 @@ from warm_pool.budget import ProbeBudget
 from warm_pool.events import EventShipper
 from warm_pool.settings import AgentSettings
 
-pytestmark = pytest.mark.integration
-
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r1"
 

@@ -25,8 +25,6 @@ from warm_pool.kubernetes_driver import (
     PoolObjectInvalid,
 )
 
-pytestmark = pytest.mark.integration
-
 NS = "lifeline"
 
 

@@ -11,8 +11,6 @@ from typer.testing import CliRunner
 
 from warm_pool.cli import pool_app
 
-pytestmark = pytest.mark.integration
-
 INPUTS: dict[str, Any] = dict(region="eu-1", zones="a,b,c", demand_seqs=200, demand_tokens_per_s=5000,
                               context_tokens=1000, instance_seqs=32, instance_tokens_per_s=800,
                               instance_prefill_tokens_per_s=4000, headroom=1.2, recovery_target_s=10,

@@ -22,8 +22,6 @@ from fastapi.testclient import TestClient
 
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 ALIASES = ("prod", "canary", "shadow", "blue")
 ROUNDS = 12

@@ -14,8 +14,6 @@ from controlplane.errors import LifelineError
 from tests.support.controlplane_testing import write_artifact
 from weight_catalog import aliases
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 
 

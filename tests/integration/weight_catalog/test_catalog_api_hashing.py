@@ -21,8 +21,6 @@ from fastapi.testclient import TestClient
 from tests.support.controlplane_testing import write_artifact
 from weight_catalog import hashing, service, verify
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 
 

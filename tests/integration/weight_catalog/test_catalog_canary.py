@@ -20,8 +20,6 @@ from typer.testing import CliRunner
 from lifeline.cli import app
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 VERSION = "tiny-seed0"  # the engine's served name: the tiny model's directory
 
 

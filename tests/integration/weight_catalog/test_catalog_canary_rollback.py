@@ -23,8 +23,6 @@ from tests.support.controlplane_testing import write_artifact
 from weight_catalog import canary
 from weight_catalog.models import WeightVersion
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 RECORD = {"prompt_token_ids": [1, 2, 3], "output_token_ids": [7, 8, 9], "max_ttft_s": 2.0}
 

@@ -15,8 +15,6 @@ from controlplane.db import session_scope
 from tests.support.controlplane_testing import write_artifact
 from lifeline.cli import app
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def lifeline(database_url: str, session_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -31,8 +31,6 @@ from weight_catalog import aliases, known_issues
 from weight_catalog.errors import CriticalKnownIssue
 from weight_catalog.models import Severity
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 
 

@@ -18,8 +18,6 @@ from fastapi.testclient import TestClient
 
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 BASE = "/api/v1/catalog/models/llama"
 RACERS = 8
 

@@ -13,8 +13,6 @@ from fastapi.testclient import TestClient
 from controlplane.config import ControlPlaneSettings
 from tests.support.controlplane_testing import write_artifact
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path, moto_s3: Any, monkeypatch: pytest.MonkeyPatch) -> ControlPlaneSettings:

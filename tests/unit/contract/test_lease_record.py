@@ -4,8 +4,6 @@ import pytest
 
 from contract.lease import Lease, LeaseKeys
 
-pytestmark = pytest.mark.unit
-
 
 def test_lease_record_round_trips_through_its_json() -> None:
     lease = Lease("e1", 7, "http://e1:8000", "tiny-seed0", "eu-1a", "eu", expires_at=1_800_000_000.25)

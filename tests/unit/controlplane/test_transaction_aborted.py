@@ -9,8 +9,6 @@ from sqlalchemy.exc import OperationalError
 
 from controlplane.errors import install_error_handlers
 
-pytestmark = pytest.mark.unit
-
 
 class DriverError(Exception):
     def __init__(self, sqlstate: str | None) -> None:

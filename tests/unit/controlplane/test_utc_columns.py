@@ -9,13 +9,10 @@ the symptom; this finds the cause before any row is written.
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import DateTime
 
 from controlplane.db import UTCDateTime
 from controlplane.schema import metadata
-
-pytestmark = pytest.mark.unit
 
 
 def test_every_datetime_column_is_utc_datetime() -> None:

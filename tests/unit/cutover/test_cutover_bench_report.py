@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 
 from bench.cutover import EU, ZONE_A, Row, report
 from cutover.models import CutoverTier
-
-pytestmark = pytest.mark.unit
 
 
 def _row(tier: CutoverTier, seconds: float, ttl: int | None = None) -> Row:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 
 from cutover.capacity import WarmPoolCapacity
 from cutover.models import ScopeKind
 from cutover.tiers import Scope
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
-
-pytestmark = pytest.mark.unit
 
 
 def region_plan(region: str, zones: tuple[str, ...], seqs: float) -> object:

@@ -11,8 +11,6 @@ from cutover.driver_config import CutoverDriverConfigError, build_drivers, load
 from cutover.models import CutoverTier, ScopeKind, TargetState
 from cutover.tiers import Scope
 
-pytestmark = pytest.mark.unit
-
 EU, EU_A, ENGINE = (Scope(ScopeKind.REGION, "eu", "eu"), Scope(ScopeKind.ZONE, "eu", "eu-a"),
                     Scope(ScopeKind.INSTANCE, "eu", "engine-7"))
 

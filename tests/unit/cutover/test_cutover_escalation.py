@@ -10,8 +10,6 @@ from cutover.models import CutoverTier as T
 from cutover.models import ScopeKind
 from cutover.tiers import Scope
 
-pytestmark = pytest.mark.unit
-
 ENGINE = Scope(ScopeKind.INSTANCE, "eu", "engine-7")
 EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")
 EU = Scope(ScopeKind.REGION, "eu", "eu")

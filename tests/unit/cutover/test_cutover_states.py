@@ -9,8 +9,6 @@ import pytest
 from cutover.errors import InvalidTransition
 from cutover.states import ACTIVE_STATES, TERMINAL_STATES, TRANSITIONS, CutoverEvent, CutoverState, transition
 
-pytestmark = pytest.mark.unit
-
 S, E = CutoverState, CutoverEvent
 
 LEGAL = [

@@ -13,8 +13,6 @@ from cutover.drivers.polling import PollingDriver
 from cutover.models import CutoverTier, ScopeKind, TargetState
 from cutover.tiers import Scope, TierDriverAdapter, describe_target, event_tier
 
-pytestmark = pytest.mark.unit
-
 ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.2")
 
 

@@ -24,8 +24,6 @@ from gateway.settings import GatewaySettings
 from gateway.snapshot_table import SnapshotLeaseView, SnapshotRouting, SnapshotTable
 from tests.support.snapshot_artifacts import snapshot_body, write_version
 
-pytestmark = pytest.mark.unit
-
 
 def _route(cohort: str | None = None, region: str | None = None, **weights: int) -> dict[str, Any]:
     return {"model": "tiny", "region": region, "cohort": cohort,

@@ -14,8 +14,6 @@ from controlplane.drill.schemas import BlastRadius, DrillSpec
 from controlplane.drill.service import is_due
 from controlplane.drill.states import DrillScope
 
-pytestmark = pytest.mark.unit
-
 
 def spec(**overrides):
     body = {"name": "kill-one", "model": "tiny", "scope": "instance", "fault": "sigkill",

@@ -10,8 +10,6 @@ import pytest
 from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 
-pytestmark = pytest.mark.unit
-
 
 def test_without_a_fleet_file_runs_stay_scheduled(tmp_path: Path) -> None:
     app = create_app(ControlPlaneSettings(data_dir=tmp_path))

@@ -13,8 +13,6 @@ from controlplane.drill.faults import ControlPlaneDown, RedisDown, ZoneLoss, pla
 from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
 
-pytestmark = pytest.mark.unit
-
 PLACEMENT = {"a-0": "local-a", "a-1": "local-a", "b-0": "local-b"}
 
 

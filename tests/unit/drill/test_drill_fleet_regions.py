@@ -18,8 +18,6 @@ from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
 from controlplane.drill.tiers import DnsObserver
 
-pytestmark = pytest.mark.unit
-
 ANSWERS = {"eu": ["192.0.2.10"], "us": ["198.51.100.10"]}
 
 

@@ -9,8 +9,6 @@ from controlplane.drill.measure import RequestTrace
 from controlplane.drill.runner import stop_condition_tripped
 from controlplane.drill.schemas import StopConditions
 
-pytestmark = pytest.mark.unit
-
 
 def trace(index, start, times, ids=None, *, end=None, error=None, epochs=None):
     ids = ids if ids is not None else list(range(len(times)))

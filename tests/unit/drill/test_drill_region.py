@@ -13,8 +13,6 @@ from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
 from controlplane.drill.tiers import CutoverWatch
 
-pytestmark = pytest.mark.unit
-
 ENGINES = {"eu-a-1": "eu-a", "eu-b-1": "eu-b", "us-a-1": "us-a"}
 PLACEMENT = {"eu-a-1": "eu", "eu-b-1": "eu", "us-a-1": "us", "gateway:gw-eu": "eu", "gateway:gw-us": "us",
              "tier:named": "tier"}

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from controlplane.drill.report import export_report, to_markdown
-
-pytestmark = pytest.mark.unit
 
 REPORT = {
     "drill": "kill-one", "version": 2, "run": 7, "model": "tiny", "scope": "instance", "fault": "sigkill",

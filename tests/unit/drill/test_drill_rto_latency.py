@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 from controlplane.drill import measure
 from controlplane.drill.measure import RequestTrace, TtftSample
 
-pytestmark = pytest.mark.unit
-
 TARGET = 0.5
 
 

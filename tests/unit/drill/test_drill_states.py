@@ -15,8 +15,6 @@ from controlplane.drill.states import (
     transition,
 )
 
-pytestmark = pytest.mark.unit
-
 S, E = DrillRunState, DrillRunEvent
 
 

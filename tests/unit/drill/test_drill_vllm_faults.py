@@ -34,7 +34,6 @@ def plan(tmp_path: Path, fault: DrillFault, target: str, scope: DrillScope = Dri
                       target=target, clock=ManualClock(), sleep=lambda s: None)
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(("fault", "says"), [
     (DrillFault.HANG, "a decode hang"),
     (DrillFault.CORRUPT_WEIGHTS, "in-memory weight corruption"),
@@ -47,7 +46,6 @@ def test_a_fault_vllm_has_no_hook_for_is_refused_before_anything(tmp_path: Path,
     assert "stock vLLM" in str(refused.value) and "sigkill" in str(refused.value)
 
 
-@pytest.mark.unit
 def test_kills_plan_on_vllm_and_the_reference_engine_keeps_its_hooks(tmp_path: Path) -> None:
     assert isinstance(plan(tmp_path, DrillFault.SIGKILL, "vllm-0"), InstanceFault)
     assert isinstance(plan(tmp_path, DrillFault.ZONE_LOSS, "a", DrillScope.ZONE), ZoneLoss)

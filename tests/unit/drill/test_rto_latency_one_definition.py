@@ -5,12 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 from controlplane.drill import measure
 from lifeline.demo.scenarios import StreamRun, Traffic
-
-pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = [5, 6, 7]

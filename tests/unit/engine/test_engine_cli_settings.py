@@ -11,8 +11,6 @@ from typer.testing import CliRunner
 from engine.cli import engine_app
 from engine.settings import EngineSettings, FaultSettings
 
-pytestmark = pytest.mark.unit
-
 # Mounted as `lifeline engine` mounts it (a lone command would collapse into the app).
 cli = typer.Typer()
 cli.add_typer(engine_app, name="engine")

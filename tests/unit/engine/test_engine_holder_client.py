@@ -16,8 +16,6 @@ from engine.holder_client import HolderUnavailable, check_compatible, map_weight
 from holder.service import MemoryHolder
 from holder.settings import HolderSettings
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def held(tmp_path: Path):

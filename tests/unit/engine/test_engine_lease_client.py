@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from common.clock import ManualClock
 from engine.lease_client import LeaseClient, LeaseLost, RegistryUnreachable
-
-pytestmark = pytest.mark.unit
 
 TTL = 0.04  # real seconds between renewals stay tiny; lapse decisions read the manual clock
 

@@ -6,8 +6,6 @@ import pytest
 
 from engine.lifecycle import TRANSITIONS, EngineStatus, InvalidTransition, LifecycleEvent, transition
 
-pytestmark = pytest.mark.unit
-
 S, E = EngineStatus, LifecycleEvent
 
 

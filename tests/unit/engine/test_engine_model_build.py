@@ -12,8 +12,6 @@ import torch
 from engine.model import LlamaModel, load_weights
 from engine.model_build import build_model
 
-pytestmark = pytest.mark.unit
-
 
 def _digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}

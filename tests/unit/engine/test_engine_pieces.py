@@ -12,8 +12,6 @@ from tokenizers import Tokenizer
 from engine.boot_generation import next_boot_generation
 from common.detokenize import IncrementalDetokenizer, stop_holdback
 
-pytestmark = pytest.mark.unit
-
 
 def test_boot_generation_grows_on_every_start(tmp_path: Path) -> None:
     assert [next_boot_generation(tmp_path) for _ in range(3)] == [1, 2, 3]

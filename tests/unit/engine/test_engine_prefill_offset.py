@@ -8,8 +8,6 @@ import torch
 from engine.model import LlamaModel
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(scope="module")
 def model() -> LlamaModel:

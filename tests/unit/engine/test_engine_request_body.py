@@ -8,8 +8,6 @@ from common.request_body import parse_json_body
 from engine.errors import BadRequest
 from engine.protocol import ChatCompletionRequest, CompletionRequest
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize("raw", [
     b"[" * 100_000,

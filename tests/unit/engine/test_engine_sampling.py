@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from engine.sampling import SamplingParams, position_uniform, sample_token
-
-pytestmark = pytest.mark.unit
 
 
 def test_uniform_depends_on_seed_and_position_only() -> None:

@@ -16,8 +16,6 @@ from engine.sampling import SamplingParams
 from engine.scheduler import ErrorEvent, Scheduler, Sequence
 from engine.watchdog import StepWatchdog
 
-pytestmark = pytest.mark.unit
-
 BOUND = 5.0
 
 

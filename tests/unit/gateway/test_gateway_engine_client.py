@@ -10,8 +10,6 @@ import pytest
 from gateway.engine_client import EngineClient, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.router import Endpoint
 
-pytestmark = pytest.mark.unit
-
 ENDPOINT = Endpoint("eng-a", 3, "http://eng-a:8000", "v", "z")
 SSE = {"content-type": "text/event-stream"}
 

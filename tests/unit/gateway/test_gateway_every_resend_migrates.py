@@ -19,8 +19,6 @@ from gateway.errors import GatewayError
 from gateway.token_log import Frame
 from tests.unit.gateway.scripted import OPEN, SILENT, Harness, frames_of
 
-pytestmark = pytest.mark.unit
-
 # Failures never eject locally here, so only the session's own exclusion keeps a continuation off the failed engine.
 LENIENT = {"consecutive_5xx": 100, "consecutive_local_failures": 100}
 

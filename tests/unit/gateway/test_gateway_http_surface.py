@@ -13,8 +13,6 @@ from gateway.routing_table import ModelVersion
 from gateway.schemas import CompletionRequest
 from gateway.settings import GatewaySettings
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def client(tiny_model):

@@ -15,8 +15,6 @@ from common.request_body import text_defect
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
-pytestmark = pytest.mark.unit
-
 CHAT = '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], %s}'
 COMPLETION = '{"model": "tiny", "prompt": "hi", %s}'
 

@@ -16,8 +16,6 @@ from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.token_log import MemoryTokenLog
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.unit
-
 
 class _Router:
     """Only the retry budget: this test never routes."""

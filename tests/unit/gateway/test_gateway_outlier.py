@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 
 from common.clock import ManualClock
 from gateway.outlier import OutlierDetector
 from gateway.settings import OutlierConfig
-
-pytestmark = pytest.mark.unit
 
 FLEET = [(f"e{i}", 1) for i in range(4)]
 

@@ -13,8 +13,6 @@ from common.detokenize import TextAssembler
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.unit
-
 OK = {"strategy": RecoveryStrategy.TOKEN_COMMIT_RESUME, "migrations": 0, "max_migrations": 3,
       "deadline_remaining": 10.0, "min_deadline_remaining": 0.5}
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import pytest
 
 from gateway.engine_client import EngineFailure
 from gateway.report import ServedLedger, build_report
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
-
-pytestmark = pytest.mark.unit
 
 
 async def _report(h: Harness):

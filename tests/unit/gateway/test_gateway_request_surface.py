@@ -14,8 +14,6 @@ from gateway.settings import GatewaySettings
 from gateway.routing_table import ModelVersion
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
 
-pytestmark = pytest.mark.unit
-
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 

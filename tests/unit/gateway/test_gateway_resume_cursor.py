@@ -14,8 +14,6 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
-pytestmark = pytest.mark.unit
-
 GARBAGE = ["abc", "", "1_0", "+1", "-5", "-0", "1e3", "0x2", "2,3", "99999999999999999999", "9" * 5000,
            "\u0663".encode()]
 

@@ -17,8 +17,6 @@ from gateway.router import LeaseView, Router
 from gateway.routing_table import StaticRoutingTable
 from gateway.settings import GatewaySettings
 
-pytestmark = pytest.mark.unit
-
 
 async def _router(n: int, **admission) -> tuple[Router, InMemoryLeaseRegistry, ManualClock]:
     clock = ManualClock()

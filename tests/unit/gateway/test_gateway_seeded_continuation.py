@@ -25,8 +25,6 @@ from gateway.stream_request import StreamRequest
 from gateway.token_log import Frame
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
 
-pytestmark = pytest.mark.unit
-
 KEYED, OWN = Sampling.POSITION_KEYED.value, Sampling.ENGINE_DEFAULT.value
 
 

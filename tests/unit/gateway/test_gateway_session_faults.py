@@ -11,8 +11,6 @@ from gateway.engine_client import DRAINING, EngineFailure
 from gateway.token_log import Frame
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
 
-pytestmark = pytest.mark.unit
-
 
 def _tokens(frames: list[Frame]) -> list[int]:
     return [t for f in frames for t in f.token_ids]

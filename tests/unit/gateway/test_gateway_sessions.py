@@ -17,8 +17,6 @@ from gateway.schemas import CompletionRequest
 from gateway.sessions import SessionKeeper, SessionTurn
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of
 
-pytestmark = pytest.mark.unit
-
 CRITICAL = {"model": "m", "session_class": "chat", "mode": "critical", "rpo_context_seconds": 5,
             "rpo_context_turns": 0, "revision": 1}
 

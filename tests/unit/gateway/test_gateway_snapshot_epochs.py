@@ -26,8 +26,6 @@ from gateway.snapshot_source import PollOutcome, SnapshotSource
 from gateway.snapshot_table import SnapshotLeaseView, SnapshotRouting
 from tests.support.snapshot_artifacts import snapshot_body, write_version
 
-pytestmark = pytest.mark.unit
-
 A, B = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
 
 

@@ -12,8 +12,6 @@ from common.clock import ManualClock
 from contract.lease import Registration, StaleGeneration
 from gateway.lease_registry import InMemoryLeaseRegistry
 
-pytestmark = pytest.mark.unit
-
 REG = Registration("eng-a", "http://127.0.0.1:9", "tiny-seed0")
 TTL = timedelta(seconds=2)
 

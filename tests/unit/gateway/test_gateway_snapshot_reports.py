@@ -7,7 +7,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client import CollectorRegistry
 
 from common.clock import ManualClock
@@ -21,8 +20,6 @@ from gateway.report import GatewayReporter, build_report
 from gateway.router import Endpoint, LeaseView
 from gateway.snapshot_table import SnapshotLeaseView, SnapshotRouting, SnapshotTable
 from tests.support.snapshot_artifacts import snapshot_body, write_version
-
-pytestmark = pytest.mark.unit
 
 
 class Recorder:

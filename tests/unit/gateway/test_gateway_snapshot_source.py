@@ -18,8 +18,6 @@ from gateway.snapshot_source import ControlPlaneUnreachable, PollOutcome, Snapsh
 from gateway.snapshot_table import SnapshotRouting
 from tests.support.snapshot_artifacts import snapshot_body, write_version
 
-pytestmark = pytest.mark.unit
-
 
 class FakeControlPlane:
     """Serves whatever body it is given, honouring If-None-Match like the real endpoint."""
@@ -135,7 +133,6 @@ async def test_restart_with_the_control_plane_down_serves_the_snapshot_on_disk(w
         assert fake.seen_if_none_match[-1] == '"snapshot-7"'
     finally:
         await restarted.stop()
-
 
 
 async def test_a_corrupt_snapshot_on_disk_is_refused_evented_and_the_poll_replaces_it(world):

@@ -18,8 +18,6 @@ from gateway.settings import GatewaySettings
 from gateway.snapshot_table import SnapshotLeaseView, SnapshotRouting, SnapshotTable
 from tests.support.snapshot_artifacts import snapshot_body, write_version
 
-pytestmark = pytest.mark.unit
-
 
 def _cluster(name: str, zone: str | None, state: str, weight: int = 10, region: str = "eu") -> dict:
     return {"name": name, "region": region, "zone": zone, "model": "tiny", "endpoint": f"http://{name}",

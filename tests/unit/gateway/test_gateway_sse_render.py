@@ -11,8 +11,6 @@ from gateway.stream_request import StreamRequest
 from gateway.settings import RecoveryStrategy
 from gateway.token_log import Frame
 
-pytestmark = pytest.mark.unit
-
 
 def _request(kind: str, *, return_token_ids: bool, model: str = "tiny") -> StreamRequest:
     return StreamRequest(

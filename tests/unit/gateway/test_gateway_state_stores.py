@@ -12,8 +12,6 @@ from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.stream_status import StreamEvent, StreamStatus
 from gateway.token_log import Frame, MemoryTokenLog
 
-pytestmark = pytest.mark.unit
-
 REG = Registration("eng-a", "http://127.0.0.1:9", "tiny-seed0")
 
 

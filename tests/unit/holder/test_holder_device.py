@@ -23,8 +23,6 @@ from holder.device import DeviceUnavailable
 from holder.service import MemoryHolder
 from holder.settings import HolderSettings
 
-pytestmark = pytest.mark.unit
-
 # The shape of torch's UntypedStorage._share_cuda_() result: device, handle, size, offset,
 # ref-counter file name, ref-counter offset, event handle (or None), whether to sync on it.
 SHARE_ARGS = (1, bytes(range(64)), 4096, 0, b"/torch_1234_5678_0", 3, b"\x00\xff" * 32, True)

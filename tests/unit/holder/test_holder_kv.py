@@ -17,8 +17,6 @@ from holder.ledger import read_records
 from holder.service import LEDGER_FILE, MemoryHolder
 from holder.settings import HolderSettings
 
-pytestmark = pytest.mark.unit
-
 BLOCK = 4  # tokens per block
 CONFIG = {"hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
           "rope_theta": 10000.0}

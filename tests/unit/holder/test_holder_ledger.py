@@ -6,8 +6,6 @@ import pytest
 
 from holder.ledger import Ledger, LedgerLocked, encode_record, read_records
 
-pytestmark = pytest.mark.unit
-
 RECORDS = [{"op": "boot", "epoch": 1},
            {"op": "reserve", "region": 1, "path": "/dev/shm/x/region-000001.bin", "size": 128, "purpose": "weights",
             "owner": "holder", "tensors": [], "meta": {}},

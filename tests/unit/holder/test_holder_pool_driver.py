@@ -13,8 +13,6 @@ import pytest
 
 from warm_pool.driver import LocalDriver, holder_url, uses_holder
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize(("engine_args", "url"), [
     (["--holder", "http://127.0.0.1:8100"], "http://127.0.0.1:8100"),

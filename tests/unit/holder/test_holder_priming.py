@@ -31,8 +31,6 @@ from holder.service import LEDGER_FILE
 from holder.settings import HolderSettings
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.unit
-
 URL = "http://holder.test"
 
 

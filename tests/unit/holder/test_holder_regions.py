@@ -7,8 +7,6 @@ import pytest
 from contract.holder import TenantState
 from holder.regions import RegionStatus, rebuild
 
-pytestmark = pytest.mark.unit
-
 
 def reserve(region: int) -> dict:
     return {"op": "reserve", "region": region, "path": f"/dev/shm/t/region-{region:06d}.bin", "size": 64,

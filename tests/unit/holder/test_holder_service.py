@@ -16,8 +16,6 @@ from holder.errors import HolderNotReady, TenantSuperseded, UnknownTenant
 from holder.service import LEDGER_FILE, MemoryHolder
 from holder.settings import HolderSettings
 
-pytestmark = pytest.mark.unit
-
 TENSORS = {"a.weight": np.arange(12, dtype=np.float32).reshape(3, 4), "b.bias": np.array([0.5, -1.5, 2.25], np.float32),
            "c.weight": np.linspace(-1, 1, 10, dtype=np.float32).reshape(2, 5)}
 

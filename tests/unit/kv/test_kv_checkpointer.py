@@ -17,8 +17,6 @@ from engine.prefix_cache import LocalPrefixCache
 from engine.runtime import compute_weights_digest
 from lifeline.processes import built_model
 
-pytestmark = pytest.mark.unit
-
 BLOCK = 16
 EVERY = 8
 PROMPT = [(i * 53 + 7) % 4096 for i in range(41)]

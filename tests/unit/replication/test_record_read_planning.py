@@ -4,14 +4,11 @@ defers is pending, with its age."""
 
 from __future__ import annotations
 
-import pytest
 
 from contract.kv_checkpoint import MemoryKVStore
 from contract.session import SessionRecord, session_key
 from controlplane.replication.flows import ReadCache
 from controlplane.replication.session_records import RecordScan, plan_records, read_source, write_records
-
-pytestmark = pytest.mark.unit
 
 NOT_BEFORE = 100.0
 

@@ -10,8 +10,6 @@ from pydantic import ValidationError
 from controlplane.replication.schemas import ReplicationPolicySpec
 from controlplane.replication.service import is_due, lag_seconds
 
-pytestmark = pytest.mark.unit
-
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 

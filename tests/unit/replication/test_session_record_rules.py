@@ -18,8 +18,6 @@ from controlplane.replication.flows import ReadCache
 from controlplane.replication.session_records import RecordFacts, decide, plan_records, read_source
 from gateway.sessions import SessionTurn
 
-pytestmark = pytest.mark.unit
-
 KEY = session_key("tiny", "s1")
 CHECKPOINT = "kv/" + "r" * 64 + "/manifests/" + "h" * 64 + ".json"
 

@@ -8,8 +8,6 @@ import pytest
 
 from controlplane.slo.rpo_weight import RegionServing, lag_versions, measure
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize(("history", "served", "lag"), [
     (["v1", "v2", "v3"], {"v3"}, 0),

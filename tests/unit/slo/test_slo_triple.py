@@ -12,8 +12,6 @@ from contract.sampling import SAMPLER_ID
 from controlplane.drill import engines
 from controlplane.slo import triple
 
-pytestmark = pytest.mark.unit
-
 
 @dataclass
 class Run:

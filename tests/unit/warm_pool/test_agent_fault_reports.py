@@ -13,13 +13,10 @@ import asyncio
 import json
 
 import httpx
-import pytest
 
 from common.clock import ManualClock
 from warm_pool.fault import ESCALATIONS_PATH, FaultReporter
 from tests.unit.warm_pool.test_pool_agent import Fleet, ScriptedEngine, make_agent, settle
-
-pytestmark = pytest.mark.unit
 
 ENGINES = [{"url": f"http://{i}", "instance_id": i, "version": "v1", "zone": z}
            for i, z in (("a1", "za"), ("a2", "za"), ("b1", "zb"))]

@@ -14,14 +14,11 @@ from pydantic import ValidationError
 
 from common.clock import ManualClock
 from lifeline import vllm as lifeline_vllm
-from warm_pool import support
 from warm_pool.agent import Agent
 from warm_pool.settings import AgentSettings, EngineCommand, PoolSettings
 from warm_pool.support import SupportUnknown, UnsupportedEngine, check_token_ids
 
 from tests.unit.warm_pool.test_pool_agent import MemoryRegistry
-
-pytestmark = pytest.mark.unit
 
 METRICS = ("vllm:num_requests_running{engine=\"0\",model_name=\"v9\"} 0.0\n"
            "vllm:num_requests_waiting{engine=\"0\",model_name=\"v9\"} 0.0\n"

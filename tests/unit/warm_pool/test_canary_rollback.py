@@ -21,8 +21,6 @@ from contract.snapshot import RoutingSnapshot
 from tests.unit.warm_pool.test_pool_agent import Fleet, ScriptedEngine, make_agent, settle
 from warm_pool.canary_rollback import CanaryOutcome, CanaryRollbackReporter, failed_versions
 
-pytestmark = pytest.mark.unit
-
 CANARY = {"prompt_token_ids": [1, 2], "output_token_ids": [5, 6, 7], "max_ttft_s": 5.0}
 
 

@@ -8,8 +8,6 @@ import pytest
 
 from warm_pool.fault import GONE, FaultDetector, Observation, escalation_body
 
-pytestmark = pytest.mark.unit
-
 T0 = datetime(2026, 12, 1, 7, 0, tzinfo=UTC)
 ROUND = timedelta(seconds=0.5)
 # two zones of two instances each; a round is written as the verdicts of a1 a2 b1 b2 ("-" = not in view)

@@ -8,8 +8,6 @@ from kubernetes.client import ApiClient, Configuration
 
 from warm_pool.kubernetes_driver import KubernetesDriver, KubernetesPoolConfig, PoolObjectInvalid
 
-pytestmark = pytest.mark.unit
-
 
 def _driver(region: str = "eu-1", **config) -> KubernetesDriver:
     configuration = Configuration()

@@ -11,7 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-import pytest
 
 from common.clock import ManualClock
 from contract.canary import CanaryRecord
@@ -25,8 +24,6 @@ from warm_pool.events import EventShipper
 from warm_pool.probe import Verdict
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
-
-pytestmark = pytest.mark.unit
 
 RECORD = CanaryRecord(prompt_token_ids=[1, 2], output_token_ids=[5, 6, 7], max_ttft_s=5.0)
 

@@ -11,8 +11,6 @@ from common.clock import ManualClock
 from contract.lease import Registration
 from warm_pool.budget import ProbeBudget
 
-pytestmark = pytest.mark.unit
-
 INSTANCES = [f"engine-{i:02d}" for i in range(30)]
 TICK = 0.1
 

@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 
 from warm_pool.capacity import (DrTier, InstanceCapacity, PlanError, PlanRequest, RegionDemand, _replay, plan)
 
-pytestmark = pytest.mark.unit
-
 THREE = ("a", "b", "c")
 INST = InstanceCapacity(concurrent_sequences=32, decode_tokens_per_s=800, prefill_tokens_per_s=4000)
 DEMAND = RegionDemand(concurrent_sequences=200, decode_tokens_per_s=5000, context_tokens_per_sequence=1000)

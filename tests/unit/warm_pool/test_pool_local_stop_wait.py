@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 
 from engine import drain
 from engine.settings import EngineSettings
 from warm_pool.driver import ENGINE_DRAIN_S, LocalDriver
-
-pytestmark = pytest.mark.unit
 
 
 def test_the_default_stop_wait_covers_the_engines_default_drain(tmp_path) -> None:

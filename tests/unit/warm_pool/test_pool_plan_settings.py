@@ -14,8 +14,6 @@ from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 
-pytestmark = pytest.mark.unit
-
 # tests/unit/warm_pool/test_pool_capacity.py's hand-worked case, two zones: N = 9, serving [5, 4], warm [4, 5]
 PLAN = {"zones": ["x", "y"], "demand_seqs": 100, "demand_tokens_per_s": 9000, "context_tokens": 500,
         "instance_seqs": 64, "instance_tokens_per_s": 1000, "instance_prefill_tokens_per_s": 5000,

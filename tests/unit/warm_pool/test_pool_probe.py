@@ -11,8 +11,6 @@ from common.clock import ManualClock
 from contract.canary import CanaryRecord
 from warm_pool.probe import Prober, Verdict, judge_canary
 
-pytestmark = pytest.mark.unit
-
 IDENTITY = {"instance_id": "e1", "generation": 3, "boot_generation": 2, "model": "v2", "weights_digest": "sha256:aa",
             "zone": "z1", "region": "r1", "started_at": 0.0}
 RECORD = CanaryRecord(prompt_token_ids=[1, 2, 3], output_token_ids=[7, 8, 9, 10], max_ttft_s=0.5)

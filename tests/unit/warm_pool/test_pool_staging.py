@@ -8,7 +8,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-import pytest
 
 from common.clock import ManualClock
 from contract.identity import weights_digest
@@ -17,8 +16,6 @@ from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
 from warm_pool.report import ReportSender
 from warm_pool.staging import check_staged
 from warm_pool.states import InstanceState
-
-pytestmark = pytest.mark.unit
 
 # a small two-zone plan (tests/unit/warm_pool/test_pool_plan_settings.py's)
 PLAN_INPUTS = {"zones": ["x", "y"], "demand_seqs": 6, "demand_tokens_per_s": 150, "context_tokens": 40,

@@ -9,8 +9,6 @@ import pytest
 from warm_pool.states import InstanceState as S
 from warm_pool.states import InvalidTransition, PoolEvent as E, transition
 
-pytestmark = pytest.mark.unit
-
 ALLOWED = {
     (S.COLD, E.LOADED): S.WARM,
     (S.WARM, E.PROMOTED): S.SERVING,

@@ -16,8 +16,6 @@ from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 from warm_pool.version_roll import Member, decide, infer_previous
 
-pytestmark = pytest.mark.unit
-
 S = InstanceState
 GRACE = 3.0  # pool.old_generation_grace, seconds
 

@@ -10,8 +10,6 @@ from weight_catalog.errors import InvalidArtifact
 from weight_catalog.fingerprint import fingerprint, fingerprint_parts
 from weight_catalog.store import FilesystemStore
 
-pytestmark = pytest.mark.unit
-
 
 def parts_of(root: Path) -> dict[str, str]:
     return fingerprint_parts(FilesystemStore(root).read_text)

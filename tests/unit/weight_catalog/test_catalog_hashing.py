@@ -9,8 +9,6 @@ import pytest
 from weight_catalog.hashing import hash_shards, sha256_stream
 from weight_catalog.store import FilesystemStore
 
-pytestmark = pytest.mark.unit
-
 
 class ReadOnlyStream(io.RawIOBase):
     """A stream without readinto, like a botocore body."""
