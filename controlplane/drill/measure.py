@@ -210,16 +210,22 @@ def rto_latency(traces: Sequence[RequestTrace], *, fault_at: float, end_at: floa
                            window_s=window_s, min_samples=min_samples)
 
 
-def detection(event_offsets: Sequence[float], *, injection_s: float = 0.0) -> float | None:
-    """Fault → the first routing-tier event (offsets in seconds from the fault, in log order); None: none came.
+def since_fault(offset: float, *, injection_s: float = 0.0) -> bool:
+    """Whether a routing event `offset` seconds from the fault can be a response to it.
 
     The fault is stamped when its action returned (`runner.stamp_fault`), so an event written while the action
     was still running (a zone's first engine suppressed before its last was killed) has an offset down to
-    −`injection_s`: the fault had taken effect for it, and it counts as detection at 0. Earlier events are
-    another fault's.
+    −`injection_s`: the fault had taken effect for it. Earlier events are another fault's (the tail of the
+    drill before, shipped late by a loaded data plane).
     """
-    floor = -(injection_s + 0.001)
-    return next((max(0.0, offset) for offset in event_offsets if offset >= floor), None)
+    return offset >= -(injection_s + 0.001)
+
+
+def detection(event_offsets: Sequence[float], *, injection_s: float = 0.0) -> float | None:
+    """Fault → the first routing-tier event that responds to it (offsets in seconds from the fault, in log
+    order), at 0 for one written while the fault's action ran; None: none came."""
+    return next((max(0.0, offset) for offset in event_offsets if since_fault(offset, injection_s=injection_s)),
+                None)
 
 
 def migrated(traces: Sequence[RequestTrace]) -> int:

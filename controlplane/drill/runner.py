@@ -594,7 +594,9 @@ class DrillRunner:
         verdicts = measure.verdicts(measured, target_values)
         follow_ups = [f"{v.metric}: measured {_fmt(v.measured)} vs target {_fmt(v.target)}"
                       for v in verdicts if v.met is False]
-        tiers = [e["routing_tier"] for e in routing_events]
+        # the tiers that acted on this fault; earlier events stay in the report's timeline (event_offsets)
+        tiers = [e["routing_tier"] for e, (offset, _) in zip(routing_events, event_offsets, strict=True)
+                 if measure.since_fault(offset, injection_s=injection_s)]
         if self.events is not None and plan.expects_tier and meta["expected_tier"] not in tiers:
             follow_ups.append(f"expected the {meta['expected_tier']} tier to act; events showed {tiers or 'none'}")
         follow_ups += plan.checks()

@@ -21,7 +21,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from controlplane.drill.measure import RTO_LATENCY_WINDOW_S
+from controlplane.drill.measure import RTO_LATENCY_WINDOW_S, since_fault
 from lifeline.demo import report as report_files
 from lifeline.demo.fleet import MODEL, DemoFleet, Region, kill_agent_and_pool
 from lifeline.demo.rollout import BAD_SEED, BAD_VERSION, CanaryDeployment, bad_canary
@@ -447,6 +447,8 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
     row.token_rpo = None if measured.get("token_rpo_tokens") is None else int(measured["token_rpo_tokens"])
     row.requests_lost = int(measured.get("requests_lost") or 0) + steady_lost
     row.tiers = list(report.get("routing_tiers_in_order") or [])
+    acted = [label for offset, label in report.get("event_offsets", [])
+             if since_fault(offset, injection_s=report.get("fault_injection_s", 0.0))]  # "l7 probe.verdict"
     row.ok = result["state"] == "passed" and steady_lost == 0 and bool(cited)
     row.line = (f"drill run {result['run_id']} (region {region.name}, API SIGSTOPped "
                 f"{fmt(measured.get('controlplane_down_s'))}) {result['state']}: the drill's requests lost "
@@ -454,7 +456,7 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
                 f"outage {steady}, lost {steady_lost}; gateways not ready {count(measured.get('gateways_not_ready'))}, "
                 f"changed snapshot {count(measured.get('gateways_changed_snapshot'))}; reconciled "
                 f"{fmt(measured.get('reconcile_s'))} after the return; routing tiers that acted: "
-                f"{row.tiers or 'none'}; the SLO document cites run {result['run_id']} for "
+                f"{acted or 'none'}; the SLO document cites run {result['run_id']} for "
                 f"{', '.join(cited) or 'nothing'}")
     return row
 
