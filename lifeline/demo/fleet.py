@@ -34,6 +34,7 @@ from lifeline.demo import sessions
 from lifeline.processes import LEASE_TOKEN, ControlPlaneProcess, GatewayProcess, free_port, wait_for_http_ok
 
 MODEL = "tiny"
+OPERATOR = "demo-operator"  # the token the demo's own script acts with: its steps are not the system's
 # Each engine's decode-loop watchdog: a step older than this is a hang (/healthz/live 503). The engine's
 # default (10 s) is sized for a 2048-token prefill on a loaded CPU; the demo's prompts are ~10 tokens.
 STEP_STALL_BOUND_S = 3.0
@@ -213,7 +214,7 @@ class DemoFleet:
             shutil.rmtree(self.workdir / stale, ignore_errors=True)
         self.controlplane.migrate()
         cli = self.controlplane.cli
-        self.operator_token = cli("controlplane", "token", "create", "--role", "operator", "--name", "demo-operator").split()[0]
+        self.operator_token = cli("controlplane", "token", "create", "--role", "operator", "--name", OPERATOR).split()[0]
         self.gateway_token = cli("controlplane", "token", "create", "--role", "gateway", "--name", "demo-gateways").split()[0]
         self.agent_token = cli("controlplane", "token", "create", "--role", "agent", "--name", "demo-agents").split()[0]
         cli("catalog", "register", MODEL, self.model_dir.name, str(self.model_dir))

@@ -28,6 +28,7 @@ from lifeline.demo.fleet import (
     CANARY_JITTER,
     CANARY_PER_INSTANCE_PER_S,
     MODEL,
+    OPERATOR,
     STEP_STALL_BOUND_S,
     DemoFleet,
     PoolEngine,
@@ -225,9 +226,13 @@ def tiered(events: list[dict[str, Any]]) -> list[str]:
 
 
 def detection(events: list[dict[str, Any]], fault_wall: datetime, *, about: str | None = None) -> float | None:
-    """fault → the first `routing_tier` event after it (about one instance, when named): who noticed, how fast."""
+    """fault → the first `routing_tier` event after it (about one instance, when named): who noticed, how fast.
+
+    Only the system's own events count: a step the demo's script took with its operator token (a cutover it
+    posted) is the script noticing, not Lifeline.
+    """
     for event in events:
-        if not event.get("routing_tier"):
+        if not event.get("routing_tier") or str(event.get("actor") or "").startswith(f"token:{OPERATOR}#"):
             continue
         at = datetime.fromisoformat(event["started_at"].replace("Z", "+00:00"))
         if at.tzinfo is None:
