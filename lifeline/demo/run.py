@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from controlplane.drill.measure import RTO_LATENCY_WINDOW_S, since_fault
+from controlplane.event.dataplane import ACTOR_PREFIXES
 from lifeline.demo import report as report_files
 from lifeline.demo.fleet import MODEL, DemoFleet, Region, kill_agent_and_pool
 from lifeline.demo.rollout import BAD_SEED, BAD_VERSION, CanaryDeployment, bad_canary
@@ -447,16 +448,23 @@ def controlplane_down(fleet: DemoFleet, region: Region, flows: list[Traffic], *,
     row.token_rpo = None if measured.get("token_rpo_tokens") is None else int(measured["token_rpo_tokens"])
     row.requests_lost = int(measured.get("requests_lost") or 0) + steady_lost
     row.tiers = list(report.get("routing_tiers_in_order") or [])
-    acted = [label for offset, label in report.get("event_offsets", [])
-             if since_fault(offset, injection_s=report.get("fault_injection_s", 0.0))]  # "l7 probe.verdict"
-    row.ok = result["state"] == "passed" and steady_lost == 0 and bool(cited)
+    # What acted on the fault, by whom: the control plane's routing (a cutover, a topology change) must not
+    # have moved at all; the data plane's own verdicts meanwhile (a slow engine ejected by its agent on a
+    # loaded machine) are its usual work, listed, not the outage's doing: its gateways kept their snapshot.
+    routing = [e for e in report.get("events", []) if e.get("routing_tier")]
+    acted = [(e, label) for e, (offset, label) in zip(routing, report.get("event_offsets", []), strict=False)
+             if since_fault(offset, injection_s=report.get("fault_injection_s", 0.0))]
+    dataplane = [label for e, label in acted if str(e.get("actor") or "").startswith(ACTOR_PREFIXES)]
+    controlplane = [label for e, label in acted if not str(e.get("actor") or "").startswith(ACTOR_PREFIXES)]
+    row.ok = result["state"] == "passed" and steady_lost == 0 and bool(cited) and not controlplane
     row.line = (f"drill run {result['run_id']} (region {region.name}, API SIGSTOPped "
                 f"{fmt(measured.get('controlplane_down_s'))}) {result['state']}: the drill's requests lost "
                 f"{count(measured.get('requests_lost'))}, token RPO {count(row.token_rpo)}; steady streams through the "
                 f"outage {steady}, lost {steady_lost}; gateways not ready {count(measured.get('gateways_not_ready'))}, "
                 f"changed snapshot {count(measured.get('gateways_changed_snapshot'))}; reconciled "
-                f"{fmt(measured.get('reconcile_s'))} after the return; routing tiers that acted: "
-                f"{acted or 'none'}; the SLO document cites run {result['run_id']} for "
+                f"{fmt(measured.get('reconcile_s'))} after the return; routing the control plane changed: "
+                f"{controlplane or 'none'}; the data plane's own verdicts meanwhile: {dataplane or 'none'}; the SLO "
+                f"document cites run {result['run_id']} for "
                 f"{', '.join(cited) or 'nothing'}")
     return row
 

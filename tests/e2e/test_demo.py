@@ -150,10 +150,12 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     drill = re.search(r"drill run \d+ \(demo-weekly-hang, .*\) passed: .*token RPO 0, requests lost 0,.*report "
                       r"(\S+\.md); SLO request_rto_s: unverified → measured", out)
     assert drill and Path(drill[1]).is_file(), out
-    # The control plane's API stopped under traffic: nothing lost, no tier had to act (invariant 7).
+    # The control plane's API stopped under traffic: nothing lost, no routing of its own moved (invariant 7);
+    # the agents' own verdicts meanwhile (a slow engine ejected on a loaded machine) are listed, not failed.
     assert re.search(r"drill run \d+ \(region eu-west, API SIGSTOPped [\d.]+ s\) passed: the drill's requests lost 0, "
                      r"token RPO 0; steady streams through the outage [1-9]\d*, lost 0; gateways not ready 0, changed "
-                     r"snapshot 0; .*routing tiers that acted: none; the SLO document cites run \d+ for "
+                     r"snapshot 0; .*routing the control plane changed: none; the data plane's own verdicts meanwhile: "
+                     r"(none|\[[^]]*\]); the SLO document cites run \d+ for "
                      r"token_rpo_tokens", out), out
     assert re.search(r"eu-west lost: l7 cutover \d+ completed in [\d.]+ s \(HAProxy gw-eu-west: ready → drain\), then "
                      r"DNS cutover \d+ completed .*\['192\.0\.2\.10'\] → \['198\.51\.100\.10'\] for "
