@@ -9,6 +9,7 @@ Celery's own worker and beat on `controlplane.celery_app` (the broker is
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, Any
 
 import typer
@@ -191,7 +192,6 @@ def _exec_celery(*args: str, **env: str) -> None:
     Exec rather than import: a domain does not import the composition root, and the worker or beat is
     then exactly `celery -A controlplane.celery_app …`, signals and all (SIGTERM: warm shutdown).
     """
-    import os
     import sys
 
     from pydantic import ValidationError
@@ -226,8 +226,10 @@ def worker(
     # One process (solo, or threads): the metrics in this process's registry are all of the worker's.
     pool = "solo" if concurrency == 1 else "threads"
     env = {"LIFELINE_REPLICATION_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}
-    _exec_celery("worker", f"--pool={pool}", f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
-                 f"--loglevel={loglevel}", **env)
+    # A node name of its own: two workers named celery@<host> on one broker fight over one exclusive
+    # remote-control queue, and the second dies at start (RabbitMQ: 405 RESOURCE_LOCKED).
+    _exec_celery("worker", f"--hostname=replication-{os.getpid()}@%h", f"--pool={pool}",
+                 f"--concurrency={concurrency}", "--without-gossip", "--without-mingle", f"--loglevel={loglevel}", **env)
 
 
 @replication_app.command()

@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-
 from controlplane.celery_app import create_celery
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import session_scope
@@ -39,7 +38,7 @@ def test_a_celery_worker_on_rabbitmq_schedules_due_drills(database_url, session_
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool=solo",
-         "--concurrency=1", "-Q", queue, "--without-gossip", "--without-mingle"],
+         f"--hostname={queue}@%h", "--concurrency=1", "-Q", queue, "--without-gossip", "--without-mingle"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         app = create_celery(ControlPlaneSettings(database_url=database_url, celery_broker_url=BROKER))
