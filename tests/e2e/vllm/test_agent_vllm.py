@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -104,31 +106,36 @@ async def agent_for(url: str, record: CanaryRecord) -> AsyncIterator[Lab]:
         await http.aclose()
 
 
+# The load runs in a process of its own, as clients do: parsing eight fast SSE streams in the agent's own
+# event loop starved it on a loaded machine, and its samples went stale for want of the loop, not of vLLM.
+_LOAD = """
+import asyncio, sys
+import httpx
+
+async def main(url, streams, max_tokens):
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
+        async def stream(index):
+            body = {"model": "tiny", "prompt": [20 + index, 21, 22, 23], "max_tokens": max_tokens,
+                    "temperature": 0.0, "ignore_eos": True, "stream": True}
+            while True:  # again as soon as it ends: an engine that holds no work is idle, not busy
+                async with client.stream("POST", url + "/v1/completions", json=body) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+        await asyncio.gather(*(stream(i) for i in range(streams)))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
 @contextlib.asynccontextmanager
-async def saturated(url: str, streams: int = 8, max_tokens: int = 1800) -> AsyncIterator[list[asyncio.Task]]:
-    """`streams` concurrent long greedy streams on the vLLM for the whole block (cancelled after it).
-
-    Each is sent again as soon as it ends: a fast machine finishes 1,800 tokens within the block, and
-    an engine that holds no work is idle, not busy.
-    """
-    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
-
-    async def stream(index: int) -> None:
-        body = {"model": "tiny", "prompt": [20 + index, 21, 22, 23], "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "stream": True}
-        while True:
-            async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-                async for _ in response.aiter_lines():
-                    pass
-
-    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+async def saturated(url: str, streams: int = 8, max_tokens: int = 1800) -> AsyncIterator[None]:
+    """`streams` concurrent long greedy streams on the vLLM for the whole block, from another process."""
+    load = subprocess.Popen([sys.executable, "-c", _LOAD, url, str(streams), str(max_tokens)])
     try:
-        yield tasks
+        yield
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await client.aclose()
+        load.kill()
+        load.wait(timeout=10)
 
 
 async def test_a_bare_url_vllm_is_canaried_through_completions_and_leased(vllm: VllmProcess,
