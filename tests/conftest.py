@@ -1,4 +1,4 @@
-"""Fixtures shared by every test tier (built models, engine processes) and the tier markers.
+"""Fixtures shared by every test tier (built models, engine processes), the tier markers and the parallel schedule.
 
 A test's tier is its folder: tests/unit, tests/integration, tests/e2e and
 tests/gpu mark their tests `unit`, `integration`, `e2e` and `gpu`. A test of
@@ -6,8 +6,12 @@ an interface's contract (tests/*/contract/, test_*_contract*.py: one side
 writes, the other reads, on the real store) is also `contract`; `make
 test-fast` runs `unit or contract`.
 
-Under pytest-xdist each worker, and every process it starts, draws ports
-from its own slice (common/ports.py), so parallel starters never race for one.
+Under pytest-xdist (`make test`) a module is one unit of work, so its
+module-scoped processes start once, and tests/e2e/vllm — every test that
+starts real vLLM — is one unit: two cores hold two vLLM servers, not four.
+The longest units go first. Each worker, and every process it starts, draws
+ports from its own slice (common/ports.py), so parallel starters never race
+for one. docs/testing.md has the tiers' times.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from lifeline.vllm import VllmProcess
 
 TIERS = ("unit", "integration", "e2e", "gpu")
 TESTS = Path(__file__).parent
+VLLM_TESTS = "tests/e2e/vllm"  # every test that starts real vLLM, and nothing else
+VLLM_FIXTURES = {"module_vllm_factory", "vllm_factory"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,12 +37,15 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["LIFELINE_PORT_SLICE"] = f"{int(worker.removeprefix('gw'))}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
 
 
-VLLM_FIXTURES = {"module_vllm_factory", "vllm_factory"}
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs as a whole: tests/e2e/vllm, or else the test's module."""
+    module = nodeid.split("::", 1)[0]
+    return VLLM_TESTS if module.startswith(VLLM_TESTS + "/") else module
 
 
 def _schedule_rank(item: pytest.Item) -> int:
     """Longest first, so no worker is left with a long tail: real vLLM, then e2e, integration, unit."""
-    if VLLM_FIXTURES & set(item.fixturenames):
+    if work_unit(item.nodeid) == VLLM_TESTS:
         return 0
     return {"e2e": 1, "gpu": 1, "integration": 2, "unit": 3}[item.path.relative_to(TESTS).parts[0]]
 
@@ -49,13 +58,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(parts[0])
         if "contract" in parts[1:-1] or "_contract" in item.path.stem:
             item.add_marker("contract")
-        # pytest-xdist --dist loadgroup: the real vLLM servers' tests share one worker (two cores hold two
-        # servers, not four); an e2e module stays on one worker, its module-scoped processes started once.
-        if VLLM_FIXTURES & set(item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
-        elif parts[0] == "e2e":
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS).as_posix()))
+        if VLLM_FIXTURES & set(item.fixturenames) and work_unit(item.nodeid) != VLLM_TESTS:
+            raise pytest.UsageError(f"{item.nodeid} starts real vLLM: it belongs in {VLLM_TESTS}/")
     items.sort(key=_schedule_rank)  # stable: a module's tests stay together, in file order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's load-by-scope scheduler, with `work_unit` as the scope (its own `loadgroup` marks are
+    lost on pytest 9.2, whose node ids it can no longer rewrite)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
