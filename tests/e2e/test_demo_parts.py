@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from lifeline.demo.cp_outage import QuiescedPause, sqlite_path
 
 WRITER = """

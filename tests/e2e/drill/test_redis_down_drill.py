@@ -11,7 +11,6 @@ when Redis answers again; a new stream during the outage is refused with
 
 from __future__ import annotations
 
-
 from common.clock import SystemClock
 from controlplane.db import session_scope
 from controlplane.drill import service

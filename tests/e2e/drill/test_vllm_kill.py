@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from controlplane.drill.fleet import FileFleet, FleetFile
 
 

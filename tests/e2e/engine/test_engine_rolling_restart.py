@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config, scrape_metric
 from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
 

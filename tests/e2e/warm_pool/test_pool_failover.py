@@ -16,7 +16,6 @@ import signal
 import uuid
 from pathlib import Path
 
-
 from tests.support.pool_agent import ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings

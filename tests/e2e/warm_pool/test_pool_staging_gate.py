@@ -17,7 +17,6 @@ import shutil
 import uuid
 from pathlib import Path
 
-
 from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings

@@ -15,7 +15,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-
 from tests.support.pool_agent import AliasSnapshots, ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings

@@ -3,7 +3,7 @@
 The engine here is a stand-in on purpose: it plays an OLD vLLM (before
 0.10.2), which answers `/health`, `/v1/models` and streamed `/v1/completions`
 but ignores `return_token_ids` and sends text alone. The current vLLM passes
-the same check in tests/e2e/warm_pool/test_agent_vllm.py.
+the same check in tests/e2e/vllm/test_agent_vllm.py.
 """
 
 from __future__ import annotations

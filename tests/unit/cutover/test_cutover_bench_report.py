@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from bench.cutover import EU, ZONE_A, Row, report
 from cutover.models import CutoverTier
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from cutover.capacity import WarmPoolCapacity
 from cutover.models import ScopeKind
 from cutover.tiers import Scope

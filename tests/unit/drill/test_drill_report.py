@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from controlplane.drill.report import export_report, to_markdown
 
 REPORT = {

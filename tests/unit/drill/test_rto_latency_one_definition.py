@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 from controlplane.drill import measure
 from lifeline.demo.scenarios import StreamRun, Traffic
 

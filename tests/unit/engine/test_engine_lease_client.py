@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from common.clock import ManualClock
 from engine.lease_client import LeaseClient, LeaseLost, RegistryUnreachable
 

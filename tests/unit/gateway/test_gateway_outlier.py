@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-
 from common.clock import ManualClock
 from gateway.outlier import OutlierDetector
 from gateway.settings import OutlierConfig

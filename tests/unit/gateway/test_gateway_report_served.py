@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-
 from gateway.engine_client import EngineFailure
 from gateway.report import ServedLedger, build_report
 from tests.unit.gateway.scripted import OPEN, Harness, frames_of

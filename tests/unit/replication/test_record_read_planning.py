@@ -4,7 +4,6 @@ defers is pending, with its age."""
 
 from __future__ import annotations
 
-
 from contract.kv_checkpoint import MemoryKVStore
 from contract.session import SessionRecord, session_key
 from controlplane.replication.flows import ReadCache

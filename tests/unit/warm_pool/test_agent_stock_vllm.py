@@ -1,6 +1,6 @@
 """The agent's stock-vLLM path on scripted answers (httpx.MockTransport): bare URLs, the first-lease check, commands.
 
-The real-vLLM tests are tests/e2e/warm_pool/test_agent_vllm.py and test_pool_vllm.py; here each rule on its own.
+The real-vLLM tests are tests/e2e/vllm/test_agent_vllm.py and test_pool_vllm.py; here each rule on its own.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from engine import drain
 from engine.settings import EngineSettings
 from warm_pool.driver import ENGINE_DRAIN_S, LocalDriver
