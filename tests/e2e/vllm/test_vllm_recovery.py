@@ -33,7 +33,12 @@ from tests.e2e.vllm.conftest import REGION, SERVED, VllmStack, stream, until
 from tests.support.sse import StreamResult
 
 MAX_TOKENS = 200
-ROUNDS_PER_SIGNAL = 5  # x 4 streams per round: 20 moved streams per signal
+ROUNDS_PER_SIGNAL = 5  # x 4 streams per round
+SPARE_ROUNDS = 2  # more rounds, only while too few have moved streams
+# Rounds that must have moved a stream. A SIGKILL moves every stream in flight. A SIGTERM lets vLLM drain: a
+# stream may finish whole on the dying server (seen in 1 to 3 rounds of 5 on two cores), which is the drain
+# doing its work; what must never happen is an answer cut short, and every round checks that.
+MOVED_ROUNDS = {signal.SIGKILL: ROUNDS_PER_SIGNAL, signal.SIGTERM: 2}
 
 REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "completion-greedy": ("/v1/completions", {"prompt": "The region failed over while the stream", "temperature": 0.0}),
@@ -121,18 +126,25 @@ def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: in
     return results
 
 
-@pytest.mark.timeout(1200)  # five restarts of a vLLM, 20-60 s each on two busy cores
+@pytest.mark.timeout(1200)  # five to seven restarts of a vLLM, 20-60 s each on two busy cores
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         vllm_stack: VllmStack, undisturbed: dict[str, list[int]], sig: signal.Signals) -> None:
     instances = list(vllm_stack.servers)
     moved: list[tuple[int, str]] = []
     rounds_that_moved: set[int] = set()
-    for round_no in range(ROUNDS_PER_SIGNAL):
+    round_no = 0
+    # ROUNDS_PER_SIGNAL rounds, and more while fewer than MOVED_ROUNDS[sig] moved a stream. A round may move
+    # none and still be right: the drain let its streams finish on the dying vLLM, or they were routed to the
+    # other one because the victim was briefly unroutable (a probe that timed out on a loaded machine). Its
+    # streams are checked token for token all the same.
+    while round_no < ROUNDS_PER_SIGNAL or len(rounds_that_moved) < MOVED_ROUNDS[sig]:
+        assert round_no < ROUNDS_PER_SIGNAL + SPARE_ROUNDS, (
+            f"{sig.name}: only rounds {sorted(rounds_that_moved)} of {round_no} moved a stream", moved)
         vllm_stack.wait_all_routable()
         victim = instances[round_no % 2]
         generation = vllm_stack.leased()[victim]
-        results = run_round(vllm_stack, victim, sig, kill_after=6 + 9 * round_no)
+        results = run_round(vllm_stack, victim, sig, kill_after=6 + 9 * (round_no % ROUNDS_PER_SIGNAL))
         for name, result in results.items():
             where = f"{sig.name} round {round_no}, {name}"
             assert result.error is None, (where, result.error)
@@ -145,10 +157,8 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         until(lambda: victim not in vllm_stack.leased() or vllm_stack.leased()[victim] != generation,
               f"{victim}'s lease gone after {sig.name}", timeout=30)
         vllm_stack.restart_in_background(victim)
-    # Every round's signal hit streams in flight. A stream may still end unmoved: the drain let it finish on
-    # the dying vLLM, or it was routed to the other one because the victim was briefly unroutable (a probe that
-    # timed out on a loaded machine) — it is checked token for token all the same.
-    assert rounds_that_moved == set(range(ROUNDS_PER_SIGNAL)) and len(moved) >= 2 * ROUNDS_PER_SIGNAL, moved
+        round_no += 1
+    assert len(moved) >= 2 * MOVED_ROUNDS[sig], moved
     vllm_stack.wait_all_routable()
     assert set(vllm_stack.leased()) == set(instances)
 
