@@ -72,11 +72,12 @@ demo: $(STAMP) demo-deps
 # unit + integration on 3 pytest-xdist workers; the e2e tier on 2 (its tests kill and time real processes,
 # and three at once starved them); tests/e2e/vllm alone (two vLLM servers fill the machine). A module is one
 # unit of work (tests/conftest.py). Every run runs; the target fails if any did.
-PYTEST := $(BIN)/python -m pytest -q --dist loadscope --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -q
+XDIST := --dist loadscope --no-loadscope-reorder
 test: $(STAMP) system-deps vllm
 	@status=0; \
-	$(PYTEST) -n 3 -m "not e2e" || status=1; \
-	$(PYTEST) -n 2 -m e2e --ignore=tests/e2e/vllm || status=1; \
+	$(PYTEST) -n 3 $(XDIST) -m "not e2e" || status=1; \
+	$(PYTEST) -n 2 $(XDIST) -m e2e --ignore=tests/e2e/vllm || status=1; \
 	$(PYTEST) tests/e2e/vllm || status=1; \
 	exit $$status
 

@@ -28,7 +28,7 @@ from lifeline.vllm import VllmProcess
 TIERS = ("unit", "integration", "e2e", "gpu")
 TESTS = Path(__file__).parent
 VLLM_TESTS = "tests/e2e/vllm"  # every test that starts real vLLM, and nothing else
-VLLM_FIXTURES = {"module_vllm_factory", "vllm_factory"}
+VLLM_FIXTURE = "module_vllm_factory"  # the one way a test starts vLLM servers of its own
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(parts[0])
         if "contract" in parts[1:-1] or "_contract" in item.path.stem:
             item.add_marker("contract")
-        if VLLM_FIXTURES & set(item.fixturenames) and work_unit(item.nodeid) != VLLM_TESTS:
+        if VLLM_FIXTURE in item.fixturenames and work_unit(item.nodeid) != VLLM_TESTS:
             raise pytest.UsageError(f"{item.nodeid} starts real vLLM: it belongs in {VLLM_TESTS}/")
     items.sort(key=_schedule_rank)  # stable: a module's tests stay together, in file order
 
