@@ -78,5 +78,9 @@ async def test_a_loss_never_loads_the_corrupted_staged_copy_and_the_re_synced_on
         await until(lambda: serving() and staging() == ("verified", 0), "the fixed copy is checked and serves")
         [second] = serving()
         assert second != first and list(driver.processes) == [second]
-        assert [lease.instance_id for lease in await registry.live()] == [second]
+
+        async def leased() -> list[str]:  # the lease follows the promotion on the agent's next renewal
+            return [lease.instance_id for lease in await registry.live()]
+
+        assert await until(leased, "the fixed copy's instance holds the lease") == [second]
         assert len(refused()) == 1
