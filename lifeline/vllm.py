@@ -30,6 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from common.vllm_processes import engine_processes
 from lifeline.processes import wait_for_http_ok
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -136,10 +139,10 @@ class VllmProcess:
         return self.process is not None and self.process.poll() is None
 
     def engine_core_pids(self) -> list[int]:
-        """The engine core process(es) under the API server (children of its process)."""
+        """The engine core and its workers under the API server (`common.vllm_processes`)."""
         if not self.alive():
             return []
-        return _children(self.process.pid)  # type: ignore[union-attr]
+        return [process.pid for process in engine_processes(self.process.pid)]  # type: ignore[union-attr]
 
     def signal_group(self, sig: int) -> None:
         if self.alive():
@@ -180,25 +183,15 @@ class VllmProcess:
                 pass
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        raw = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in raw.split()]
-
-
 def _group_members(pgid: int | None) -> list[int]:
-    """Live processes of process group `pgid` (the server's session), read from /proc."""
+    """Live processes of process group `pgid` (the server's session)."""
     if pgid is None:
         return []
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            if os.getpgid(int(entry.name)) == pgid:
-                members.append(int(entry.name))
+            if os.getpgid(process.pid) == pgid:
+                members.append(process.pid)
         except (ProcessLookupError, PermissionError):
             continue
     return members

@@ -2,6 +2,9 @@
 
     fault              scope     touches (its footprint)                 injected by      undone by
     sigkill            instance  one instance of the blast radius        SIGKILL (fleet)  restart (new generation)
+    sigstop            instance  one instance's engine (stock vLLM:      SIGSTOP (fleet)  SIGCONT
+                                 its engine core; its API server still
+                                 answers /health)
     hang               instance  one instance                            fault admin      faults cleared
     corrupt_weights    instance  one instance                            fault admin      restart
     zone_loss          zone      every instance the fleet places in it   SIGKILL each     restart each
@@ -13,12 +16,13 @@
                                  in the region (engines, gateways)                 roll back the dns cutover
                                  refused (`RegionTierNotWired`) without a second region and a dns tier
 
-On stock vLLM (`Fleet.engine_of(i) == "vllm"`) `sigkill` and `zone_loss` work
-as on the reference engine (the kill takes vLLM's process group: its engine
-core too; a restart waits for `/health`); `hang` and `corrupt_weights` need
-the reference engine's fault admin, which vLLM does not have, and are
-refused before anything is touched (`FaultNotInjectable`, 422
-`fault_not_injectable`).
+On stock vLLM (`Fleet.engine_of(i) == "vllm"`) `sigkill`, `sigstop` and
+`zone_loss` work as on the reference engine (the kill takes vLLM's process
+group: its engine core too; a restart waits for `/health`; the stop takes
+the engine core alone, the wedge vLLM's own health check misses); `hang`,
+`corrupt_weights` and a `traffic.token_delay_ms` go through the reference
+engine's fault admin, which vLLM does not have, and are refused before
+anything is touched (`FaultNotInjectable`, 422 `fault_not_injectable`).
 
 Zone and region losses are cut over by Lifeline on its own (the agent's
 fault report → the escalation ladder → the tier's driver); the plan only
@@ -280,15 +284,20 @@ class InstanceFault(FaultPlan):
         self.injected = True
         if self.fault == DrillFault.SIGKILL:
             self.engines.fleet.kill(victim)
+        elif self.fault == DrillFault.SIGSTOP:
+            self.engines.fleet.stop(victim)
         elif self.fault == DrillFault.HANG:
             self.engines.admin(victim, {"hang_after_tokens": self.engines.tokens_sent(victim)})
         else:
             self.engines.admin(victim, {"corrupt_weights": True})
 
     def clear(self) -> None:
-        """Faults cleared; a killed or corrupted process restarted (a new generation)."""
+        """Faults cleared; a stopped engine continued; a killed or corrupted process restarted (a new generation)."""
         assert self.engines is not None
         victim = self.instances[0]
+        if self.fault == DrillFault.SIGSTOP:
+            self.engines.fleet.resume(victim)  # SIGCONT: a no-op on a process that runs
+            return
         if self.fault == DrillFault.HANG:
             try:
                 self.engines.admin(victim, {})
@@ -731,22 +740,41 @@ NEEDS_FAULT_ADMIN = {DrillFault.HANG: "a decode hang (hang_after_tokens)",
                      DrillFault.CORRUPT_WEIGHTS: "in-memory weight corruption (corrupt_weights)"}
 
 
-def refuse_without_hooks(fleet: Any, instance_id: str, fault: DrillFault) -> None:
-    """FaultNotInjectable for a fault the instance's engine cannot take (stock vLLM has no fault admin)."""
+def refuse_without_hooks(fleet: Any, plan: FaultPlan, traffic: Traffic) -> None:
+    """FaultNotInjectable for what the plan would ask of the fault admin of an engine that has none (stock
+    vLLM): a fault it injects there, or the token delay that paces the traffic it slows."""
     engine_of = getattr(fleet, "engine_of", None)
-    engine = engine_of(instance_id) if engine_of is not None else "reference"
-    if engine == "vllm" and fault in NEEDS_FAULT_ADMIN:
-        raise FaultNotInjectable(
-            f"instance {instance_id} is stock vLLM: {NEEDS_FAULT_ADMIN[fault]} is injected through the reference "
-            f"engine's fault admin (POST /admin/faults), which vLLM does not have; drill it with sigkill (or "
-            f"zone_loss), or point the drill at a reference engine")
 
+    def vllm(instances: list[str]) -> list[str]:
+        return [i for i in instances if engine_of is not None and engine_of(i) == "vllm"]
+
+    if isinstance(plan, InstanceFault) and plan.fault in NEEDS_FAULT_ADMIN and (victims := vllm(plan.instances)):
+        raise FaultNotInjectable(
+            f"instance {victims[0]} is stock vLLM: {NEEDS_FAULT_ADMIN[plan.fault]} is injected through the "
+            "reference engine's fault admin (POST /admin/faults), which vLLM does not have; drill it with sigkill "
+            "or sigstop (or zone_loss), or point the drill at a reference engine")
+    slowed = vllm(plan.slow if plan.slow is not None else plan.prefer)
+    if traffic.token_delay_ms and slowed:
+        raise FaultNotInjectable(
+            f"traffic.token_delay_ms={traffic.token_delay_ms:g} slows {slowed} through the reference engine's "
+            "fault admin, which stock vLLM does not have: set it to 0 and give the streams enough max_tokens for "
+            "the fault to land mid-stream")
 
 
 def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
                target: str | None, clock: Clock, sleep: Callable[[float], None],
                probe: Callable[[], str | None] | None = None, expected_tier: str = "l7") -> FaultPlan:
-    """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius`."""
+    """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius` or
+    needs a hook the fleet's engines do not have."""
+    plan = _choose_plan(scope=scope, fault=fault, radius=radius, traffic=traffic, fleet=fleet, target=target,
+                        clock=clock, sleep=sleep, probe=probe, expected_tier=expected_tier)
+    refuse_without_hooks(fleet, plan, traffic)
+    return plan
+
+
+def _choose_plan(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
+                 target: str | None, clock: Clock, sleep: Callable[[float], None],
+                 probe: Callable[[], str | None] | None, expected_tier: str) -> FaultPlan:
     # A fleet that does not name its region (fleet files written before `region:`) is taken to be the radius's.
     fleet_region = getattr(fleet, "region", None) or radius.region
     if radius.region != fleet_region:
@@ -758,7 +786,9 @@ def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, tra
         if victim is None:
             raise OutsideBlastRadius(f"no instance of the blast radius {radius.instances} is in the fleet")
         check_blast_radius(radius, [victim])
-        refuse_without_hooks(fleet, victim, fault)
+        if fault == DrillFault.SIGSTOP and not callable(getattr(fleet, "stop", None)):
+            raise UnsupportedDrill("the fleet cannot stop and continue an engine (no `stop`/`resume`): a sigstop "
+                                   "drill has no way to inject or undo its fault")
         return InstanceFault(fault=fault, target=victim, instances=[victim], prefer=[victim], engines=engines)
     if fault == DrillFault.ZONE_LOSS:
         zone_of = getattr(fleet, "zone_of", None)

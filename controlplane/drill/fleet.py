@@ -12,7 +12,8 @@
         url: http://127.0.0.1:8001
         served_model: tiny-seed0
         zone: local-a                            # optional: zone drills need every instance's zone
-        pid_file: /run/lifeline/eng-0.pid        # SIGKILL goes to this pid (vllm: its process group)
+        pid_file: /run/lifeline/eng-0.pid        # SIGKILL goes to this pid (vllm: its process group);
+                                                 # SIGSTOP / SIGCONT too (vllm: its engine core only)
         engine: reference                        # optional: reference (default) | vllm (stock vLLM: no fault
                                                  # admin; killed with its engine core; ready on /health)
         restart: [lifeline, engine, serve, ...]   # how the pool brings it back (detached)
@@ -35,6 +36,7 @@ stand-in, named as such. A restart waits for /healthz/ready (bounded).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,6 +48,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.vllm_processes import engine_processes
 from controlplane.drill.faults import PidHandle
 from controlplane.drill.tiers import DnsObserver, HttpCutovers
 
@@ -259,6 +262,32 @@ class FileFleet:
         # vLLM's engine core is a child of its API server: a node loss takes both, and a SIGKILL of the
         # server alone would leave the core holding the accelerator
         _kill(instance.pid_file, group=instance.engine == "vllm")
+
+    def stop(self, instance_id: str) -> None:
+        """SIGSTOP the instance's engine: the reference engine's process; stock vLLM's engine core(s) alone, so
+        its API server still answers `/health` (the wedge vLLM's own health check does not see)."""
+        for pid in self._engine_pids(instance_id):
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self, instance_id: str) -> None:
+        """SIGCONT what `stop` stopped (harmless on a process that runs)."""
+        for pid in self._engine_pids(instance_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def _engine_pids(self, instance_id: str) -> list[int]:
+        instance = self.spec.instances[instance_id]
+        pid = _read_pid(instance.pid_file)
+        if pid is None:
+            raise RuntimeError(f"fleet: instance {instance_id} has no running process in its pid_file "
+                               f"({instance.pid_file}); it cannot be stopped")
+        if instance.engine != "vllm":
+            return [pid]
+        cores = [process.pid for process in engine_processes(pid)]
+        if not cores:
+            raise RuntimeError(f"fleet: vLLM instance {instance_id} (pid {pid}) has no engine core process under "
+                               "its API server to stop")
+        return cores
 
     def restart(self, instance_id: str) -> None:
         instance = self.spec.instances[instance_id]

@@ -23,7 +23,7 @@ class DrillDefinition(Base):
         UniqueConstraint("name", "version"),
         CheckConstraint("scope IN ('instance', 'zone', 'region')", name="scope"),
         CheckConstraint(
-            "fault IN ('sigkill', 'hang', 'corrupt_weights', 'zone_loss', 'region_loss', "
+            "fault IN ('sigkill', 'sigstop', 'hang', 'corrupt_weights', 'zone_loss', 'region_loss', "
             "'controlplane_down', 'redis_down')",
             name="fault",
         ),

@@ -12,13 +12,15 @@ lands once `traffic.fault_after_tokens` tokens have reached the client, on
 one instance the blast radius names:
 
     sigkill          the fleet kills the process (SIGKILL; the pool driver in production)
+    sigstop          the fleet stops the engine (SIGSTOP; stock vLLM: its engine core), SIGCONT to undo
     hang             the engine's fault admin: POST /admin/faults {"hang_after_tokens": now}
     corrupt_weights  the engine's fault admin: POST /admin/faults {"corrupt_weights": true}
 
 Lifeline recovers on its own (the gateway migrates the streams); the runner
 only watches. Stop conditions (error rate, TTFT p99) are checked every time a
 request finishes; one crossed stops the traffic, rolls the fault back
-(faults cleared; a killed or corrupted instance restarted) and aborts the run.
+(faults cleared; a stopped engine continued; a killed or corrupted instance
+restarted) and aborts the run.
 After the traffic, the fault is rolled back the same way, a canary (the
 greedy request, straight to each instance) measures RTO_quality, the
 `routing.tier` events written since the drill began are read back in order,
@@ -90,6 +92,9 @@ class Fleet(Protocol):
 
     def restart(self, instance_id: str) -> None:
         """Bring the instance back (new generation) and wait until it is routable again."""
+
+    # sigstop drills also need `stop(instance_id)` (SIGSTOP the engine: stock vLLM's engine core) and
+    # `resume(instance_id)` (SIGCONT); a fleet without them is refused such a drill (faults.plan_fault).
 
 
 class EventReader(Protocol):

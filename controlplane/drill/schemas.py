@@ -14,6 +14,7 @@ from controlplane.types import Name, Reason, Text
 # Which scope each fault belongs to: an instance fault cannot be declared on a region, and so on.
 FAULT_SCOPES: dict[DrillFault, frozenset[DrillScope]] = {
     DrillFault.SIGKILL: frozenset({DrillScope.INSTANCE}),
+    DrillFault.SIGSTOP: frozenset({DrillScope.INSTANCE}),
     DrillFault.HANG: frozenset({DrillScope.INSTANCE}),
     DrillFault.CORRUPT_WEIGHTS: frozenset({DrillScope.INSTANCE}),
     DrillFault.ZONE_LOSS: frozenset({DrillScope.ZONE}),

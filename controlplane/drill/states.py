@@ -30,6 +30,7 @@ class DrillScope(StrEnum):
 
 class DrillFault(StrEnum):
     SIGKILL = "sigkill"
+    SIGSTOP = "sigstop"
     HANG = "hang"
     CORRUPT_WEIGHTS = "corrupt_weights"
     ZONE_LOSS = "zone_loss"

@@ -156,3 +156,48 @@ def test_epoch_rotate_gives_a_restored_database_a_new_epoch_and_an_event(
     assert (event["before"], event["after"], event["reason"], event["routing_tier"]) == (
         {"epoch": before}, {"epoch": after}, "restored from backup", "l7")
     assert event["actor"].startswith("cli:")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_sigstop_fault_comes_with_its_migration_and_existing_runs_keep_their_definition(
+        backend: str, tmp_path: Path) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from common.clock import SystemClock
+    from controlplane.db import build_session_factory, session_scope
+    from controlplane.drill import service
+    from controlplane.drill.schemas import DrillSpec
+
+    def define(fault: str) -> int:
+        spec = DrillSpec.model_validate({"name": f"drill-{fault}", "model": "tiny", "scope": "instance",
+                                         "fault": fault, "blast_radius": {"region": "local", "instances": ["v"]}})
+        with session_scope(factory) as session:
+            definition = service.define(session, spec=spec, actor="test", clock=SystemClock())
+            return service.create_run(session, definition=definition, trigger="manual", actor="test",
+                                      clock=SystemClock()).id
+
+    with throwaway_database(backend, tmp_path) as url:
+        upgrade(url, "0019")
+        engine = build_engine(url)
+        factory = build_session_factory(engine)
+        try:
+            with pytest.raises(IntegrityError):
+                define("sigstop")
+            kill_run = define("sigkill")  # a run whose definition the upgrade rebuilds under it
+            upgrade(url)
+            define("sigstop")
+            with session_scope(factory) as session:
+                assert service.get_run_or_raise(session, run_id=kill_run).definition.fault == "sigkill"
+            with pytest.raises(RuntimeError, match="inject sigstop"):
+                downgrade(url, "0019")
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DELETE FROM drill_runs WHERE definition_id IN "
+                                     "(SELECT id FROM drill_definitions WHERE fault = 'sigstop')")
+                conn.exec_driver_sql("DELETE FROM drill_definitions WHERE fault = 'sigstop'")
+            downgrade(url, "0019")
+            with pytest.raises(IntegrityError):
+                define("sigstop")
+            with session_scope(factory) as session:
+                assert service.get_run_or_raise(session, run_id=kill_run).definition.fault == "sigkill"
+        finally:
+            engine.dispose()
