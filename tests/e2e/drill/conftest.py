@@ -10,8 +10,6 @@ registry gives a higher generation.
 from __future__ import annotations
 
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from common.clock import SystemClock
-from controlplane.app import create_app
-from controlplane.auth import service as auth_service
-from controlplane.auth.roles import Role
-from controlplane.config import ControlPlaneSettings
-from controlplane.db import build_engine, build_session_factory, session_scope
-from controlplane.schema import upgrade
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
+from tests.support.served_controlplane import ControlPlane, served_controlplane
 
 
 @dataclass
@@ -79,50 +70,22 @@ class LocalFleet:
         self.engines[instance_id].kill(signal.SIGKILL)
         self.start_engine(instance_id)
 
+    def stop(self, instance_id: str) -> None:
+        self.engines[instance_id].process.send_signal(signal.SIGSTOP)
+
+    def resume(self, instance_id: str) -> None:
+        self.engines[instance_id].process.send_signal(signal.SIGCONT)
+
     def close(self) -> None:
         for engine in self.started:
             engine.kill()
         self.gateway.kill()
 
 
-@dataclass
-class ControlPlane:
-    url: str
-    factory: Any
-    tokens: dict[str, str]
-    server: uvicorn.Server
-    thread: threading.Thread
-    app: Any
-
-    def headers(self, role: str = "operator") -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[role]}"}
-
-
 @pytest.fixture(scope="module")
 def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    workdir = tmp_path_factory.mktemp("drill-controlplane")
-    url = f"sqlite:///{workdir / 'controlplane.sqlite3'}"
-    upgrade(url)
-    settings = ControlPlaneSettings(database_url=url, data_dir=workdir, artifact_roots=[workdir])
-    factory = build_session_factory(build_engine(url))
-    tokens = {}
-    with session_scope(factory) as session:
-        for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.GATEWAY):
-            _, tokens[role.value] = auth_service.create_token(session, name=f"drill-{role.value}", role=role,
-                                                              created_by="test", clock=SystemClock())
-    port = free_port()
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "control plane did not start"
-        time.sleep(0.05)
-    yield ControlPlane(base, factory, tokens, server, thread, app)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served_controlplane(tmp_path_factory.mktemp("drill-controlplane")) as served:
+        yield served
 
 
 def _gateway(controlplane: ControlPlane, workdir: Path, model: Path, replica_id: str) -> GatewayProcess:

@@ -1,9 +1,9 @@
 """Instance drills on the local fleet: real engines killed and hung behind a real gateway.
 
-Promise measured: request and semantic recovery. A SIGKILL drill passes with
-every greedy and seeded stream token-identical to the undisturbed run, the
-gateway's `l7` event read back from the control plane, and the report
-exported; a stop condition tripped on purpose aborts the drill and rolls the
+Promise measured: request and semantic recovery. A SIGKILL drill, and a
+SIGSTOP drill undone by SIGCONT, pass with every greedy and seeded stream
+token-identical to the undisturbed run, the gateway's `l7` event read back
+from the control plane, and the report exported; a stop condition tripped on purpose aborts the drill and rolls the
 hang back; a target outside the blast radius is refused before anything is
 touched.
 """
@@ -112,6 +112,22 @@ def test_sigkill_drill_passes_token_identical_and_reports(controlplane, fleet, t
         run = service.get_run_or_raise(session, run_id=run_id)
         assert run.state == "passed" and run.report["measured"]["token_rpo_tokens"] == 0
         assert run.fault_target == "victim"
+
+
+def test_a_sigstop_drill_moves_the_stalled_streams_token_identical_and_the_continued_engine_serves_again(
+        controlplane, fleet, tmp_path):
+    run_id = define(controlplane, name="stop-victim", fault="sigstop")
+    victim_pid = fleet.engines["victim"].process.pid
+    outcome = runner(controlplane, fleet, tmp_path).run(run_id)
+    report = outcome.report
+    assert outcome.state == DrillRunState.PASSED, report["follow_ups"]
+    assert (report["measured"]["token_rpo_tokens"], report["measured"]["requests_lost"]) == (0, 0)
+    assert report["migrated_streams"] >= 1  # stalled mid-stream, moved by the gateway's stall timeout
+    assert "l7" in report["routing_tiers_in_order"]
+    # Rolled back by SIGCONT, not a restart: the same process, running, routable again.
+    assert fleet.engines["victim"].process.pid == victim_pid
+    assert "State:\tT" not in Path(f"/proc/{victim_pid}/status").read_text()
+    fleet.gateway.wait_routable("tiny", 2)
 
 
 def test_stop_condition_tripped_on_purpose_aborts_and_rolls_back(controlplane, fleet, tmp_path):
