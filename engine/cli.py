@@ -67,6 +67,7 @@ def serve(
     state_dir: Annotated[Optional[Path], _opt(E, "state_dir")] = None,
     dtype: Annotated[Optional[str], _opt(E, "dtype")] = None,
     max_num_seqs: Annotated[Optional[int], _opt(E, "max_num_seqs")] = None,
+    max_waiting: Annotated[Optional[int], _opt(E, "max_waiting")] = None,
     max_prefill_tokens: Annotated[Optional[int], _opt(E, "max_prefill_tokens")] = None,
     torch_threads: Annotated[Optional[int], _opt(E, "torch_threads")] = None,
     enable_fault_admin: Annotated[Optional[bool], _opt(E, "enable_fault_admin")] = None,

@@ -10,6 +10,7 @@ gateway through `contract.identity.DRAINING_ERROR_TYPE`.
     ├── NotFound (404 NotFoundError)
     ├── MethodNotAllowed (405 MethodNotAllowedError)
     ├── NotReady (503 ServiceUnavailableError): starting, partitioned, superseded, draining
+    ├── EngineOverloaded (429 engine_overloaded): --max-waiting sequences already wait; carries Retry-After
     ├── EngineDraining (503 engine_draining): a request cut short by a planned shutdown
     ├── DecodeLoopStalled (503 decode_loop_stalled): /healthz/live while a step is over its bound
     ├── KVCheckpointRefused (400 kv_checkpoint_invalid): an import that is not a valid KV bundle
@@ -55,6 +56,13 @@ class NotFound(EngineError):
 class MethodNotAllowed(EngineError):
     status_code = 405
     error_type = "MethodNotAllowedError"
+
+
+class EngineOverloaded(EngineError):
+    """The waiting queue is full (`max_waiting`): refused before anything is queued, so memory stays bounded."""
+
+    status_code = 429
+    error_type = "engine_overloaded"
 
 
 class EngineDraining(EngineError):

@@ -26,6 +26,9 @@ class EngineMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.refused_overloaded = Counter(
+            "lifeline_engine_refused_overloaded", "Requests refused with 429 because max_waiting sequences waited",
+            registry=r)
         self.faults = Counter("lifeline_engine_faults_injected", "Faults injected", ["fault"], registry=r)
         self.ready = Gauge("lifeline_engine_ready", "1 once weights are loaded and self-test passed", registry=r)
         self.boot_generation = Gauge("lifeline_engine_boot_generation", "Boot generation", registry=r)

@@ -314,7 +314,8 @@ async def load_runtime(settings: EngineSettings, fault_settings: FaultSettings, 
     scheduler = Scheduler(model, metrics, max_num_seqs=settings.max_num_seqs,
                           max_prefill_tokens=settings.max_prefill_tokens, hooks=faults, clock=clock,
                           prefix_cache=prefix_cache, checkpointer=checkpointer,
-                          step_stall_bound_s=settings.step_stall_bound.total_seconds())
+                          step_stall_bound_s=settings.step_stall_bound.total_seconds(),
+                          max_waiting=settings.max_waiting)
     runtime = EngineRuntime(
         settings=settings, clock=clock, tokenizer=Tokenizer.from_file(str(settings.model / "tokenizer.json")),
         model=model, scheduler=scheduler, metrics=metrics, faults=faults,

@@ -78,14 +78,20 @@ class Sequence:
         self.cancelled = True
 
 
+class QueueFull(Exception):
+    """`max_waiting` sequences already wait for a decode slot: this one was not queued."""
+
+
 class Scheduler:
     def __init__(self, model: LlamaModel, metrics: EngineMetrics, *, max_num_seqs: int,
                  max_prefill_tokens: int = 2048, hooks: EngineHooks | None = None,
                  clock: Clock | None = None, prefix_cache: PrefixCache | None = None,
-                 checkpointer: KVCheckpointer | None = None, step_stall_bound_s: float = 10.0) -> None:
+                 checkpointer: KVCheckpointer | None = None, step_stall_bound_s: float = 10.0,
+                 max_waiting: int | None = None) -> None:
         self.model = model
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting  # None: unbounded (the self-test's and a standby's private scheduler)
         self.max_prefill_tokens = max_prefill_tokens
         self.hooks: EngineHooks = hooks or NoFaults()
         self.clock: Clock = clock or SystemClock()
@@ -108,9 +114,12 @@ class Scheduler:
         self._thread.join(timeout=5)
 
     def submit(self, seq: Sequence) -> None:
+        """Queue `seq` for a decode slot; QueueFull (nothing queued) when `max_waiting` already wait."""
         seq.arrived_at = self.clock.now()
         seq.not_before = seq.arrived_at + self.hooks.first_token_delay_s()
         with self._wake:
+            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} sequences wait for one of {self.max_num_seqs} decode slots")
             self._waiting.append(seq)
             self.metrics.waiting.set(len(self._waiting))
             self._wake.notify()

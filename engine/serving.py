@@ -18,13 +18,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.logs import get_logger
 from contract.openai import usage
-from engine.errors import BadRequest, EngineDraining, EngineError, NotReady
+from engine.errors import BadRequest, EngineDraining, EngineError, EngineOverloaded, NotReady
 from engine.lifecycle import EngineStatus
 from engine.protocol import ChatCompletionRequest, CompletionRequest, EngineSampling
 from engine.response_shapes import ChatShape, CompletionShape, DecodeStream
 from engine.runtime import EngineRuntime
 from engine.sampling import SamplingParams
-from engine.scheduler import ErrorEvent, Sequence, TokenEvent
+from engine.scheduler import ErrorEvent, QueueFull, Sequence, TokenEvent
 from engine.sse import DONE, sse_data, sse_error
 
 log = get_logger(__name__)
@@ -168,7 +168,12 @@ class OpenAIServing:
             seq.kv_cached_before = prefetched.cached_blocks * runtime.checkpointer.block_tokens
             seq.kv_imported_upto = prefetched.upto_blocks * runtime.checkpointer.block_tokens
         self._begin(seq)
-        runtime.scheduler.submit(seq)
+        try:
+            runtime.scheduler.submit(seq)
+        except QueueFull as full:
+            self._end(seq)
+            runtime.metrics.refused_overloaded.inc()
+            raise EngineOverloaded(f"{full}; try again later", retry_after_s=1) from None
         if body.stream:
             return StreamingResponse(self._stream(seq, body, prompt_ids, shape), media_type="text/event-stream")
         return await self._collect(seq, body, prompt_ids, shape)
@@ -187,7 +192,10 @@ class OpenAIServing:
                        stop_token_ids=frozenset(), logprobs=None, loop=asyncio.get_running_loop())
         self._begin(seq)
         try:
-            runtime.scheduler.submit(seq)
+            try:
+                runtime.scheduler.submit(seq)
+            except QueueFull as full:
+                raise EngineOverloaded(f"{full}; not computing KV now", retry_after_s=1) from None
             while True:
                 event = await seq.events.get()
                 if isinstance(event, ErrorEvent):

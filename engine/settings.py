@@ -47,6 +47,8 @@ class EngineSettings(BaseSettings):
     state_dir: Path | None = Field(None, description="where the boot generation counter lives")
     dtype: Literal["float64", "float32"] = Field("float64", description="float64 (exact resume) or float32 (faster)")
     max_num_seqs: int = Field(64, ge=1, description="sequences decoded together; more wait")
+    max_waiting: int = Field(256, ge=0, description="sequences waiting for a decode slot; more are refused at once "
+                             "(429 engine_overloaded, Retry-After) instead of queued without bound")
     max_prefill_tokens: int = Field(2048, ge=1, description="prompt tokens prefilled per scheduler step (at least one prompt)")
     torch_threads: int | None = Field(None, ge=1)
     enable_fault_admin: bool = Field(False, description="expose GET/POST /admin/faults")
