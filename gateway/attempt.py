@@ -32,7 +32,7 @@ from contextlib import aclosing
 from typing import Any
 
 from gateway.deps import Deps
-from gateway.engine_client import DRAINING, LEFT_ROUTING, EngineFailure, EngineToken, Opened
+from gateway.engine_client import DRAINING, LEFT_ROUTING, OVERLOADED, EngineFailure, EngineToken, Opened
 from gateway.errors import RecoveryImpossible
 from gateway.router import Endpoint
 from gateway.settings import RecoveryStrategy
@@ -106,7 +106,8 @@ class Attempt:
                 # not send the session round again without a migration being counted.
                 raise EngineFailure("stream_ended", "the engine stream ended without a final token")
         except EngineFailure as failure:
-            if failure.reason not in (DRAINING, LEFT_ROUTING) and await deps.router.failed(endpoint, failure.reason):
+            # A planned stop and a full queue are no fault of the engine's: neither counts toward its ejection.
+            if failure.reason not in (DRAINING, LEFT_ROUTING, OVERLOADED) and await deps.router.failed(endpoint, failure.reason):
                 deps.metrics.suppressed.inc()
             if failure.reason == "stale_generation":
                 deps.metrics.stale_frames.inc()

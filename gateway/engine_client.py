@@ -27,6 +27,7 @@ the hang-up and stops decoding; a completed one is kept alive for reuse.
 from __future__ import annotations
 
 import asyncio
+import math
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gateway.engine_connection import (
     FINAL_FINISH_REASONS,
     LEFT_ROUTING,
     NO_TOKEN_IDS,
+    OVERLOADED,
     Connector,
     EngineFailure,
     EngineRejected,
@@ -200,7 +202,9 @@ class EngineClient:
                 raw = bytes(connection.body)
                 if status < 500 and status not in (408, 429):
                     raise EngineRejected(status, _json_or_text(raw))
-                raise EngineFailure(f"http_{status}", raw[:200].decode(errors="replace"))
+                retry_after = _float_or_none(connection.headers.get(b"retry-after"))
+                raise EngineFailure(OVERLOADED if status == 429 else f"http_{status}",
+                                    raw[:200].decode(errors="replace"), retry_after_s=retry_after)
             generation = _int_or_none(connection.headers.get(b"x-lifeline-generation"))
             if endpoint.generation is not None and generation is not None and generation != endpoint.generation:
                 raise EngineFailure("stale_generation", f"routed to generation {endpoint.generation}, engine is {generation}")
@@ -280,6 +284,15 @@ async def _late_event(connection: _Connection, endpoint: Endpoint, watch: Watch,
             return await connection.next_event(min(every, remaining))
         except TimeoutError:
             waited += min(every, remaining)
+
+
+def _float_or_none(value: bytes | None) -> float | None:
+    """A Retry-After in seconds (the HTTP-date form is not one an engine sends); None if absent or not a number."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _int_or_none(value: bytes | None) -> int | None:

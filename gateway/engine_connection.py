@@ -19,14 +19,15 @@ import httptools
 if TYPE_CHECKING:
     from gateway.engine_client import EngineClient
 
-__all__ = ["ABORTED", "DRAINING", "FINAL_FINISH_REASONS", "LEFT_ROUTING", "NO_TOKEN_IDS", "EngineFailure",
-           "EngineRejected", "EngineToken", "Opened"]
+__all__ = ["ABORTED", "DRAINING", "FINAL_FINISH_REASONS", "LEFT_ROUTING", "NO_TOKEN_IDS", "OVERLOADED",
+           "EngineFailure", "EngineRejected", "EngineToken", "Opened"]
 
 # `EngineFailure.reason`s the session and the router treat apart from the rest:
 DRAINING = "engine_draining"  # a planned shutdown: migrate without spending the retry budget
 ABORTED = "engine_aborted"  # the engine ended the stream with a finish the client did not ask for (vLLM's "abort")
 NO_TOKEN_IDS = "no_token_ids"  # output without per-token ids: the engine cannot say what it committed (too old)
 LEFT_ROUTING = "engine_left_routing"  # silent after its lease went or the agent marked it draining: routing moved it
+OVERLOADED = "engine_overloaded"  # a 429: the engine's queue is full; busy, not broken (no outlier ejection)
 
 # The finishes that end a stream as the client asked: the stop condition, the token budget, a tool call. vLLM
 # also ends streams with "abort" (shutdown, preemption, lost KV) and others with "error": those are failures,
@@ -37,9 +38,10 @@ FINAL_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "function_call
 class EngineFailure(Exception):
     """The engine could not finish the stream; `reason` feeds metrics and the policy."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, retry_after_s: float | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.retry_after_s = retry_after_s  # the engine's Retry-After, where it answered one
 
 
 class EngineRejected(Exception):

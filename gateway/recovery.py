@@ -27,7 +27,12 @@ original deadline, and a token from the retry budget. The budget bounds
 failure until the continuation's first token, not for the rest of the
 stream; a planned shutdown (the engine ends the stream with
 `engine_draining`, or goes silent after it left routing:
-`engine_left_routing`) migrates without one. Otherwise the stream ends with
+`engine_left_routing`) migrates without one. The first migration goes at
+once; later ones back off (`recovery.migration_backoff`, full jitter). An
+engine that answers 429 (its queue full: `engine_overloaded`) is busy, not
+broken: the request moves on without counting toward its ejection, and a
+request every engine refused so, before the client had a byte, is the
+client's 429 `overloaded`. Otherwise the stream ends with
 an SSE `error` event whose `type` is one of `engine_failed`,
 `not_resumable`, `migration_limit`, `deadline_exceeded`,
 `retry_budget_exhausted`, `no_healthy_endpoint`, `engine_incompatible` (the
@@ -44,6 +49,7 @@ The stream's status moves only as `stream_status.TRANSITIONS` allows.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -59,13 +65,13 @@ from gateway.attempt import Attempt
 from gateway.deps import Deps, hold_ownership
 from contract.engine_support import INCOMPATIBLE_ERROR_TYPE
 from contract.sampling import Sampling
-from gateway.engine_client import DRAINING, LEFT_ROUTING, NO_TOKEN_IDS, EngineFailure, EngineRejected, EngineToken, Opened
+from gateway.engine_client import DRAINING, LEFT_ROUTING, NO_TOKEN_IDS, OVERLOADED, EngineFailure, EngineRejected, EngineToken, Opened
 from gateway.errors import EnginePassthrough, GatewayError, NoHealthyEndpoint, Overloaded, RecoveryImpossible, StreamCancelled
 from gateway.policy import continuation_refused, decide
 from gateway.outlier import EndpointKey
 from gateway.router import Endpoint, NoExactContinuation
 from gateway.sessions import SessionTurn
-from gateway.settings import RecoveryStrategy
+from gateway.settings import RecoveryConfig, RecoveryStrategy
 from gateway.stream_request import StreamRequest
 from gateway.stream_status import StreamEvent, StreamStatus
 from gateway.token_log import Frame
@@ -109,6 +115,7 @@ class StreamSession:
         self._opened = False
         self._failed_endpoints: list[EndpointKey] = []  # in order; the last is never routed to again, the rest last
         self._last_failure: EngineFailure | None = None
+        self._failures: list[EngineFailure] = []  # every engine failure of this session, in order
         # A sampled stream's committed tokens can be redrawn token for token only while every one of them came
         # from a position-keyed engine (contract/sampling.py); once a move could not keep that, every later
         # token says `continuation: may_differ`.
@@ -213,6 +220,7 @@ class StreamSession:
                     self._failed_endpoints.remove(endpoint.key)
                 self._failed_endpoints.append(endpoint.key)
                 self._last_failure = failure
+                self._failures.append(failure)
                 await self._migrate(failure)
             except EngineRejected as rejected:
                 if self.committed or self.next_seq:
@@ -264,8 +272,17 @@ class StreamSession:
         self.deps.metrics.inexact_continuations.inc()
         self.log.warning("sampled stream continues on an engine that cannot redraw it", why=why)
 
-    def _impossible(self, reason: str, message: str) -> RecoveryImpossible:
-        """The stream's end; an engine that could not say what it committed is named as the cause, typed."""
+    def _impossible(self, reason: str, message: str) -> GatewayError:
+        """The stream's end; an engine that could not say what it committed is named as the cause, typed.
+
+        A request no engine took — each one it tried answered 429, its queue full — was never started: the
+        client gets the 429 `overloaded` it can retry on (Retry-After: the longest the engines asked), not
+        a failed stream.
+        """
+        if self._failures and not self._opened and all(f.reason == OVERLOADED for f in self._failures):
+            waits = [f.retry_after_s for f in self._failures if f.retry_after_s is not None]
+            return Overloaded(f"every engine tried is at its queue limit ({message})", retry_after_s=max(
+                waits, default=self.deps.settings.admission.retry_after.total_seconds()))
         last = self._last_failure
         if last is not None and last.reason == NO_TOKEN_IDS and reason != INCOMPATIBLE_ERROR_TYPE:
             return RecoveryImpossible(INCOMPATIBLE_ERROR_TYPE, f"{last} ({message})")
@@ -301,7 +318,23 @@ class StreamSession:
         self.deps.metrics.migrations.labels(reason=failure.reason, strategy=self.request.strategy.value).inc()
         reprefill = len(self.request.prompt_ids) + (0 if self.request.strategy is RecoveryStrategy.RETRY_FROM_SCRATCH else len(self.committed))
         self.deps.metrics.reprefilled_tokens.inc(reprefill)
-        self.log.warning("migrating stream", reason=failure.reason, committed=len(self.committed), migration=self.migrations)
+        backoff = self._backoff(settings)
+        self.log.warning("migrating stream", reason=failure.reason, committed=len(self.committed), migration=self.migrations,
+                         backoff_s=round(backoff, 3))
+        if backoff > 0:
+            await asyncio.sleep(backoff)
+
+    def _backoff(self, settings: RecoveryConfig) -> float:
+        """Seconds before this migration's attempt: none for the first (the engine that died is the likely
+        cause, its peers are likely fine), then a random wait up to `migration_backoff` × 2^(n-2), at most
+        `migration_backoff_max` (exponential backoff with full jitter, so streams failed by one crash do not
+        re-arrive in step), and never past the point where the deadline leaves no room to migrate."""
+        if self.migrations < 2:
+            return 0.0
+        ceiling = min(settings.migration_backoff_max.total_seconds(),
+                      settings.migration_backoff.total_seconds() * 2 ** (self.migrations - 2))
+        room = self._remaining() - settings.min_deadline_remaining.total_seconds()
+        return max(0.0, min(random.uniform(0.0, ceiling), room))
 
     def _end_retry(self) -> None:
         if self._holds_retry_token:

@@ -106,6 +106,10 @@ class RecoveryConfig(_Section):
                                       "migrate at once instead of waiting out stall_timeout")
     request_timeout: Seconds = Field(timedelta(minutes=5), description="default deadline; X-Lifeline-Timeout-Ms overrides")
     min_deadline_remaining: Seconds = Field(timedelta(milliseconds=500), description="do not migrate with less left")
+    migration_backoff: Seconds = Field(timedelta(milliseconds=100), description="before a stream's second and later "
+                                       "migrations: a random wait up to this × 2^(n-2) (full jitter); the first is "
+                                       "immediate")
+    migration_backoff_max: Seconds = Field(timedelta(seconds=2), description="the longest such wait")
 
     @model_validator(mode="after")
     def _check(self) -> RecoveryConfig:
