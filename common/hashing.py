@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Protocol
 
 DEFAULT_BLOCK_BYTES = 8 * 1024 * 1024
@@ -28,6 +29,16 @@ class ShardDigest:
 
 class ShardSource(Protocol):
     def open(self, path: str) -> BinaryIO: ...
+
+
+class DirectorySource:
+    """A `ShardSource` over a local directory: shard paths are relative to `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def open(self, path: str) -> BinaryIO:
+        return (self.root / path).open("rb")
 
 
 def _blocks(stream: BinaryIO, block_bytes: int) -> Iterator[bytes | memoryview]:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
+from common.hashing import DirectorySource, hash_shards
 
 WEIGHT_SUFFIX = ".safetensors"
 
@@ -24,6 +27,15 @@ WEIGHT_SUFFIX = ".safetensors"
 # short (an SSE error event mid-stream, a 503 body before it): the gateway
 # migrates on it as on a crash, but the engine is healthy and chose to stop.
 DRAINING_ERROR_TYPE = "engine_draining"
+
+
+def directory_weights_digest(model_dir: Path, *, workers: int = 4) -> str:
+    """`weights_digest` of the `*.safetensors` shards under `model_dir` (keyed by their path in it), hashed here:
+    what an engine started from that directory serves, whatever the engine (the reference engine at start-up,
+    the memory holder, the catalog's canary for a stock vLLM that cannot say it)."""
+    shards = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob(f"*{WEIGHT_SUFFIX}") if p.is_file())
+    digests = hash_shards(DirectorySource(model_dir), shards, workers=workers)
+    return weights_digest({d.path: d.sha256 for d in digests})
 
 
 def weights_digest(file_sha256: Mapping[str, str]) -> str:

@@ -10,7 +10,6 @@ supersedes it once the engine registers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from tokenizers import Tokenizer
 
 from common.clock import Clock
 from common.logs import get_logger
-from contract.identity import WEIGHT_SUFFIX, EngineIdentity, weights_digest
+from contract.identity import EngineIdentity, directory_weights_digest
 from engine.boot_generation import next_boot_generation
 from engine.faults import FaultInjector
 from engine.holder_client import (
@@ -47,24 +46,6 @@ from engine.settings import EngineSettings, FaultSettings
 log = get_logger(__name__)
 
 SELF_TEST_PROMPT = "Healthy engine serves the request."
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as shard:
-        while block := shard.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def compute_weights_digest(model_dir: Path) -> str:
-    """`contract.identity.weights_digest` of every `*.safetensors` shard, keyed by its path in the directory.
-
-    The catalog computes the same value from the shard digests it recorded, so
-    an engine's `/healthz/generation` can be compared with the registered version.
-    """
-    shards = sorted(p for p in model_dir.rglob(f"*{WEIGHT_SUFFIX}") if p.is_file())
-    return weights_digest({p.relative_to(model_dir).as_posix(): _sha256_file(p) for p in shards})
 
 
 def _load_chat_template(model_dir: Path) -> str | None:
@@ -206,7 +187,7 @@ def load_weights_for(settings: EngineSettings, dtype: torch.dtype, generation: i
             return model, digest, origin
     started = clock.now()
     model = LlamaModel.load(settings.model, dtype)
-    digest = compute_weights_digest(settings.model)
+    digest = directory_weights_digest(settings.model)
     metrics.weights_from_holder.set(0)
     metrics.holder_connected.set(0)
     return model, digest, WeightsOrigin(source="disk", holder_url=settings.holder, fallback_reason=reason,

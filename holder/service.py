@@ -53,6 +53,7 @@ from contract.holder import (
     kv_root_hash,
     tokenizer_digest,
 )
+from contract.identity import directory_weights_digest
 from holder import store
 from holder.errors import HolderNotReady, KVConflict, KVPoolAbsent, TenantSuperseded, UnknownTenant
 from holder.ledger import Ledger
@@ -155,7 +156,7 @@ class MemoryHolder:
     def ensure_weights(self) -> WeightsDescription:
         """Adopt a sealed region holding these weights in this dtype, or reserve, fill and seal one."""
         model_dir = self.settings.model.resolve()
-        digest = store.model_weights_digest(model_dir)
+        digest = directory_weights_digest(model_dir)
         config_sha = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
         meta = {"model_dir": str(model_dir), "weights_digest": digest, "config_sha256": config_sha,
                 "dtype": self.settings.dtype}

@@ -28,18 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from contract.holder import TENSOR_ALIGNMENT, TensorSpec
-from contract.identity import WEIGHT_SUFFIX, weights_digest
 
 # The seal of a KV pool region: its blocks are checksummed one by one (kv_commit records), not as a whole.
 PER_BLOCK = "per-block"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def region_checksum(path: Path) -> str:
@@ -49,12 +40,6 @@ def region_checksum(path: Path) -> str:
         return "sha256:" + hashlib.sha256().hexdigest()
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as mapped:
         return "sha256:" + hashlib.sha256(mapped).hexdigest()
-
-
-def model_weights_digest(model_dir: Path) -> str:
-    """The same value as the engine's `compute_weights_digest` (contract.identity.weights_digest)."""
-    shards = sorted(p for p in model_dir.rglob(f"*{WEIGHT_SUFFIX}") if p.is_file())
-    return weights_digest({p.relative_to(model_dir).as_posix(): sha256_file(p) for p in shards})
 
 
 def plan_layout(tensors: list[tuple[str, str, tuple[int, ...]]]) -> tuple[list[TensorSpec], int]:

@@ -54,12 +54,11 @@ import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from common.clock import Clock
-from common.hashing import hash_shards
+from common.hashing import DirectorySource, hash_shards
 from common.logs import get_logger
 from contract.events import AgentStagedVersion, DataPlaneEvent, StagingOutcome
 from contract.identity import WEIGHT_SUFFIX, weights_digest
@@ -78,16 +77,6 @@ class StagingResult:
     outcome: StagingOutcome
     reason: str
     shard: str | None = None
-
-
-class _Directory:
-    """`common.hashing.ShardSource` over a local directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def open(self, path: str) -> BinaryIO:
-        return (self.root / path).open("rb")
 
 
 def _inside(path: str) -> bool:
@@ -114,7 +103,7 @@ def check_staged(entry: VersionEntry, directory: Path, *, workers: int = HASH_WO
     if absent:
         return StagingResult(version, "missing", f"{len(absent)} of {len(expected)} recorded files absent from "
                                                  f"{directory}: {', '.join(absent[:5])}", shard=absent[0])
-    source = _Directory(directory)
+    source = DirectorySource(directory)
     for digest in hash_shards(source, sorted(expected), workers=workers):
         if digest.sha256 != expected[digest.path]:
             return StagingResult(version, "mismatch", f"{digest.path} has sha256 {digest.sha256[:16]}…, the "

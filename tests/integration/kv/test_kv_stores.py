@@ -27,7 +27,7 @@ from engine.kv_transfer import KVCheckpointer, engine_validity
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache
-from engine.runtime import compute_weights_digest
+from contract.identity import directory_weights_digest
 from lifeline.processes import built_model
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -81,7 +81,7 @@ def test_a_checkpoint_written_to_the_store_is_imported_by_another_engine(store_u
     torch.set_num_threads(1)
     model_dir = built_model("tiny", 0)
     model = LlamaModel.load(model_dir, torch.float64)
-    validity = engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=16, dtype="float64")
+    validity = engine_validity(model_dir, directory_weights_digest(model_dir), block_tokens=16, dtype="float64")
 
     def engine(instance: str) -> tuple[KVCheckpointer, LocalPrefixCache, EngineMetrics]:
         cache = LocalPrefixCache(validity, max_blocks=64)
@@ -140,7 +140,7 @@ def test_a_checkpoint_copies_between_stores_verified_and_idempotent(store_url, t
     torch.set_num_threads(1)
     model_dir = built_model("tiny", 0)
     model = LlamaModel.load(model_dir, torch.float64)
-    validity = engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=16, dtype="float64")
+    validity = engine_validity(model_dir, directory_weights_digest(model_dir), block_tokens=16, dtype="float64")
     primary = KVCheckpointStore(FilesystemKVStore(tmp_path / "primary"))
     cache = LocalPrefixCache(validity, max_blocks=64)
     writer = KVCheckpointer(primary, validity, cache.root_hash, cache, EngineMetrics(), ManualClock(),

@@ -14,7 +14,7 @@ from engine.kv_transfer import KVCheckpointer, engine_validity
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache
-from engine.runtime import compute_weights_digest
+from contract.identity import directory_weights_digest
 from lifeline.processes import built_model
 
 BLOCK = 16
@@ -29,7 +29,7 @@ def model() -> LlamaModel:
 
 
 def checkpointer(model_dir: Path, store_dir: Path, *, block_tokens: int = BLOCK, dtype: str = "float64"):
-    validity = engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=block_tokens, dtype=dtype)
+    validity = engine_validity(model_dir, directory_weights_digest(model_dir), block_tokens=block_tokens, dtype=dtype)
     cache = LocalPrefixCache(validity, max_blocks=256)
     metrics = EngineMetrics()
     return KVCheckpointer(KVCheckpointStore(FilesystemKVStore(store_dir)), validity, cache.root_hash, cache, metrics,

@@ -14,7 +14,7 @@ from contract.kv_checkpoint import KVCheckpointInvalid, KVValidityMismatch, veri
 from engine.kv_transfer import decode_bundle, encode_bundle, engine_validity, manifest_for
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache
-from engine.runtime import compute_weights_digest
+from contract.identity import directory_weights_digest
 from lifeline.processes import built_model
 
 BLOCK = 16
@@ -33,7 +33,7 @@ def model(model_dir: Path) -> LlamaModel:
 
 
 def validity_of(model_dir: Path, *, block_tokens: int = BLOCK, dtype: str = "float64") -> KVValidity:
-    return engine_validity(model_dir, compute_weights_digest(model_dir), block_tokens=block_tokens, dtype=dtype)
+    return engine_validity(model_dir, directory_weights_digest(model_dir), block_tokens=block_tokens, dtype=dtype)
 
 
 def greedy(model: LlamaModel, cache_from: LocalPrefixCache | None, prompt: list[int], steps: int,
