@@ -1,8 +1,8 @@
 """The canary: a short fixed prompt whose greedy output is recorded per weight version.
 
 Recorded once from a verified instance (`record_from_engine`: `lifeline
-catalog canary record` into the catalog, or `lifeline agent canary-record`
-into a file) and carried to agents either on the snapshot's
+catalog canary record` into the catalog, a stock vLLM too, or `lifeline
+agent canary-record` into a file) and carried to agents either on the snapshot's
 `VersionEntry.canary` or in a canary file. An agent sends the same prompt
 (token ids, greedy, `ignore_eos`) and compares:
 
@@ -20,11 +20,15 @@ change the first token almost always).
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Literal
+
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import LifelineError
-from contract.identity import EngineIdentity
+from contract.identity import EngineIdentity, directory_weights_digest
 
 
 class CanaryRecord(BaseModel):
@@ -49,38 +53,81 @@ class CanaryNotRecorded(LifelineError):
     error_type = "canary_not_recorded"
 
 
-async def record_from_engine(client: httpx.AsyncClient, url: str, prompt_token_ids: list[int], *, max_tokens: int,
-                             max_ttft_s: float, compare_tokens: int | None = None,
-                             runs: int = 2) -> tuple[EngineIdentity, CanaryRecord]:
-    """The engine's identity and its greedy output for the prompt, the same in each of `runs` runs.
+class CanarySource(BaseModel):
+    """The engine a record came from, as the catalog checks it: the version it serves and the digest of its weights.
 
-    The one way a record is made from an engine that says who it is (`lifeline
-    catalog canary record`, and `lifeline agent canary-record` for the
-    reference engine). Two runs, because a record an engine does not
-    reproduce on its own would eject every healthy instance: an engine
-    without batch-invariant kernels needs `compare_tokens`, and this is how
-    the operator finds out. Whether the engine is a *verified* one (its
-    weights digest is the catalog's) is the catalog's to check, from the
-    identity returned. Stock vLLM has no `/healthz/generation`: record it
-    with `record_from_completions`, naming the served model (the version).
+    `digest_from` says who hashed the weights: `engine`, the engine itself
+    (the reference engine's `/healthz/generation`); `files`, the recorder, from
+    the directory a stock vLLM was started from (its `/v1/models` `root`, or
+    the one the operator named), which vLLM cannot report.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    instance: str  # the engine's instance id; a stock vLLM's URL
+    model: str  # the served model name: the version
+    weights_digest: str
+    digest_from: Literal["engine", "files"]
+
+
+async def record_from_engine(client: httpx.AsyncClient, url: str, prompt_token_ids: list[int], *, max_tokens: int,
+                             max_ttft_s: float, compare_tokens: int | None = None, runs: int = 2,
+                             weights_dir: Path | None = None) -> tuple[CanarySource, CanaryRecord]:
+    """Who the engine is and its greedy output for the prompt, the same in each of `runs` runs.
+
+    The one way a record is made for the catalog (`lifeline catalog canary
+    record`) and from a reference engine for an agent's file (`lifeline agent
+    canary-record`). Two runs, because a record an engine does not reproduce
+    on its own would eject every healthy instance: an engine without
+    batch-invariant kernels needs `compare_tokens`, and this is how the
+    operator finds out. Whether the engine is a *verified* one (its weights
+    digest is the catalog's) is the catalog's to check, from the source
+    returned. Stock vLLM has no `/healthz/generation`: its source is
+    `stock_vllm_source` (the files hashed here).
     """
     url = url.rstrip("/")
     try:
         answer = await client.get(f"{url}/healthz/generation")
-        if not answer.is_success:
-            raise CanaryNotRecorded(f"{url}/healthz/generation answered {answer.status_code}"
-                                    + (" (stock vLLM has none: record it through /v1/completions with its served "
-                                       "model name, `lifeline agent canary-record --model`)"
-                                       if answer.status_code == 404 else ""))
-        identity = EngineIdentity.model_validate_json(answer.content)
+        if answer.status_code == 404:
+            source = await stock_vllm_source(client, url, weights_dir=weights_dir)
+        elif not answer.is_success:
+            raise CanaryNotRecorded(f"{url}/healthz/generation answered {answer.status_code}")
+        else:
+            identity = EngineIdentity.model_validate_json(answer.content)
+            source = CanarySource(instance=identity.instance_id, model=identity.model,
+                                  weights_digest=identity.weights_digest, digest_from="engine")
     except httpx.TransportError as exc:
         raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
     except ValueError as exc:  # not an identity
         raise CanaryNotRecorded(f"{url}: not an engine's answer: {str(exc)[:200]}") from None
-    record = await record_from_completions(client, url, prompt_token_ids, model=identity.model, max_tokens=max_tokens,
+    record = await record_from_completions(client, url, prompt_token_ids, model=source.model, max_tokens=max_tokens,
                                            max_ttft_s=max_ttft_s, compare_tokens=compare_tokens, runs=runs,
-                                           recorded_from=identity.instance_id)
-    return identity, record
+                                           recorded_from=source.instance)
+    return source, record
+
+
+async def stock_vllm_source(client: httpx.AsyncClient, url: str, *, weights_dir: Path | None = None) -> CanarySource:
+    """A stock vLLM as a canary source: the one model its `/v1/models` lists (its `--served-model-name`) and the
+    weights digest of the directory it was started from (`root`), or of `weights_dir`, hashed here.
+
+    vLLM cannot say which bytes it loaded, so the recorder reads the files: the directory must be readable
+    where the record is made (the same host or volume), and `weights_dir` names it where `root` is another
+    machine's path. What it proves is what vLLM was pointed at; the agents' canary checks what it computes.
+    """
+    answer = await client.get(f"{url}/v1/models")
+    try:
+        models = answer.raise_for_status().json()["data"]
+        [served] = models
+        name, root = str(served["id"]), served.get("root")
+    except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as exc:
+        raise CanaryNotRecorded(f"{url} has no /healthz/generation and /v1/models does not name exactly one model "
+                                f"({str(exc)[:200]}): not an engine a canary can be recorded from") from None
+    directory = weights_dir or (Path(root) if root else None)
+    if directory is None or not directory.is_dir():
+        raise CanaryNotRecorded(f"{url} is stock vLLM serving {name!r} from {root!r}, which is not a directory here: "
+                                "name the directory it loaded with --weights-dir, so its files can be hashed")
+    digest = await asyncio.to_thread(directory_weights_digest, directory)
+    return CanarySource(instance=url, model=name, weights_digest=digest, digest_from="files")
 
 
 async def record_from_completions(client: httpx.AsyncClient, url: str, prompt_token_ids: list[int], *, model: str,

@@ -277,9 +277,9 @@ async def record_canary(url: str, prompt_token_ids: list[int], *, max_tokens: in
         except httpx.TransportError as exc:
             raise CanaryNotRecorded(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if generation.status_code != 404:
-            identity, record = await record_from_engine(client, url, prompt_token_ids, max_tokens=max_tokens,
-                                                        max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
-            return identity.model, record
+            source, record = await record_from_engine(client, url, prompt_token_ids, max_tokens=max_tokens,
+                                                      max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)
+            return source.model, record
         version = model or await served_model(client, url)
         record = await record_from_completions(client, url, prompt_token_ids, model=version, max_tokens=max_tokens,
                                                max_ttft_s=max_ttft_s, compare_tokens=compare_tokens)

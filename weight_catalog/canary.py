@@ -8,9 +8,11 @@ agent on the snapshot's `VersionEntry.canary`, and checked by each agent's
 canary probe (token count, output, time to first token).
 
 "Verified" is checked here, not taken on trust: the engine must serve the
-version (`/healthz/generation` names it) with the catalog's weights digest
-(the shards `register` hashed), and the version's last verify must not have
-failed. A record from a corrupted engine would eject every healthy one.
+version (`/healthz/generation` names it; a stock vLLM's `/v1/models`) with
+the catalog's weights digest (the shards `register` hashed; for a stock vLLM,
+which cannot report one, the digest of the files it was started from, hashed
+by the recorder: `contract.canary.stock_vllm_source`), and the version's last
+verify must not have failed. A record from a corrupted engine would eject every healthy one.
 A version has one record; replacing it is asked for explicitly, and both
 write an event and advance the snapshot (the canary is in it).
 
@@ -25,8 +27,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
-from contract.canary import CanaryNotRecorded, CanaryRecord
-from contract.identity import EngineIdentity, weights_digest
+from contract.canary import CanaryNotRecorded, CanaryRecord, CanarySource
+from contract.identity import weights_digest
 from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
 from controlplane.routing_version import service as routing_version
@@ -51,14 +53,15 @@ def catalog_digest(session: Session, weight_version: WeightVersion) -> str:
     return weights_digest(repository.shard_digests_by_version(session, {weight_version.id}).get(weight_version.id, {}))
 
 
-def check_engine(session: Session, *, weight_version: WeightVersion, engine: EngineIdentity) -> None:
+def check_engine(session: Session, *, weight_version: WeightVersion, engine: CanarySource) -> None:
     """Refuse an engine that is not a verified instance of the version (CanaryEngineUnverified, 409)."""
     label = f"{weight_version.model} {weight_version.version}"
     if engine.model != weight_version.version:
-        raise CanaryEngineUnverified(f"engine {engine.instance_id} serves {engine.model!r}, not {label}")
+        raise CanaryEngineUnverified(f"engine {engine.instance} serves {engine.model!r}, not {label}")
     expected = catalog_digest(session, weight_version)
     if engine.weights_digest != expected:
-        raise CanaryEngineUnverified(f"engine {engine.instance_id}'s weights digest {engine.weights_digest[:23]}… is "
+        hashed = "" if engine.digest_from == "engine" else " (of the files it was started from)"
+        raise CanaryEngineUnverified(f"engine {engine.instance}'s weights digest{hashed} {engine.weights_digest[:23]}… is "
                                      f"not the catalog's {expected[:23]}… for {label}: its weights differ from the "
                                      "registered artifact (corrupt, or another build)")
     if weight_version.last_verify_healthy is False:
@@ -77,7 +80,7 @@ def agreed(records: list[CanaryRecord], instances: list[str]) -> CanaryRecord:
     return first
 
 
-def record(session: Session, *, model: str, version: str, canary: CanaryRecord, engines: list[EngineIdentity],
+def record(session: Session, *, model: str, version: str, canary: CanaryRecord, engines: list[CanarySource],
            actor: str, clock: Clock, replace: bool = False) -> WeightVersion:
     """Keep `canary` (what every one of `engines` answered) as the version's record; an event; the snapshot advances."""
     weight_version = get_version_or_raise(session, model=model, version=version)
@@ -86,9 +89,10 @@ def record(session: Session, *, model: str, version: str, canary: CanaryRecord, 
     for engine in engines:
         check_engine(session, weight_version=weight_version, engine=engine)
     return _keep(session, weight_version, canary, actor=actor, clock=clock, replace=replace,
-                 reason=f"greedy output of {', '.join(e.instance_id for e in engines)} "
+                 reason=f"greedy output of {', '.join(e.instance for e in engines)} "
                         f"({len(canary.output_token_ids)} tokens)",
-                 source={"recorded_from": [e.instance_id for e in engines], "weights_digest": engines[0].weights_digest})
+                 source={"recorded_from": [e.instance for e in engines], "weights_digest": engines[0].weights_digest,
+                         "digest_from": sorted({e.digest_from for e in engines})})
 
 
 def inherit(session: Session, *, model: str, version: str, from_version: str, actor: str, clock: Clock,

@@ -7,6 +7,7 @@ than only to the database; `inherit` sits beside it as its other source.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,6 +31,9 @@ def canary_record(
         min=1, help="Compare only this prefix (engines without batch-invariant kernels); default all.")] = None,
     replace: Annotated[bool, typer.Option(help="Replace the version's recorded canary.")] = False,
     timeout_s: Annotated[float, typer.Option(min=0.1, help="Per request to the engine (s).")] = 30.0,
+    weights_dir: Annotated[Path | None, typer.Option(
+        help="Stock vLLM only (it cannot report its weights digest): the directory it loaded, hashed here; "
+             "default the `root` its /v1/models names.")] = None,
 ) -> None:
     """Record VERSION's canary from a verified instance into the catalog; the snapshot carries it to agents.
 
@@ -37,7 +41,8 @@ def canary_record(
     the same greedy output twice, and all engines the same output; anything
     else is refused and changes nothing. The digest covers the files an engine
     loaded, not its memory: two instances that agree are the check against one
-    whose weights went bad after loading.
+    whose weights went bad after loading. A stock vLLM cannot report its
+    digest: the files it was started from are hashed here instead.
     """
     import asyncio
 
@@ -62,16 +67,16 @@ def canary_record(
         async def ask() -> list:
             async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))) as client:
                 return [await record_from_engine(client, u, prompt, max_tokens=max_tokens, max_ttft_s=max_ttft_s,
-                                                 compare_tokens=compare_tokens) for u in url]
+                                                 compare_tokens=compare_tokens, weights_dir=weights_dir) for u in url]
 
         answers = asyncio.run(ask())
-        record = canary.agreed([r for _, r in answers], [i.instance_id for i, _ in answers])
+        record = canary.agreed([r for _, r in answers], [i.instance for i, _ in answers])
     stored = run_mutation(
         settings, action="catalog.canary.record", target=target,
         work=lambda session, clock: canary.record(session, model=model, version=version, canary=record,
                                                   engines=[i for i, _ in answers], actor=cli_actor(), clock=clock,
                                                   replace=replace))
-    typer.echo(f"recorded the canary of {model} {version} from {', '.join(i.instance_id for i, _ in answers)}: "
+    typer.echo(f"recorded the canary of {model} {version} from {', '.join(i.instance for i, _ in answers)}: "
                f"{record.output_token_ids} (at {stored.canary_recorded_at.isoformat() if stored.canary_recorded_at else '?'})")
 
 

@@ -152,15 +152,8 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
         if entry is not None:
             say("tier", f"l7       HAProxy on {entry} in front of gw-eu-west (gw-us-east as backup): eu-west's steady "
                         "clients go through it")
-        if vllm:
-            # The catalog records a canary only from an engine that names its weights digest
-            # (/healthz/generation); stock vLLM has none, so the agents admit on their first-lease check alone.
-            say("canary", "not recorded into the catalog: it takes an engine that names its weights digest "
-                          "(/healthz/generation), which stock vLLM does not (`lifeline agent canary-record --model` "
-                          "records one for an agent's own canary file)")
-        else:
-            with console.status("recording the canary from two verified instances …"):
-                say("canary", _record_canary(fleet))
+        with console.status("recording the canary from two verified instances …"):
+            say("canary", _record_canary(fleet, vllm=vllm))
         if deployment is not None:
             deployment.inherit()
         say("snapshot", snapshot_line(fleet))
@@ -295,11 +288,16 @@ def _layout(layout: dict[str, dict[str, int]]) -> str:
     return ", ".join(f"{z} {c['serving']} serving + {c['warm']} warm" for z, c in layout.items())
 
 
-def _record_canary(fleet: DemoFleet) -> str:
-    """`lifeline catalog canary record` from two verified instances; wait until every agent's canaries pass."""
+def _record_canary(fleet: DemoFleet, *, vllm: bool = False) -> str:
+    """`lifeline catalog canary record` from two verified instances; wait until every agent's canaries pass.
+
+    Stock vLLM cannot report its weights digest: the recorder hashes the directory its /v1/models names. Its
+    first token on two shared CPU cores can take seconds, so its canary allows 30 s (a late one only de-weights).
+    """
     engines = [e for r in fleet.regions.values() for e in fleet.engines(r, state="serving")][:2]
     version = fleet.model_dir.name
-    fleet.controlplane.cli("catalog", "canary", "record", MODEL, version, *[a for e in engines for a in ("--url", e.url)])
+    fleet.controlplane.cli("catalog", "canary", "record", MODEL, version, *[a for e in engines for a in ("--url", e.url)],
+                           *(["--max-ttft-s", "30"] if vllm else []))
     record = fleet.api("GET", f"/catalog/models/{MODEL}/versions/{version}").json().get("canary") or {}
 
     def passed() -> bool:
@@ -309,7 +307,8 @@ def _record_canary(fleet: DemoFleet) -> str:
 
     started = time.monotonic()
     wait_until(passed, "every pool instance passed the recorded canary", 90)
-    return (f"recorded into the catalog from {', '.join(e.instance_id for e in engines)} (output "
+    how = " (stock vLLM: the files each was started from hashed by the recorder)" if vllm else ""
+    return (f"recorded into the catalog from {', '.join(e.instance_id for e in engines)}{how} (output "
             f"{record.get('output_token_ids')}); every pool instance passed it within "
             f"{time.monotonic() - started:.1f} s (the agents read it from the snapshot)")
 

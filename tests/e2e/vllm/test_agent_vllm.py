@@ -12,6 +12,7 @@ every request reaches the real server.
 from __future__ import annotations
 
 import asyncio
+import json
 import contextlib
 import os
 import signal
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -206,6 +208,38 @@ async def test_a_vllm_whose_engine_core_is_stopped_loses_its_lease(vllm: VllmPro
             # continued, it makes progress again: a fresh admission canary, then a new lease (a new generation)
             again = await until(lambda: lab.instance().lease, "leased again once the core runs", timeout=60)
             assert again.generation > leased.generation
+
+
+def test_the_catalog_records_a_vllms_canary_from_the_files_it_was_started_from(
+        vllm: VllmProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lifeline catalog canary record` on stock vLLM: no /healthz/generation, so the recorder hashes the directory
+    its /v1/models names (`root`) and the catalog checks that digest; another directory is refused, unchanged."""
+    from typer.testing import CliRunner
+
+    from controlplane.schema import upgrade
+    from lifeline.cli import app
+
+    url = f"sqlite:///{tmp_path / 'catalog.sqlite3'}"
+    upgrade(url)
+    monkeypatch.setenv("LIFELINE_CONTROLPLANE_DATABASE_URL", url)
+    runner = CliRunner()
+
+    def lifeline(*args: object) -> Any:
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+    assert lifeline("catalog", "register", "tiny", "tiny", vllm.model).exit_code == 0  # the version: its served name
+    record = ["catalog", "canary", "record", "tiny", "tiny", "--url", vllm.url, "--max-tokens", "6",
+              "--max-ttft-s", "30"]
+    refused = lifeline(*record, "--weights-dir", built_model("tiny", 1))
+    assert refused.exit_code == 1 and "canary_engine_unverified" in refused.output, refused.output
+    assert "of the files it was started from" in refused.output
+    assert json.loads(lifeline("catalog", "show", "tiny", "tiny").output)["canary"] is None
+
+    recorded = lifeline(*record)
+    assert recorded.exit_code == 0, recorded.output
+    assert f"from {vllm.url}" in recorded.output
+    canary = json.loads(lifeline("catalog", "show", "tiny", "tiny").output)["canary"]
+    assert canary["prompt_token_ids"] and len(canary["output_token_ids"]) == 6
 
 
 async def test_a_vllm_with_wrong_weights_under_the_right_name_never_keeps_the_lease(
