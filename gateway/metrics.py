@@ -12,6 +12,9 @@ class GatewayMetrics:
         self.active = Gauge("lifeline_gateway_active_requests", "Requests being served", registry=r)
         self.engine_attempts = Counter("lifeline_gateway_engine_attempts", "Requests sent to engines (first tries and migrations)", registry=r)
         self.migrations = Counter("lifeline_gateway_migrations", "Streams moved to another engine, by failure reason", ["reason", "strategy"], registry=r)
+        self.overload_resends = Counter(
+            "lifeline_gateway_overload_resends", "Requests sent again after an engine answered 429 (its queue full): "
+            "waits for room, not migrations", registry=r)
         self.recovery_failures = Counter("lifeline_gateway_recovery_failures", "Streams ended with a typed error", ["type"], registry=r)
         self.inexact_continuations = Counter(
             "lifeline_gateway_inexact_continuations", "Sampled streams continued on an engine that could not redraw "

@@ -30,9 +30,11 @@ stream; a planned shutdown (the engine ends the stream with
 `engine_left_routing`) migrates without one. The first migration goes at
 once; later ones back off (`recovery.migration_backoff`, full jitter). An
 engine that answers 429 (its queue full: `engine_overloaded`) is busy, not
-broken: the request moves on without counting toward its ejection, and a
-request every engine refused so, before the client had a byte, is the
-client's 429 `overloaded`. Otherwise the stream ends with
+broken: that is admission, and the request waits for room
+(`_wait_for_room`): re-sent with the same backoff, not a migration, not a
+budget token, not toward the engine's ejection; a request the client has no
+byte of gets the client's 429 `overloaded` after `admission.queue_timeout`,
+a started stream waits until its deadline. Otherwise the stream ends with
 an SSE `error` event whose `type` is one of `engine_failed`,
 `not_resumable`, `migration_limit`, `deadline_exceeded`,
 `retry_budget_exhausted`, `no_healthy_endpoint`, `engine_incompatible` (the
@@ -71,7 +73,7 @@ from gateway.policy import continuation_refused, decide
 from gateway.outlier import EndpointKey
 from gateway.router import Endpoint, NoExactContinuation
 from gateway.sessions import SessionTurn
-from gateway.settings import RecoveryConfig, RecoveryStrategy
+from gateway.settings import RecoveryStrategy
 from gateway.stream_request import StreamRequest
 from gateway.stream_status import StreamEvent, StreamStatus
 from gateway.token_log import Frame
@@ -115,7 +117,11 @@ class StreamSession:
         self._opened = False
         self._failed_endpoints: list[EndpointKey] = []  # in order; the last is never routed to again, the rest last
         self._last_failure: EngineFailure | None = None
-        self._failures: list[EngineFailure] = []  # every engine failure of this session, in order
+        # An engine's 429 (engine_overloaded) is admission, not failure (`_wait_for_room`): consecutive ones, the
+        # time spent waiting them out, and the endpoint that said it was full, all reset by the next token.
+        self._overloads = 0
+        self._overload_waited = 0.0
+        self._full: EndpointKey | None = None
         # A sampled stream's committed tokens can be redrawn token for token only while every one of them came
         # from a position-keyed engine (contract/sampling.py); once a move could not keep that, every later
         # token says `continuation: may_differ`.
@@ -215,12 +221,14 @@ class StreamSession:
                             self.deps.served.note(endpoint.key, self.deps.clock.utcnow())  # real traffic as a probe
                             return
             except EngineFailure as failure:
+                if failure.reason == OVERLOADED:
+                    await self._wait_for_room(failure, endpoint)
+                    continue
                 log_.warning("engine failed mid-request", reason=failure.reason, detail=str(failure), committed=len(self.committed))
                 if endpoint.key in self._failed_endpoints:
                     self._failed_endpoints.remove(endpoint.key)
                 self._failed_endpoints.append(endpoint.key)
                 self._last_failure = failure
-                self._failures.append(failure)
                 await self._migrate(failure)
             except EngineRejected as rejected:
                 if self.committed or self.next_seq:
@@ -248,12 +256,14 @@ class StreamSession:
             raise self._impossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
 
     async def _route(self, *, prefer: str | None, sampling: Sampling | None = None) -> Endpoint:
-        """A slot on an engine for the next attempt: never the one that just failed, earlier failures last."""
+        """A slot on an engine for the next attempt: never the one that just failed, earlier failures and the
+        one that last said it was full last."""
         queue_timeout = self.deps.settings.admission.queue_timeout.total_seconds()
+        avoid = tuple(k for k in self._failed_endpoints[:-1] if k != self._full)
         return await self.deps.router.acquire(
             self.request.version, client_key=self.request.client_key,
             queue_timeout=min(queue_timeout, max(self._remaining(), 0.0)), prefer=prefer,
-            exclude=frozenset(self._failed_endpoints[-1:]), avoid=tuple(self._failed_endpoints[:-1]),
+            exclude=frozenset(self._failed_endpoints[-1:]), avoid=avoid + ((self._full,) if self._full else ()),
             sampling=sampling,
         )
 
@@ -272,17 +282,8 @@ class StreamSession:
         self.deps.metrics.inexact_continuations.inc()
         self.log.warning("sampled stream continues on an engine that cannot redraw it", why=why)
 
-    def _impossible(self, reason: str, message: str) -> GatewayError:
-        """The stream's end; an engine that could not say what it committed is named as the cause, typed.
-
-        A request no engine took — each one it tried answered 429, its queue full — was never started: the
-        client gets the 429 `overloaded` it can retry on (Retry-After: the longest the engines asked), not
-        a failed stream.
-        """
-        if self._failures and not self._opened and all(f.reason == OVERLOADED for f in self._failures):
-            waits = [f.retry_after_s for f in self._failures if f.retry_after_s is not None]
-            return Overloaded(f"every engine tried is at its queue limit ({message})", retry_after_s=max(
-                waits, default=self.deps.settings.admission.retry_after.total_seconds()))
+    def _impossible(self, reason: str, message: str) -> RecoveryImpossible:
+        """The stream's end; an engine that could not say what it committed is named as the cause, typed."""
         last = self._last_failure
         if last is not None and last.reason == NO_TOKEN_IDS and reason != INCOMPATIBLE_ERROR_TYPE:
             return RecoveryImpossible(INCOMPATIBLE_ERROR_TYPE, f"{last} ({message})")
@@ -318,23 +319,60 @@ class StreamSession:
         self.deps.metrics.migrations.labels(reason=failure.reason, strategy=self.request.strategy.value).inc()
         reprefill = len(self.request.prompt_ids) + (0 if self.request.strategy is RecoveryStrategy.RETRY_FROM_SCRATCH else len(self.committed))
         self.deps.metrics.reprefilled_tokens.inc(reprefill)
-        backoff = self._backoff(settings)
+        # The first migration goes at once (the engine that died is the likely cause, its peers likely fine);
+        # later ones back off, never into the time the deadline keeps.
+        backoff = min(self._backoff(self.migrations), self._room())
         self.log.warning("migrating stream", reason=failure.reason, committed=len(self.committed), migration=self.migrations,
                          backoff_s=round(backoff, 3))
         if backoff > 0:
             await asyncio.sleep(backoff)
 
-    def _backoff(self, settings: RecoveryConfig) -> float:
-        """Seconds before this migration's attempt: none for the first (the engine that died is the likely
-        cause, its peers are likely fine), then a random wait up to `migration_backoff` × 2^(n-2), at most
-        `migration_backoff_max` (exponential backoff with full jitter, so streams failed by one crash do not
-        re-arrive in step), and never past the point where the deadline leaves no room to migrate."""
-        if self.migrations < 2:
+    async def _wait_for_room(self, failure: EngineFailure, endpoint: Endpoint) -> None:
+        """An engine answered 429: its queue is full. That is admission, not a failure, so the request waits for
+        room as it would in this gateway's own queue, and is re-sent (to the engine with the most room, the full
+        one last) with the same backoff as migrations, counting neither against `max_migrations` nor the retry
+        budget, and never toward the engine's ejection (gateway/attempt.py). A request the client has no byte of
+        waits at most `admission.queue_timeout` in all, then is the client's 429 `overloaded` with the engine's
+        Retry-After; a stream already started waits until its deadline leaves no room, as nothing acknowledged
+        may be lost."""
+        self._overloads += 1
+        self._full = endpoint.key
+        self.deps.metrics.overload_resends.inc()
+        self._end_retry()  # a migration refused for room is over: waiting for room holds no retry token
+        backoff = self._backoff(self._overloads)
+        if not self._opened:
+            allowed = self.deps.settings.admission.queue_timeout.total_seconds() - self._overload_waited
+            if backoff > allowed:
+                retry_after = failure.retry_after_s or self.deps.settings.admission.retry_after.total_seconds()
+                self.deps.metrics.rejected.labels(type=Overloaded.error_type).inc()
+                raise Overloaded(f"the engines for {self.request.version!r} are at their queue limit ({failure})",
+                                 retry_after_s=retry_after)
+        elif backoff > self._room():
+            raise self._impossible("deadline_exceeded", f"the engines stayed full until the deadline ({failure})")
+        if not await self.deps.token_log.advance_epoch(self.request.request_id, self.epoch, owner=self.deps.replica_id):
+            raise Fenced()
+        self.epoch += 1
+        self.log = self.log.bind(epoch=self.epoch)
+        self.log.info("engine full, request sent again", instance=endpoint.instance_id, overloads=self._overloads,
+                      backoff_s=round(backoff, 3), committed=len(self.committed))
+        self._overload_waited += backoff
+        if backoff > 0:
+            await asyncio.sleep(backoff)
+
+    def _backoff(self, attempt: int) -> float:
+        """The wait before a stream's `attempt`-th re-send of one kind: none for the first, then a random wait up
+        to `migration_backoff` × 2^(attempt-2), at most `migration_backoff_max` (exponential backoff with full
+        jitter, so the streams one crash or one full engine turned away do not re-arrive in step)."""
+        if attempt < 2:
             return 0.0
+        settings = self.deps.settings.recovery
         ceiling = min(settings.migration_backoff_max.total_seconds(),
-                      settings.migration_backoff.total_seconds() * 2 ** (self.migrations - 2))
-        room = self._remaining() - settings.min_deadline_remaining.total_seconds()
-        return max(0.0, min(random.uniform(0.0, ceiling), room))
+                      settings.migration_backoff.total_seconds() * 2 ** (attempt - 2))
+        return random.uniform(0.0, ceiling)
+
+    def _room(self) -> float:
+        """Seconds a wait may take before the deadline keeps no `min_deadline_remaining` to migrate in."""
+        return max(0.0, self._remaining() - self.deps.settings.recovery.min_deadline_remaining.total_seconds())
 
     def _end_retry(self) -> None:
         if self._holds_retry_token:
@@ -349,6 +387,7 @@ class StreamSession:
         return frame
 
     async def _commit_token(self, token: EngineToken, endpoint: Endpoint) -> list[Frame]:
+        self._overloads, self._overload_waited, self._full = 0, 0.0, None  # an engine took it: room was found
         if self._failed_at is not None:
             self.deps.metrics.recovery_gap.observe(self.deps.clock.now() - self._failed_at)
             self._failed_at = None

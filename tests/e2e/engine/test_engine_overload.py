@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 import httpx
-from lifeline.processes import GatewayProcess, free_port, gateway_config
+from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape_metric
 from tests.support.sse import StreamResult, stream_completion
 from tests.support.waiting import wait_for
 
@@ -24,10 +24,7 @@ BODY = {"model": "tiny-seed0", "prompt": [11, 12, 13], "max_tokens": 12, "temper
 
 
 def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
+    return scrape_metric(f"{url}/metrics", name)
 
 
 class Fill:
@@ -62,7 +59,8 @@ def test_a_full_queue_refuses_at_once_with_retry_after_and_the_requests_it_took_
 
 
 def test_behind_the_gateway_a_full_engine_sends_the_client_elsewhere_or_a_429(engine_factory, tmp_path) -> None:
-    gateway = GatewayProcess(gateway_config(engine_factory.model, recovery={"stall_timeout": 5.0}), free_port(),
+    gateway = GatewayProcess(gateway_config(engine_factory.model, recovery={"stall_timeout": 5.0},
+                                            admission={"queue_timeout": 0.5}), free_port(),
                              tmp_path)
     gateway.start()
     try:

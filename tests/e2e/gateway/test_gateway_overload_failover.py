@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
+import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import redis
+from httpx_sse import connect_sse
 
-from tests.e2e.gateway.conftest import direct_tokens, resume, stream
-from lifeline.processes import gateway_config
+from lifeline.processes import gateway_config, scrape_metric
+from tests.e2e.gateway.conftest import direct_tokens, parse_events, resume, stream
+from tests.support.waiting import wait_for
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BODY = {"model": "tiny", "prompt": "A burst arrives", "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
@@ -97,3 +103,74 @@ def test_resume_of_unknown_stream_is_404(cluster_factory):
     bad = httpx.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "x"})
     # the cursor is checked before the stream is looked up: a garbage one is the client's error, named
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
+
+
+SATURATED_ENGINE = ["--max-num-seqs", "2", "--max-waiting", "2", "--fault-token-delay-ms", "20"]
+CLIENTS = 16
+KILL_ROUNDS = 4
+
+
+def test_a_kill_loop_at_saturation_bounds_every_engines_queue_and_every_client_gets_tokens_or_a_typed_retry(
+        cluster_factory):
+    """Two engines that decode 2 and queue 2 each, 16 clients streaming without pause, an engine SIGKILLed
+    and restarted every round. What bounds memory: each engine's queue (never over --max-waiting) and the
+    gateway's per-engine cap and queue. What a client gets: the exact greedy tokens, seq contiguous, or —
+    before the first byte — a 429/503 with Retry-After. Nothing that started is cut short."""
+    c = cluster_factory()
+    gw = c.start_gateway(gateway_config(c.model, recovery={"stall_timeout": 1.0},
+                                        admission={"max_concurrency_per_engine": 6, "max_queue": 4}))
+    for name in ("a", "b"):
+        c.start_engine(name, SATURATED_ENGINE)
+    gw.wait_routable("tiny", 2)
+    body = {**BODY, "max_tokens": 16}
+    expected = direct_tokens(c.engines[0].url, c.model, body)
+    stop = threading.Event()
+    outcomes: list[tuple[str, object]] = []  # ("tokens", StreamResult) | ("refused", (status, type, retry_after))
+    waiting_seen: list[float] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            with httpx.Client(timeout=60) as http, connect_sse(http, "POST", f"{gw.url}/v1/completions",
+                                                               json={**body, "stream": True}) as source:
+                if source.response.status_code != 200:
+                    answer = json.loads(source.response.read())
+                    outcomes.append(("refused", (source.response.status_code, answer["error"]["type"],
+                                                 source.response.headers.get("retry-after"))))
+                    time.sleep(0.05)
+                    continue
+                events = [(sse.id, sse.event, sse.data) for sse in source.iter_sse()]
+            outcomes.append(("tokens", parse_events(events)))
+
+    def sample_queues() -> None:
+        while not stop.is_set():
+            for engine in c.engines[-2:]:
+                with contextlib.suppress(httpx.HTTPError, AssertionError):
+                    waiting_seen.append(scrape_metric(f"{engine.url}/metrics", "vllm:num_requests_waiting"))
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    threads.append(threading.Thread(target=sample_queues, daemon=True))
+    for thread in threads:
+        thread.start()
+    try:
+        for round_ in range(KILL_ROUNDS):
+            victim = ("a", "b")[round_ % 2]
+            wait_for(lambda: sum(1 for kind, _ in outcomes if kind == "tokens") > 4 * (round_ + 1), "streams flow")
+            previous = gw.leases().get(victim, 0)
+            next(e for e in reversed(c.engines) if e.instance_id == victim).kill(signal.SIGKILL)
+            c.start_engine(victim, SATURATED_ENGINE)
+            gw.wait_generation_above(victim, previous)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    streams = [r for kind, r in outcomes if kind == "tokens"]
+    refused = [r for kind, r in outcomes if kind == "refused"]
+    broken = [(s.request_id, s.error, len(s.token_ids)) for s in streams
+              if s.error is not None or not s.done or s.token_ids != expected]
+    assert not broken, f"{len(broken)} of {len(streams)} started streams did not end whole: {broken[:5]}"
+    assert all(s.seqs == list(range(len(s.seqs))) for s in streams)  # no gap, no duplicate
+    assert len(streams) >= 4 * KILL_ROUNDS
+    assert all(status in (429, 503) and kind in ("overloaded", "no_healthy_endpoint") and retry and float(retry) >= 1
+               for status, kind, retry in refused), refused[:5]  # type: ignore[misc]
+    assert waiting_seen and max(waiting_seen) <= 2  # --max-waiting held on every engine, every sample
