@@ -124,11 +124,11 @@ async def test_agent_reconciles_a_kubernetes_pool_through_a_lost_node(emulator: 
         assert serving == ["a", "b"]
         assert sorted((i.zone, i.state) for i in agent.instances.values()) == [
             ("a", InstanceState.SERVING), ("a", InstanceState.WARM), ("b", InstanceState.SERVING)]
-        assert set(held_pods(kubelet)) == set(agent.instances)
-        for _ in range(200):  # the retired instance drains in the background (driver.stop), its scale-down with it
-            if emulator.deployments[(NS, a)]["spec"]["replicas"] == 2:
+        for _ in range(200):  # the retired instance drains in the background (driver.stop): its delete, its scale-down
+            if emulator.deployments[(NS, a)]["spec"]["replicas"] == 2 and set(held_pods(kubelet)) == set(agent.instances):
                 break
             await asyncio.sleep(0.01)
+        assert set(held_pods(kubelet)) == set(agent.instances)
         assert (emulator.deployments[(NS, a)]["spec"]["replicas"], emulator.deployments[(NS, b)]["spec"]["replicas"]) \
             == (2, 1)
         assert len(kubelet.pods()) == 3  # no spare left behind
