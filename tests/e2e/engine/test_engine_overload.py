@@ -1,7 +1,8 @@
 """A full queue is refused, not grown: the engine's `--max-waiting`, and what a client of the gateway gets.
 
 One real engine decodes one sequence at a time (`--max-num-seqs 1`), holds
-one more waiting (`--max-waiting 1`) and is slowed so both stay; the third
+one more waiting (`--max-waiting 1`) and holds each first token 8 s so both
+stay; the third
 request is refused at once with 429 `engine_overloaded` and `Retry-After`,
 nothing of it queued, and the two it took finish whole. Behind a real gateway
 the same full engine costs a client nothing while another engine has room
@@ -18,7 +19,9 @@ from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape
 from tests.support.sse import StreamResult, stream_completion
 from tests.support.waiting import wait_for
 
-FULL = ["--max-num-seqs", "1", "--max-waiting", "1", "--fault-token-delay-ms", "300"]
+# One decode slot, one queue place, and every sequence held 8 s before its first token (in the scheduler, not on
+# the wire): an engine that stays full for that long however fast this machine decodes.
+FULL = ["--max-num-seqs", "1", "--max-waiting", "1", "--fault-first-token-delay-ms", "8000"]
 BODY = {"model": "tiny-seed0", "prompt": [11, 12, 13], "max_tokens": 12, "temperature": 0.0, "ignore_eos": True,
         "return_token_ids": True}
 
@@ -28,14 +31,19 @@ def metric(url: str, name: str) -> float:
 
 
 class Fill:
-    """Two streams straight to the engine at `url`: with one decode slot and one queue place, one runs, one waits."""
+    """Two streams straight to the idle engine at `url`: with one decode slot and one queue place, one runs, one
+    waits, for the 8 s their first tokens are held."""
 
     def __init__(self, url: str) -> None:
+        wait_for(lambda: metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:num_requests_waiting") == 0,
+                 "the engine idle")
         self.results: list[StreamResult] = []
         self.threads = [threading.Thread(target=lambda: self.results.append(stream_completion(url, BODY)),
                                          daemon=True) for _ in range(2)]
         for thread in self.threads:
             thread.start()
+        wait_for(lambda: metric(url, "vllm:num_requests_running") == 1 and metric(url, "vllm:num_requests_waiting") == 1,
+                 "one running, one waiting")
 
     def finished_whole(self) -> bool:
         for thread in self.threads:
@@ -47,8 +55,6 @@ class Fill:
 def test_a_full_queue_refuses_at_once_with_retry_after_and_the_requests_it_took_finish_whole(engine_factory) -> None:
     url = engine_factory("full", extra_args=FULL).url
     streams = Fill(url)
-    wait_for(lambda: metric(url, "vllm:num_requests_running") == 1 and metric(url, "vllm:num_requests_waiting") == 1,
-             "one running, one waiting")
     refused = httpx.post(f"{url}/v1/completions", json=BODY, timeout=10)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "1"
@@ -72,7 +78,6 @@ def test_behind_the_gateway_a_full_engine_sends_the_client_elsewhere_or_a_429(en
         pinned = {"X-Lifeline-Prefer-Instance": "full"}
 
         streams = Fill(full.url)
-        wait_for(lambda: metric(full.url, "vllm:num_requests_waiting") == 1, "the full engine's queue full")
         moved = stream_completion(gateway.url, {**BODY, "model": "tiny"}, headers=pinned)
         assert moved.done and not moved.error and moved.token_ids == expected
         assert metric(full.url, "lifeline_engine_refused_overloaded_total") == 1  # it was asked first, and said no
@@ -82,7 +87,6 @@ def test_behind_the_gateway_a_full_engine_sends_the_client_elsewhere_or_a_429(en
         wait_for(lambda: httpx.get(f"{gateway.url}/healthz/ready", timeout=5).json()["routable_endpoints"]["tiny"]
                  == 1, "only the full engine routable")
         streams = Fill(full.url)
-        wait_for(lambda: metric(full.url, "vllm:num_requests_waiting") == 1, "the full engine's queue full again")
         refused = httpx.post(f"{gateway.url}/v1/completions", json={**BODY, "model": "tiny", "stream": True},
                              headers=pinned, timeout=30)
         assert refused.status_code == 429, refused.text
