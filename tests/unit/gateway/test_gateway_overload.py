@@ -80,3 +80,21 @@ async def test_a_wait_never_spends_the_time_the_deadline_keeps(tiny_model):
     assert session._room() == pytest.approx(1.0)
     session.request.deadline_wall = h.clock.wall() + 0.2
     assert session._room() == 0.0
+
+
+async def test_a_resumed_stream_the_client_holds_bytes_of_waits_for_room_instead_of_a_429(tiny_model, monkeypatch):
+    from gateway.recovery import StreamSession
+
+    # A fresh request would get its 429 at the second refusal: its wait (0.1 s) is over the queue timeout.
+    h = Harness(tiny_model, ["a"], admission={"queue_timeout": 0.05}, recovery={"migration_backoff": 0.1})
+    await h.register()
+    monkeypatch.setattr("gateway.recovery.random.uniform", lambda low, high: high)
+    for _ in range(2):
+        h.engines.script("a", EngineFailure(OVERLOADED, "queue full", retry_after_s=1.0))
+    h.engines.script("a", OPEN, 6, ("finish", 7))
+    fresh = await h.session(max_tokens=3)
+    resumed = StreamSession.from_log(h.deps, fresh.request, h.tokenizer, epoch=0, migrations=0,
+                                     frames=[Frame(seq=0, kind="token", epoch=0, token_ids=(5,), text="")])
+    frames = await frames_of(resumed.run())
+    assert _tokens(frames) == [6, 7] and not any(f.kind == "error" for f in frames)
+    assert [p[0] for p in h.engines.payloads] == ["a", "a", "a"]
