@@ -14,6 +14,7 @@ is `None` and printed as `n/a`.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -416,6 +417,15 @@ def corrupted_weights(ctx: Context) -> Row:
     ejected = wait_until(lambda: victim.instance_id not in _leased(fleet, region) and time.monotonic(),
                          f"{victim.instance_id} ejected by the canary", 150)  # served traffic can postpone it long
     layout = fleet.wait_pool(region)
+
+    def judged() -> list[dict[str, Any]]:
+        return [e for e in events_since(fleet, first) if e["kind"].endswith("probe.verdict")
+                and victim.instance_id in str(e) and "wrong_output" in str(e)]
+
+    # The agent ships its events in batches, and on a loaded machine the batch with the verdict can land after
+    # the pool is whole again: wait for it (bounded) before judging the row on the system's own record.
+    with contextlib.suppress(TimeoutError):
+        wait_until(judged, f"the agent's wrong_output verdict on {victim.instance_id} in the event log", 30)
     events = events_since(fleet, first)
     verdicts = [e for e in events if e["kind"].endswith("probe.verdict") and victim.instance_id in str(e)]
     wrong = ctx.traffic.wrong(fault_at, ejected)
