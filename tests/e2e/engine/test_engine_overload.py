@@ -40,10 +40,12 @@ class Fill:
         self.results: list[StreamResult] = []
         self.threads = [threading.Thread(target=lambda: self.results.append(stream_completion(url, BODY)),
                                          daemon=True) for _ in range(2)]
-        for thread in self.threads:
-            thread.start()
-        wait_for(lambda: metric(url, "vllm:num_requests_running") == 1 and metric(url, "vllm:num_requests_waiting") == 1,
-                 "one running, one waiting")
+        # One after the other: two submitted before the decode loop admits the first would both be waiting,
+        # and the second refused.
+        self.threads[0].start()
+        wait_for(lambda: metric(url, "vllm:num_requests_running") == 1, "the first running")
+        self.threads[1].start()
+        wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, "the second waiting")
 
     def finished_whole(self) -> bool:
         for thread in self.threads:

@@ -55,7 +55,9 @@ from tests.support.waiting import wait_for
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-vllm-drill"
 SERVED = "tiny"
-TRAFFIC = {"requests": 4, "concurrency": 2, "max_tokens": 160, "fault_after_tokens": 6}
+# Long enough that the fault lands mid-stream however fast this machine's vLLM decodes (CI's finished 160-token
+# streams before the stop took, so the drill measured only streams that started after it).
+TRAFFIC = {"requests": 4, "concurrency": 2, "max_tokens": 400, "fault_after_tokens": 6}
 
 
 @dataclass

@@ -129,6 +129,7 @@ async def test_agent_reconciles_a_kubernetes_pool_through_a_lost_node(emulator: 
                 break
             await asyncio.sleep(0.01)
         assert set(held_pods(kubelet)) == set(agent.instances)
+        emulator.finish_terminations()  # the retired pod's graceful delete ends: it leaves the kubelet's list
         assert (emulator.deployments[(NS, a)]["spec"]["replicas"], emulator.deployments[(NS, b)]["spec"]["replicas"]) \
             == (2, 1)
         assert len(kubelet.pods()) == 3  # no spare left behind
