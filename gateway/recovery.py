@@ -250,10 +250,25 @@ class StreamSession:
                 self._allow_inexact(exc.message)
                 return await self._route(prefer=prefer)
         except (NoHealthyEndpoint, Overloaded) as exc:
-            if self.migrations == 0 and not self._opened:
+            if not self._opened:  # the client has no byte yet: the router's own 429/503, Retry-After and all
                 self.deps.metrics.rejected.labels(type=exc.error_type).inc()
                 raise
+            if isinstance(exc, Overloaded):  # every engine's slots taken, this gateway's queue full: busy, not gone
+                return await self._wait_for_slot(exc)
             raise self._impossible(exc.error_type, f"no engine to continue on: {exc.message}") from None
+
+    async def _wait_for_slot(self, overloaded: Overloaded) -> Endpoint:
+        """A started stream whose continuation found every engine at this gateway's per-engine cap and the queue
+        full waits for a slot (the same backoff, until its deadline leaves no room), since nothing
+        acknowledged may be lost; new requests are the ones refused with 429."""
+        self._overloads += 1
+        backoff = self._backoff(self._overloads)
+        if backoff > self._room():
+            raise self._impossible("overloaded", f"no engine slot to continue on before the deadline: {overloaded.message}")
+        self.deps.metrics.overload_resends.inc()
+        if backoff > 0:
+            await asyncio.sleep(backoff)
+        return await self._acquire()
 
     async def _route(self, *, prefer: str | None, sampling: Sampling | None = None) -> Endpoint:
         """A slot on an engine for the next attempt: never the one that just failed, earlier failures and the
