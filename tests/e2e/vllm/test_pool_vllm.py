@@ -54,7 +54,8 @@ async def test_the_local_driver_runs_vllm_and_drops_its_lease_before_sigterm(tmp
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
             async def stream() -> tuple[int, str | None]:
                 tokens, finish = 0, None
-                body = {"model": "tiny", "prompt": [11, 12, 13, 14], "max_tokens": 1200, "temperature": 0.0,
+                # 2000 (of max_model_len 2048): still running 2 s into the drain on a fast, idle vLLM too
+                body = {"model": "tiny", "prompt": [11, 12, 13, 14], "max_tokens": 2000, "temperature": 0.0,
                         "ignore_eos": True, "return_token_ids": True, "stream": True}
                 async with client.stream("POST", f"{instance.url}/v1/completions", json=body) as response:
                     async for line in response.aiter_lines():
@@ -74,7 +75,7 @@ async def test_the_local_driver_runs_vllm_and_drops_its_lease_before_sigterm(tmp
             await asyncio.sleep(UNROUTE_WAIT + 1.0)  # the driver's SIGTERM has gone out by now
             assert not running.done(), "the stream must still run when vLLM's drain begins"
             tokens, finish = await asyncio.wait_for(running, 60)
-            assert (tokens, finish) == (1200, "length")  # vLLM's drain let it finish whole: no abort
+            assert (tokens, finish) == (2000, "length")  # vLLM's drain let it finish whole: no abort
             await asyncio.gather(*lab.agent.reconciler.draining)
             assert process.popen.poll() is not None  # exited within its drain, before the driver's SIGKILL
 
