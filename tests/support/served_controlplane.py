@@ -39,6 +39,19 @@ class ControlPlane:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
 
+def serve_in_thread(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
+    """`app` served by uvicorn in a daemon thread on a free port, once it listens: (base url, server, thread)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "control plane did not start"
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
 @contextmanager
 def served_controlplane(workdir: Path) -> Iterator[ControlPlane]:
     """The control plane on a free port with a token per role, migrated to head; stopped on exit."""
@@ -51,17 +64,10 @@ def served_controlplane(workdir: Path) -> Iterator[ControlPlane]:
         for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.GATEWAY):
             _, tokens[role.value] = auth_service.create_token(session, name=f"test-{role.value}", role=role,
                                                               created_by="test", clock=SystemClock())
-    port = free_port()
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "control plane did not start"
-        time.sleep(0.05)
+    url, server, thread = serve_in_thread(app)
     try:
-        yield ControlPlane(f"http://127.0.0.1:{port}", factory, tokens, server, thread, app)
+        yield ControlPlane(url, factory, tokens, server, thread, app)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -45,7 +45,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from common.clock import SystemClock
 from controlplane.app import create_app
@@ -70,6 +69,7 @@ from controlplane.replication.schemas import ReplicationPolicySpec
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 from tests.e2e.replication.conftest import Replication
 from tests.support.controlplane_testing import throwaway_database
+from tests.support.served_controlplane import serve_in_thread
 
 ANSWERS = {"eu": "192.0.2.10", "us": "198.51.100.10"}
 DNS_NAME = "api.lifeline.test."
@@ -362,17 +362,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                     topology.create_cluster(session, spec=ClusterCreate(name=f"c-{zone}", region=region, zone=zone,
                                                                         model="tiny", weight=100),
                                             actor="test", clock=clock)
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "control plane did not start"
-            time.sleep(0.05)
+        cp_url, server, thread = serve_in_thread(create_app(settings))
         stoppers.append(lambda: (setattr(server, "should_exit", True), thread.join(timeout=10)))
-        cp_url = f"http://127.0.0.1:{port}"
 
         # Each region's KV store; eu's checkpoints reach us's by the real Celery worker and beat on RabbitMQ.
         kv_stores = {region: f"file://{workdir / f'kv-{region}'}" for region in ("eu", "us")}
