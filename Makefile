@@ -20,11 +20,13 @@ $(STAMP): pyproject.toml
 # boto3 and packaging in .venv. tests/integration/redis_ha and tests/e2e/redis_ha run
 # a Redis Sentinel lab (redis-server and redis-sentinel, lifeline.daemons).
 # tests/e2e/console drives Debian's chromium with Playwright (its own browser download cannot run here).
+# deploy/monitoring's rules are checked and unit-tested with promtool (Debian's prometheus package;
+# only the binary is used: its service is never started by the tests).
 # The demo drives BIND9 (dns tier), BIRD 2 + ExaBGP (anycast tier), HAProxy (l7, in front of a
 # region's gateway) and its own redis-server (lease registry); `make demo` installs those, `make test` everything below.
 DEMO_DEPS := named:bind9 tsig-keygen:bind9-utils bird:bird2 birdc:bird2 redis-server:redis-server haproxy:haproxy
 SYSTEM_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client \
-  redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver
+  redis-sentinel:redis-sentinel chromium:chromium chromedriver:chromium-driver promtool:prometheus prometheus-alertmanager:prometheus-alertmanager
 CHECKOV_VENV := .lifeline/tools/checkov
 # Stock vLLM (PyPI's CPU build, pinned in lifeline/vllm.py) in its own venv: it pins its own torch and
 # transformers. Its torchvision/torchaudio break on this torch and text models need neither.
@@ -72,7 +74,8 @@ demo: $(STAMP) demo-deps
 # unit + integration on 3 pytest-xdist workers; the e2e tier on 2 (its tests kill and time real processes,
 # and three at once starved them); tests/e2e/vllm alone (two vLLM servers fill the machine). A module is one
 # unit of work (tests/conftest.py). Every run runs; the target fails if any did.
-PYTEST := $(BIN)/python -m pytest -q
+# --durations: the slowest tests of each run, in CI's log.
+PYTEST := $(BIN)/python -m pytest -q --durations=25
 XDIST := --dist loadscope --no-loadscope-reorder
 test: $(STAMP) system-deps vllm
 	@status=0; \

@@ -48,12 +48,13 @@ from bench.cutover_drivers import _pct, anycast_driver, bind_driver, haproxy_dri
 from bench.docs import replace_section
 from common.clock import SystemClock
 from controlplane.db import build_engine, build_session_factory, session_scope
-from cutover import flows, zonal_shift
-from cutover import service as cutover_service
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover import flows, service as cutover_service, zonal_shift
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope, ScopedTierDriverAdapter, StepDriver, TierDriverAdapter
+from cutover.runtime import CutoverRuntime
+from cutover.drivers.adapter import ScopedTierDriverAdapter, TierDriverAdapter
+from cutover.drivers.base import StepDriver
 
 HEADING = "## Whole cutovers per tier (bench/cutover.py)"
 ZONE_A = Scope(ScopeKind.ZONE, "eu", "zone-a")
@@ -63,16 +64,16 @@ POLICY = CutoverPolicy(min_wait=timedelta(0), step_timeout=timedelta(seconds=10)
 
 # tier → (the seed's band as written, the upper edge a p99 must stay under to beat it, in seconds)
 BANDS = {
-    CutoverTier.L7: ("milliseconds", 1.0),
-    CutoverTier.MESH: ("sub-second", 1.0),
-    CutoverTier.ANYCAST: ("seconds", 60.0),
-    CutoverTier.DNS: ("30 s – 5 min incl. TTL", 300.0),
+    RoutingTier.L7: ("milliseconds", 1.0),
+    RoutingTier.MESH: ("sub-second", 1.0),
+    RoutingTier.ANYCAST: ("seconds", 60.0),
+    RoutingTier.DNS: ("30 s – 5 min incl. TTL", 300.0),
 }
 
 
 @dataclass
 class Row:
-    tier: CutoverTier
+    tier: RoutingTier
     system: str
     scope: Scope
     execute_s: list[float]
@@ -102,7 +103,7 @@ def _control_plane(workdir: Path) -> Any:
     return engine, factory, build_session_factory(engine, read_only=True)
 
 
-def run_row(factory: Any, reads: Any, tier: CutoverTier, system: str, scope: Scope, driver: StepDriver,
+def run_row(factory: Any, reads: Any, tier: RoutingTier, system: str, scope: Scope, driver: StepDriver,
             runs: int) -> Row:
     runtime = CutoverRuntime(factory=factory, clock=SystemClock(), drivers=[driver], policy=POLICY,
                              read_factory=reads)
@@ -152,7 +153,7 @@ def run_zonal_shift(factory: Any, reads: Any, drivers: list[StepDriver], runs: i
         rollback_s.append(time.perf_counter() - started)
         if ended.end_reason != "cancelled":
             raise SystemExit(f"zonal shift #{shift.id} did not end by cancel: {ended.end_reason}")
-    return Row(CutoverTier.ANYCAST, ZONAL_SHIFT_SYSTEM, ZONE_A, execute_s, effect_s, rollback_s, None)
+    return Row(RoutingTier.ANYCAST, ZONAL_SHIFT_SYSTEM, ZONE_A, execute_s, effect_s, rollback_s, None)
 
 
 ZONAL_SHIFT_SYSTEM = "zonal shift: l7 + mesh (snapshot), then ExaBGP → BIRD (3 steps)"
@@ -163,7 +164,7 @@ ZONAL_SHIFT_SYSTEM = "zonal shift: l7 + mesh (snapshot), then ExaBGP → BIRD (3
 
 @contextmanager
 def snapshot_l7(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
-    from cutover.l7 import SnapshotL7Driver
+    from cutover.drivers.snapshot_l7 import SnapshotL7Driver
 
     yield SnapshotL7Driver(factory, read_factory=reads, clock=SystemClock(), poll_interval_s=0.005)
 
@@ -172,7 +173,7 @@ def snapshot_l7(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]
 def haproxy(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
     with haproxy_driver(workdir) as (driver, states):
         target = states[0].target
-        yield TierDriverAdapter(driver, tier=CutoverTier.L7, name="haproxy",
+        yield TierDriverAdapter(driver, tier=RoutingTier.L7, name="haproxy",
                                 targets_for=lambda scope: [target] if scope == ENGINE else [])
 
 
@@ -180,8 +181,8 @@ def haproxy(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
 def snapshot_mesh(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
     """A 99/1 prod/canary route across zone-a and zone-b, written straight into the table (no catalog here)."""
     from controlplane.routing_version import service as routing_version
-    from cutover.mesh import SnapshotMeshDriver
-    from cutover.models import ANY, MeshRouteRecord
+    from cutover.drivers.snapshot_mesh import SnapshotMeshDriver
+    from controlplane.mesh_route.models import ANY, MeshRouteRecord
 
     clock = SystemClock()
     with session_scope(factory) as session:
@@ -201,7 +202,7 @@ def snapshot_mesh(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDrive
 def istio(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
     with istio_driver(workdir) as (driver, states):
         target = states[0].target
-        yield TierDriverAdapter(driver, tier=CutoverTier.MESH, name="istio",
+        yield TierDriverAdapter(driver, tier=RoutingTier.MESH, name="istio",
                                 targets_for=lambda scope: [target] if scope == ZONE_A else [])
 
 
@@ -209,17 +210,18 @@ def istio(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
 def anycast(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
     with anycast_driver(workdir) as (driver, states):
         target = states[0].target  # zone-a's announcement; zone-b keeps announcing
-        yield TierDriverAdapter(driver, tier=CutoverTier.ANYCAST, name="exabgp",
+        yield TierDriverAdapter(driver, tier=RoutingTier.ANYCAST, name="exabgp",
                                 targets_for=lambda scope: [target] if scope == ZONE_A else [])
 
 
 def _dns_adapter(driver: Any, name: str, target: Any) -> StepDriver:
-    from cutover.driver_config import DnsRegion, dns_desired
-    from cutover.drivers.dns import EXTERNAL_TTL_S
+    from cutover.drivers.base import EXTERNAL_TTL_S
+    from cutover.drivers_file import DnsRegion
+    from cutover.runtime import dns_desired
 
     regions = {"eu": DnsRegion(answer=["192.0.2.10"], failover_to="us"),
                "us": DnsRegion(answer=["198.51.100.10"], failover_to="eu")}
-    return ScopedTierDriverAdapter(driver, tier=CutoverTier.DNS, name=name,
+    return ScopedTierDriverAdapter(driver, tier=RoutingTier.DNS, name=name,
                                    desired_for=dns_desired(regions, EXTERNAL_TTL_S),
                                    targets_for=lambda scope: [target] if scope == EU else [])
 
@@ -236,14 +238,14 @@ def route53(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDriver]:
         yield _dns_adapter(driver, "route53", states[0].target)
 
 
-ROWS: list[tuple[CutoverTier, str, Scope, Callable[..., Any]]] = [
-    (CutoverTier.L7, "Lifeline snapshot: drain a zone's cluster", ZONE_A, snapshot_l7),
-    (CutoverTier.L7, "HAProxy 2.6 runtime API: drain a server", ENGINE, haproxy),
-    (CutoverTier.MESH, "Lifeline snapshot: zone's mesh weights to 0", ZONE_A, snapshot_mesh),
-    (CutoverTier.MESH, "Istio VirtualService (emulated API server)", ZONE_A, istio),
-    (CutoverTier.ANYCAST, "ExaBGP 5 → BIRD 2: withdraw the zone", ZONE_A, anycast),
-    (CutoverTier.DNS, "BIND 9.18, RFC 2136 + TSIG: region's record", EU, bind),
-    (CutoverTier.DNS, "Route 53 (moto emulator): region's record", EU, route53),
+ROWS: list[tuple[RoutingTier, str, Scope, Callable[..., Any]]] = [
+    (RoutingTier.L7, "Lifeline snapshot: drain a zone's cluster", ZONE_A, snapshot_l7),
+    (RoutingTier.L7, "HAProxy 2.6 runtime API: drain a server", ENGINE, haproxy),
+    (RoutingTier.MESH, "Lifeline snapshot: zone's mesh weights to 0", ZONE_A, snapshot_mesh),
+    (RoutingTier.MESH, "Istio VirtualService (emulated API server)", ZONE_A, istio),
+    (RoutingTier.ANYCAST, "ExaBGP 5 → BIRD 2: withdraw the zone", ZONE_A, anycast),
+    (RoutingTier.DNS, "BIND 9.18, RFC 2136 + TSIG: region's record", EU, bind),
+    (RoutingTier.DNS, "Route 53 (moto emulator): region's record", EU, route53),
 ]
 
 
@@ -288,7 +290,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md")
-    parser.add_argument("--only", choices=[*(t.value for t in CutoverTier), "zonal-shift"], action="append",
+    parser.add_argument("--only", choices=[*(t.value for t in RoutingTier), "zonal-shift"], action="append",
                         help="run only these tiers, or the zonal-shift row (repeatable)")
     args = parser.parse_args()
     if args.runs < 20:

@@ -35,7 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.docs import replace_section
-from cutover.driver import (
+from cutover.drivers.base import (
+    EXTERNAL_TTL_S,
     AnycastState,
     AnycastTarget,
     DnsState,
@@ -45,7 +46,7 @@ from cutover.driver import (
     Verification,
 )
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
-from cutover.drivers.dns import EXTERNAL_TTL_S, Rfc2136Driver, Route53Driver
+from cutover.drivers.dns import Rfc2136Driver, Route53Driver
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
 from cutover.drivers.polling import PollingDriver
 from lifeline.daemons import MotoServer, BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
@@ -173,7 +174,7 @@ def istio_driver(workdir: Path) -> Iterator[tuple[PollingDriver, tuple[object, o
     """An Istio VirtualService on the Kubernetes API emulator (lifeline/kube_emulator.py; istiod's status emulated)."""
     from kubernetes.client import ApiClient, Configuration
 
-    from cutover.driver import MeshState, MeshTarget
+    from cutover.drivers.base import MeshState, MeshTarget
     from cutover.drivers.istio import IstioVirtualServiceDriver
     from lifeline.kube_emulator import KubeApiEmulator
 
@@ -221,7 +222,8 @@ def report(runs: int, results: list[Result]) -> str:
         "Istio: the VirtualService read back with istiod's Reconciled status, on the Kubernetes API emulator). "
         "Verification polls every 5 ms, the first poll at once, so 1 poll means the write was visible on the first "
         "read. For DNS a client sees the new answer only after its cached copy expires: the last column adds the "
-        "replaced answer's TTL (the short external record, 60 s; the internal one is 600 s and is not moved). "
+        "replaced answer's TTL (the short external record, 60 s; the long internal one, 600 s where configured, "
+        "bounds only the region's own services and is not timed here). "
         "The DNS drivers' write includes one read of the record they replace (to report its TTL).",
         "",
         "| tier | system | runs | write p50 ms | write → verified p50 ms | p99 ms | max ms | polls p50 "
@@ -237,7 +239,7 @@ def report(runs: int, results: list[Result]) -> str:
             f"| {statistics.median(r.polls):.0f} | {client} |")
     lines += [
         "",
-        "Seed bands (dr-failover-engineering §4): L7 milliseconds, mesh sub-second, anycast seconds, DNS 30 s – 5 min including "
+        "Bands per tier: L7 milliseconds, mesh sub-second, anycast seconds, DNS 30 s – 5 min including "
         "TTL. On loopback every write is in effect at the first router/server within milliseconds; what remains "
         "of the anycast band is BGP propagation beyond the first router, and of the DNS band the TTL column — "
         "which is why the cutover moves the 60 s record. The moto row measures the emulator, not Route 53's "

@@ -65,6 +65,7 @@ from pathlib import Path
 import httpx
 
 from bench.docs import replace_section
+from common import oneshot_http
 from contract.standby import StandbyPrime
 from engine.presets import ModelPreset
 from engine.standby import StandbyEngine
@@ -211,7 +212,7 @@ def restart_once(engine: EngineProcess, holder: HolderProcess | None, wait_for_l
     else:
         engine.start()
     ready_at = wait_ready(engine.url, engine.process)
-    origin = httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
+    origin = oneshot_http.get(f"{engine.url}/healthz/weights", timeout=5).json()
     if holder is not None:
         assert origin["source"] == "holder" and origin["takeover"] and origin["primed"] is primed, origin
         mapped_at = log_time(engine, "weights mapped from the holder")
@@ -232,7 +233,7 @@ def decode_rate(url: str, model: str, tokens: int) -> float:
     body = {"model": model, "prompt": "Measure the normal path of serving", "max_tokens": tokens,
             "temperature": 0.0, "ignore_eos": True}
     started = time.perf_counter()
-    httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+    oneshot_http.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
     return tokens / (time.perf_counter() - started)
 
 
@@ -314,7 +315,7 @@ def run_preset(preset: str, kills: int, lease_every: int, rounds: int, tokens: i
         holder.wait_ready(timeout=600)
         holder_ready_s = time.time() - started
         region = holder.state()["regions"][0]
-        tensor_bytes = sum(t["nbytes"] for t in httpx.get(f"{holder.url}/v1/weights", timeout=5).json()["region"]["tensors"])
+        tensor_bytes = sum(t["nbytes"] for t in oneshot_http.get(f"{holder.url}/v1/weights", timeout=5).json()["region"]["tensors"])
         holder.kill(signal.SIGKILL)  # and back: the restarted holder adopts its region (no reload)
         started = time.time()
         holder.start()
@@ -440,7 +441,7 @@ def render(results: list[dict], kills: int, lease_every: int) -> str:
 def first_token_s(url: str, model: str, prompt_ids: list[int]) -> float:
     body = {"model": model, "prompt": prompt_ids, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
     started = time.perf_counter()
-    httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+    oneshot_http.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
     return time.perf_counter() - started
 
 
@@ -558,7 +559,7 @@ def step_cost(preset: str, rounds: int, steps: int = 8, prompt_tokens: int = 16,
     try:
         holder.start()
         holder.wait_ready(timeout=600)
-        description = WeightsDescription.model_validate_json(httpx.get(f"{holder.url}/v1/weights", timeout=5).content)
+        description = WeightsDescription.model_validate_json(oneshot_http.get(f"{holder.url}/v1/weights", timeout=5).content)
         models = {"holder": LlamaModel.from_weights(model, map_weights(description), torch.float64),
                   "disk": LlamaModel.load(model, torch.float64)}
         prompt = [(7 * i) % 4000 + 10 for i in range(prompt_tokens)]

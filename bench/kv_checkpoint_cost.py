@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.docs import replace_section
+from common import oneshot_http
 from lifeline.processes import EngineProcess, built_model, free_port, scrape_metric
 
 PROMPT = "Steady-state decoding with checkpoints of its KV blocks written to a regional store"
@@ -38,7 +37,7 @@ def batch(url: str, streams: int, tokens: int) -> float:
 
     def one(i: int) -> int:
         body = {"prompt": f"Stream {i}. {PROMPT}", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+        response = oneshot_http.post(f"{url}/v1/completions", json=body, timeout=900)
         response.raise_for_status()
         return response.json()["usage"]["completion_tokens"]
 

@@ -59,6 +59,7 @@ import yaml
 from httpx_sse import connect_sse
 
 from bench.docs import replace_section
+from common import oneshot_http
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config, scrape_metric
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,9 +211,9 @@ class ReferenceFleet:
     def arm(self, tokens: int) -> Callable[[int], None] | None:
         """The victim exits when about to send its `tokens`+1-th token from now (engine-wide)."""
         assert self.victim is not None  # noqa: S101
-        sent = httpx.get(f"{self.victim.url}/admin/faults", timeout=5).json()["tokens_sent"]
-        httpx.post(f"{self.victim.url}/admin/faults", json={"exit_after_tokens": sent + tokens},
-                   timeout=5).raise_for_status()
+        sent = oneshot_http.get(f"{self.victim.url}/admin/faults", timeout=5).json()["tokens_sent"]
+        oneshot_http.post(f"{self.victim.url}/admin/faults", json={"exit_after_tokens": sent + tokens},
+                          timeout=5).raise_for_status()
         return None
 
     def close(self) -> None:

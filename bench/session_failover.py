@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 
 from bench.docs import replace_section
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionStore
 from controlplane.replication.flows import copy_verified, scan_pending
@@ -95,8 +95,8 @@ def turn(url: str, session: str, session_class: str, convo: list[dict[str, str]]
          model: str = ALIAS) -> dict[str, Any]:
     body = {"model": model, "messages": convo, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900,
-                          headers={"X-Session-Id": session, "X-Session-Class": session_class})
+    response = oneshot_http.post(f"{url}/v1/chat/completions", json=body, timeout=900,
+                                 headers={"X-Session-Id": session, "X-Session-Class": session_class})
     response.raise_for_status()
     return response.json()["choices"][0]
 

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from bench.docs import replace_section
+from common import oneshot_http
 from lifeline.processes import (
     LEASE_TOKEN,
     ControlPlaneProcess,
@@ -97,8 +98,8 @@ class SnapshotFleet:
         self.controlplane.start()
         self.controlplane.wait_ready()
         if first:
-            httpx.post(f"{self.cp_url}/api/v1/regions", json={"name": REGION}, headers=self.operator,
-                       timeout=10).raise_for_status()
+            oneshot_http.post(f"{self.cp_url}/api/v1/regions", json={"name": REGION}, headers=self.operator,
+                              timeout=10).raise_for_status()
             for alias, version in (aliases or {}).items():
                 self.promote(alias, version, reason="initial")
 
@@ -106,7 +107,7 @@ class SnapshotFleet:
         self.controlplane.stop(signal.SIGKILL)
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = httpx.request(method, f"{self.cp_url}/api/v1{path}", headers=self.operator, timeout=30, **kwargs)
+        response = oneshot_http.request(method, f"{self.cp_url}/api/v1{path}", headers=self.operator, timeout=30, **kwargs)
         if response.is_error:
             raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:500]}")
         return response

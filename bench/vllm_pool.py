@@ -53,6 +53,7 @@ import httpx
 from bench.docs import replace_section
 from bench.vllm_machine import RunRecord, begin_record, end_record, wait_for_vllm_room
 from common.clock import SystemClock
+from common import oneshot_http
 from contract.lease import RedisLeaseRegistry
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 from lifeline.vllm import VllmProcess, pool_command, vllm_installed, vllm_python
@@ -101,7 +102,7 @@ def _poll_health(url: str, alive: Callable[[], bool], what: str, timeout: float)
         if not alive():
             raise RuntimeError(f"{what} exited while starting")
         try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+            if oneshot_http.get(f"{url}/health", timeout=1.0).status_code == 200:
                 return time.monotonic()
         except httpx.TransportError:
             pass

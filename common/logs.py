@@ -13,12 +13,19 @@ import sys
 import structlog
 
 
+QUIET_LIBRARIES = ("httpx", "httpcore")
+
+
 def configure_logging(level: str = "info", *, component: str) -> None:
     """Route stdlib and structlog output to stderr as JSON lines."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     logging.basicConfig(stream=sys.stderr, level=numeric, format="%(message)s", force=True)
+    # httpx logs every request at INFO, as plain text: a gateway's snapshot polls, reports and event batches
+    # were four lines a second of it. Our own lines say what changed; a failed call surfaces as our error.
+    for chatty in QUIET_LIBRARIES:
+        logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

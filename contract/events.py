@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.routing_tier import RoutingTier
+
 MAX_BATCH = 500
 # Counters and versions the control plane stores land in INTEGER columns, 32-bit on PostgreSQL:
 # a larger value must be a 422 at the door, not an overflow (a 500) at the insert.
@@ -35,7 +37,7 @@ class DataPlaneEvent(_Record):
                   # a cold-tier pool's staged artifacts of a version changed outcome (verified, missing, mismatch);
                   # the pool refused to start an engine on a version whose artifacts are missing or mismatch
                   "pool.staging", "pool.start_refused"]
-    routing_tier: Literal["l7", "mesh", "anycast", "dns"] = "l7"
+    routing_tier: RoutingTier = RoutingTier.L7
     actor: str = Field(min_length=1, max_length=160, description="gateway:<replica> or agent:<region>")
     region: str = Field(min_length=1, max_length=128)
     instance_id: str | None = Field(None, max_length=200)

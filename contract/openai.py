@@ -5,16 +5,18 @@ pieces both build (usage, model cards, the non-streamed response bodies), so
 a field added for one side cannot drift from the other. Each side narrows it
 in its own protocol module: the gateway (`gateway/schemas.py`) requires
 `model` and accepts `n` > 1 and `user`; the reference engine
-(`engine/protocol.py`) serves one choice and vLLM's extras (`echo`,
-`add_generation_prompt`). Unknown fields are ignored, as vLLM does, unless a
-side refuses them by name.
+(`engine/protocol.py`) serves one choice and vLLM's `add_generation_prompt`,
+and refuses by name what it would otherwise leave out of its answer (`echo`,
+a chat answer's `logprobs`). Unknown fields are ignored, as vLLM does, unless
+a side refuses them by name.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class StreamOptions(BaseModel):
@@ -94,19 +96,108 @@ class ConstrainedDecodingFields(BaseModel):
 
 
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")  # OpenAI's tool calling (chat)
+# Fields OpenAI's own responses put on an assistant message, which clients send back in their history as they
+# got them: accepted while they carry nothing (null, empty), refused by name otherwise.
+_ECHOED_EMPTY = frozenset({"refusal", "audio", "annotations", "function_call"})
+
+
+class FunctionCall(BaseModel):
+    """What a tool call asks for: `arguments` is a JSON object encoded as a string (OpenAI's form)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str = Field(max_length=1_000_000)
+
+    def arguments_object(self) -> dict[str, Any]:
+        """The arguments decoded, as a chat template renders them; ValueError when they are not a JSON object."""
+        decoded = json.loads(self.arguments)
+        if not isinstance(decoded, dict):
+            raise ValueError("a tool call's arguments must be a JSON object")
+        return decoded
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    """One entry of a chat request's `tools`: a function the model may call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """One message of a chat history, tool calls and tool results included; nothing in it is dropped unread."""
+
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = Field(None, max_length=256)  # tool: which call this answers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _echoed_fields(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and _ECHOED_EMPTY & raw.keys():
+            raw = {k: v for k, v in raw.items() if not (k in _ECHOED_EMPTY and v in (None, "", [], {}))}
+        return raw
+
+    @model_validator(mode="after")
+    def _shape(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls: only an assistant message makes tool calls, not a {self.role} one")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id: only a tool message answers a tool call")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("tool_call_id: a tool message names the call it answers")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: required, unless an assistant message makes tool calls")
+        for call in self.tool_calls or []:
+            call.function.arguments_object()
+        return self
 
     def text(self) -> str:
         """The message's text; content parts other than text carry none."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as a chat template reads it: role and text, plus the tool fields it carries (a call's
+        arguments decoded, as Hermes/Qwen-style templates render them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": c.function.arguments_object()}} for c in self.tool_calls]
+        return out
+
+    def uses_tools(self) -> bool:
+        return bool(self.tool_calls) or self.role == "tool"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None) -> dict[str, Any]:
@@ -130,12 +221,16 @@ def model_list(cards: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def completion_body(*, kind: Literal["chat", "completion"], request_id: str, created: int, model: str, text: str,
-                    finish_reason: str | None, token_ids: list[int] | None, usage_: dict[str, Any] | None) -> dict[str, Any]:
-    """A non-streamed response: `chat.completion` or `text_completion` with one choice."""
+                    finish_reason: str | None, token_ids: list[int] | None, usage_: dict[str, Any] | None,
+                    tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A non-streamed response: `chat.completion` or `text_completion` with one choice; a chat answer that called
+    tools carries them (`content` null when they are all it said, as OpenAI answers)."""
     choice: dict[str, Any]
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else "")}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:

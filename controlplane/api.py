@@ -9,10 +9,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from controlplane.agent_report.endpoints import router as agent_report_router
+from controlplane.alerts.endpoints import router as alerts_router
 from controlplane.auth.endpoints import router as auth_router
 from controlplane.drill.endpoints import router as drill_router
 from controlplane.event.endpoints import router as event_router
 from controlplane.gateway_report.endpoints import router as gateway_report_router
+from controlplane.mesh_route.endpoints import router as mesh_route_router
 from controlplane.pool_plan.endpoints import router as pool_plan_router
 from controlplane.replication.endpoints import router as replication_router
 from controlplane.snapshot.endpoints import router as snapshot_router
@@ -60,8 +62,8 @@ def document_errors(route: APIRoute) -> None:
 def build_api_router() -> APIRouter:
     api = APIRouter(prefix="/api/v1")
     for router in (auth_router, topology_router, snapshot_router, event_router, gateway_report_router,
-                   agent_report_router, pool_plan_router, catalog_router, cutover_router, drill_router, slo_router,
-                   replication_router):
+                   agent_report_router, pool_plan_router, catalog_router, cutover_router, mesh_route_router, drill_router,
+                   slo_router, replication_router, alerts_router):
         # On the domain's own routes, before including: FastAPI includes
         # routers lazily, so the including router holds no APIRoutes to edit.
         for route in router.routes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -19,6 +20,9 @@ from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.metrics import router as metrics_router
 from controlplane.replication.exposition import build_collector as build_replication_collector
 from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLeaseRegistry, RedisLeaseReader
+
+if TYPE_CHECKING:
+    from cutover.runtime import CutoverRuntime
 
 
 def _lease_reader(settings: ControlPlaneSettings) -> LeaseReader:
@@ -50,20 +54,28 @@ def _drill_dispatch(settings: ControlPlaneSettings, clock: Clock) -> Callable[[i
     return dispatch
 
 
-def _cutover_wiring(settings: ControlPlaneSettings) -> tuple[list[object], object | None, object | None]:
-    """The tiers' drivers, the cutover policy and the capacity plans from `cutover_drivers_file`.
+def _cutover_runtime(settings: ControlPlaneSettings, state: Any) -> CutoverRuntime:
+    """The cutover workflow's one runtime (cutover/runtime.py): the snapshot's l7 and mesh, confirmed through the
+    gateways' reports, and the drivers, policy and capacity plans of `cutover_drivers_file`.
 
-    A bad file stops start-up naming its key. The drivers poll real routing systems, so they time their
-    timeouts and time to effect on the system clock, whatever clock the app is given. No `[policy]`
-    table: None (the code defaults); no `[[capacity.plans]]`: None (`assertion.capacity` is skipped).
+    A bad file stops start-up naming its key (`CutoverDriverConfigError`).
     """
-    if settings.cutover_drivers_file is None:
-        return [], None, None
-    from cutover.driver_config import build_drivers, load
+    from cutover.drivers.snapshot_l7 import ReportedGatewayVersions
+    from cutover.runtime import build_runtime
 
-    config = load(settings.cutover_drivers_file)
-    return (list(build_drivers(config, clock=SystemClock())), config.policy.build() if config.policy else None,
-            config.capacity.build() if config.capacity else None)
+    gateways = ReportedGatewayVersions(state.read_session_factory, clock=state.clock,
+                                       stale_after=settings.gateway_report_stale_after)
+    return build_runtime(settings, factory=state.session_factory, read_factory=state.read_session_factory,
+                         clock=state.clock, gateways=gateways)
+
+
+def _alert_routes(settings: ControlPlaneSettings) -> object | None:
+    """The alert routes file, read once; a bad one stops start-up naming its key."""
+    if settings.alert_routes_file is None:
+        return None
+    from controlplane.alerts.routes import load
+
+    return load(settings.alert_routes_file)
 
 
 def create_app(
@@ -76,6 +88,7 @@ def create_app(
     from controlplane.console import build_console_router
     from controlplane.console.session import cookie_actor as console_cookie_actor
     from controlplane.console.web import install_error_pages as install_console_error_pages
+    from cutover.repository import mesh_route_holders
 
     settings = settings or ControlPlaneSettings()
     engine = build_engine(settings.resolved_database_url(), timeouts=settings.database_timeouts())
@@ -105,12 +118,26 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
-    # the cutover tiers' drivers, policy and capacity plans (cutover/driver_config.py)
-    wiring = _cutover_wiring(settings)
-    app.state.cutover_drivers, app.state.cutover_policy, app.state.cutover_capacity = wiring
-    app.state.metrics = ControlPlaneMetrics(collectors=[build_replication_collector(
-        session_factory=app.state.read_session_factory, clock=app.state.clock,
-        s3_endpoint_url=settings.s3_endpoint_url)])  # replication lag and RPO_context, at scrape time
+    # every cutover, zonal shift and escalation acts with this one (a test may replace it)
+    app.state.cutover_runtime = _cutover_runtime(settings, app.state)
+    # who may still restore a mesh route (its cutovers), which a route's delete asks (controlplane/mesh_route)
+    app.state.mesh_route_holders = mesh_route_holders
+    app.state.alert_routes = _alert_routes(settings)
+    from controlplane.slo.service import dns_ttls
+
+    app.state.dns_ttls = dns_ttls(settings)  # the drivers file's record TTLs, for the SLO document: read once
+    from controlplane.drill.exposition import DrillCollector
+    from controlplane.slo.exposition import SloCollector
+    from cutover.exposition import CutoverCollector
+
+    app.state.metrics = ControlPlaneMetrics(collectors=[  # from the database, at scrape time
+        build_replication_collector(session_factory=app.state.read_session_factory, clock=app.state.clock,
+                                    s3_endpoint_url=settings.s3_endpoint_url),  # replication lag, RPO_context
+        CutoverCollector(app.state.read_session_factory, clock=app.state.clock),  # cutovers by tier and state
+        DrillCollector(app.state.read_session_factory),  # when each drill last passed, when one is due
+        SloCollector(app.state.read_session_factory, clock=app.state.clock, dns=app.state.dns_ttls,
+                     gateway_stale_after=settings.gateway_report_stale_after,
+                     agent_stale_after=settings.agent_report_stale_after)])  # each SLO target's verdict
     install_error_handlers(app)
     install_console_error_pages(app)  # the same refusals, as pages under /console
     # The last added is outermost: an oversized body is refused before anything parses it, and audited;

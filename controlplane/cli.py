@@ -33,13 +33,14 @@ def serve(
     from controlplane.app import create_app
     from common.logs import configure_logging
 
-    from cutover.driver_config import CutoverDriverConfigError
+    from controlplane.alerts.routes import AlertRoutesError
+    from cutover.drivers_file import CutoverDriverConfigError
 
     settings = load_settings(port=port, host=host)
     configure_logging(settings.log_level, component="controlplane")
     try:
         app = create_app(settings)
-    except CutoverDriverConfigError as exc:  # its message names the file and the key; a traceback adds nothing
+    except (CutoverDriverConfigError, AlertRoutesError) as exc:  # the message names the file and the key
         typer.echo(f"error: bad configuration: {exc}", err=True)
         raise typer.Exit(2) from None
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
@@ -139,7 +140,7 @@ def events_export(
 ) -> None:
     """Write matching events as JSON lines to stdout, oldest first."""
     from controlplane.event import service
-    from controlplane.event.models import RoutingTier
+    from contract.routing_tier import RoutingTier
     from controlplane.event.repository import EventFilter
 
     try:
@@ -172,7 +173,7 @@ def epoch_rotate(
     next snapshot whatever its version.
     """
     from controlplane.event import service as events
-    from controlplane.event.models import RoutingTier
+    from contract.routing_tier import RoutingTier
     from controlplane.routing_version import service
 
     if not reason.strip():

@@ -66,8 +66,14 @@ class ControlPlaneSettings(BaseSettings):
     # Where drill reports (Markdown, JSON, timeline PNG) are written; unset: the database only.
     drill_report_dir: Path | None = None
     # The routing systems cutovers drive besides the snapshot (HAProxy, ExaBGP/BIRD, BIND9 or Route 53,
-    # Istio): a TOML file, cutover/driver_config.py. Unset: those tiers are recorded only.
+    # Istio): a TOML file, cutover/drivers_file.py. Unset: those tiers are recorded only.
     cutover_drivers_file: Path | None = None
+    # Which Alertmanager alerts may act (a fault report, a drill run, an event): a TOML file,
+    # controlplane/alerts/routes.py. Unset: the receiver refuses every delivery.
+    alert_routes_file: Path | None = None
+    # Where deploy/monitoring's Grafana dashboards are served (https://grafana.example): the console links each
+    # cutover and drill run to its panel over the window it ran in. Unset: no such links.
+    grafana_url: str | None = Field(None, pattern=r"^https?://[^\s\"'<>]+$")
 
     def database_timeouts(self) -> DatabaseTimeouts:
         from controlplane.db import DatabaseTimeouts

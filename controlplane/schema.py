@@ -19,10 +19,12 @@ from controlplane.db import Base
 
 def metadata() -> MetaData:
     from controlplane.agent_report import models as agent_report_models  # noqa: F401
+    from controlplane.alerts import models as alerts_models  # noqa: F401
     from controlplane.auth import models as auth_models  # noqa: F401
     from controlplane.drill import models as drill_models  # noqa: F401
     from controlplane.event import models as event_models  # noqa: F401
     from controlplane.gateway_report import models as gateway_report_models  # noqa: F401
+    from controlplane.mesh_route import models as mesh_route_models  # noqa: F401
     from controlplane.replication import models as replication_models  # noqa: F401
     from controlplane.routing_version import models as routing_version_models  # noqa: F401
     from controlplane.topology import models as topology_models  # noqa: F401

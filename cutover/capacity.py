@@ -25,14 +25,13 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from contract.capacity import PlanError, PlanInputs, plan_inputs
-from cutover.models import ScopeKind
-from cutover.tiers import Scope
+from contract.pool_plan import PlanInputs
+from cutover.models import Scope, ScopeKind
+from warm_pool.capacity import CapacityPlan, PlanError, plan_inputs
 
 
 class WarmPoolCapacity:
-    def __init__(self, plans: Iterable[object]) -> None:
-        # warm_pool.capacity.CapacityPlan, typed loosely so cutover does not import warm_pool at module level
+    def __init__(self, plans: Iterable[CapacityPlan]) -> None:
         self.plans = list(plans)
 
     def capacity_after(self, removed: list[Scope]) -> tuple[float, float] | None:
@@ -40,9 +39,9 @@ class WarmPoolCapacity:
             return None
         capacity = demand = 0.0
         for plan in self.plans:
-            request = plan.request  # type: ignore[attr-defined]
+            request = plan.request
             demand += request.demand.concurrent_sequences
-            for zone in plan.zones:  # type: ignore[attr-defined]
+            for zone in plan.zones:
                 if any(_covers(scope, request.region, zone.zone) for scope in removed):
                     continue
                 capacity += (zone.serving + zone.warm) * request.instance.concurrent_sequences

@@ -5,7 +5,7 @@ and flows, not to the API: a cutover or its rollback must still be
 possible when the control-plane API is what is down. The CLI acts with the
 tiers the served control plane has: the snapshot's l7 and mesh, and the
 drivers, policy and capacity plans of `LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE`
-(cutover/driver_config.py). Whoever can run this holds the database
+(cutover/drivers_file.py). Whoever can run this holds the database
 credentials, so break-glass needs only `--reason` here; every mutation is
 audited as `cli:<user>` and writes the same events as the API.
 
@@ -28,7 +28,7 @@ from cutover.mesh_cli import mesh_route_app
 from cutover.zonal_shift_cli import zonal_shift_app
 
 if TYPE_CHECKING:
-    from cutover.service import CutoverRuntime
+    from cutover.runtime import CutoverRuntime
 
 __all__ = ["cutover_app", "zonal_shift_app"]
 
@@ -73,8 +73,8 @@ def plan(
 
     from controlplane.db import session_scope
     from cutover import service
+    from cutover.models import Scope
     from cutover.schemas import CutoverPlanRequest
-    from cutover.tiers import Scope
 
     kind = "instance" if instance else "zone" if zone else "region"
     try:

@@ -11,9 +11,8 @@
     GET    /zonal-shifts[/{id}]                                                               viewer
     DELETE /zonal-shifts/{id}?reason=   cancel (reverts now)                                  operator
     POST   /cutover-escalations         a fault: automatic cutovers up the tier ladder        operator, agent
-    GET    /mesh-routes                 the mesh tier's version/cohort splits                 viewer
-    PUT    /mesh-routes                 set one (bumps the snapshot; a mesh.route event)      operator
-    DELETE /mesh-routes?model=&region=&cohort=&reason=  remove one (same; not while a cutover holds it)  operator
+
+The mesh tier's routes (/mesh-routes) are controlplane/mesh_route/endpoints.py's.
 
 Execute and rollback run in the request's worker thread until the cutover
 is completed, rolled back or failed (each step bounded by its timeout);
@@ -24,7 +23,6 @@ or ?routing_tier=….
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -35,12 +33,11 @@ from controlplane.auth.roles import Role
 from controlplane.db import DbSession, session_scope
 from controlplane.deps import IdPath
 from controlplane.types import Reason
-from cutover import flows, mesh, zonal_shift
+from cutover import flows, zonal_shift
 from cutover import service as cutover_service
 from cutover.errors import BreakGlassNeedsAdmin
-from cutover.l7 import ReportedGatewayVersions, SnapshotL7Driver
-from cutover.mesh import MeshRouteRead, MeshRouteSpec, SnapshotMeshDriver
-from cutover.policy import CutoverPolicy
+from cutover.models import Scope
+from cutover.runtime import CutoverRuntime
 from cutover.schemas import (
     CutoverPlanRequest,
     CutoverRead,
@@ -55,52 +52,18 @@ from cutover.schemas import (
     ZonalShiftRead,
     ZonalShiftStart,
 )
-from cutover.service import CutoverRuntime
 from cutover.states import CutoverState
-from cutover.tiers import Scope
 from cutover.zonal_shift import ExpiryLoop
 
 router = APIRouter(tags=["cutover"])
 
 
 def runtime_for(state: Any) -> CutoverRuntime:
-    """The app's runtime: `state.cutover_runtime` if the composition root set one, else the built-in tiers.
-
-    Built in: l7 and mesh through the snapshot (`cutover.l7`, `cutover.mesh`).
-    `state` is `app.state`. Drivers for other tiers come from
-    `state.cutover_drivers` (a list of `StepDriver`s, e.g.
-    `TierDriverAdapter`s over cutover/drivers/*), the policy from
-    `state.cutover_policy` and a capacity plan from `state.cutover_capacity`,
-    when present. The l7 tier confirms through the gateways' reports
-    (`state.gateway_versions`, else the reports in the database).
-    """
-    runtime: CutoverRuntime | None = getattr(state, "cutover_runtime", None)
-    if runtime is None:
-        gateways = getattr(state, "gateway_versions", None) or ReportedGatewayVersions(
-            state.read_session_factory, clock=state.clock,
-            stale_after=getattr(state.settings, "gateway_report_stale_after", timedelta(seconds=30)),
-        )
-        l7 = SnapshotL7Driver(
-            state.session_factory, read_factory=state.read_session_factory, clock=state.clock, sleep=time.sleep,
-            gateways=gateways,
-        )
-        mesh = SnapshotMeshDriver(
-            state.session_factory, read_factory=state.read_session_factory, clock=state.clock, sleep=time.sleep,
-            gateways=gateways,
-        )
-        runtime = CutoverRuntime(
-            factory=state.session_factory, clock=state.clock,
-            drivers=[l7, mesh, *getattr(state, "cutover_drivers", [])],
-            policy=getattr(state, "cutover_policy", None) or CutoverPolicy(),
-            capacity=getattr(state, "cutover_capacity", None),
-            read_factory=state.read_session_factory,
-            record_unconfigured=True,  # the served plane plans every tier; one without a driver is recorded only
-        )
-        state.cutover_runtime = runtime
-    return runtime
+    """The app's one runtime (`app.state.cutover_runtime`), built by `create_app` (`cutover.runtime.build_runtime`)."""
+    return state.cutover_runtime
 
 
-def build_runtime(request: Request) -> CutoverRuntime:
+def _runtime(request: Request) -> CutoverRuntime:
     return runtime_for(request.app.state)
 
 
@@ -120,7 +83,7 @@ def _shift_read(shift: object) -> ZonalShiftRead:
 @router.post("/cutovers", status_code=201, response_model=PlanRead)
 def plan_cutover(body: CutoverPlanRequest, request: Request, session: DbSession, principal: Operator) -> PlanRead:
     """Plan a cutover: every step with the state its tier shows now and the one it would show after. Changes no routing."""
-    runtime = build_runtime(request)
+    runtime = _runtime(request)
     scope = Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region)
     cutover, violations = cutover_service.plan(
         session, runtime, scope=scope, tiers=[body.tier], target_state=body.target_state, reason=body.reason,
@@ -159,7 +122,7 @@ def execute_cutover(cutover_id: IdPath, body: ExecuteRequest, request: Request, 
     if body.break_glass and not principal.role.allows(Role.ADMIN):
         raise BreakGlassNeedsAdmin("break-glass overrides safety rules and needs an admin token")
     done = flows.execute(
-        build_runtime(request), cutover_id=cutover_id, idempotency_key=body.idempotency_key, actor=principal.actor,
+        _runtime(request), cutover_id=cutover_id, idempotency_key=body.idempotency_key, actor=principal.actor,
         break_glass=body.break_glass, break_glass_reason=body.break_glass_reason,
     )
     return CutoverRead.model_validate(done)
@@ -168,7 +131,7 @@ def execute_cutover(cutover_id: IdPath, body: ExecuteRequest, request: Request, 
 @router.post("/cutovers/{cutover_id}/rollback", response_model=CutoverRead)
 def rollback_cutover(cutover_id: IdPath, body: RollbackRequest, request: Request, principal: Operator) -> CutoverRead:
     """Restore every touched step's recorded before-state (also completes one a crash interrupted)."""
-    done = flows.rollback(build_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
+    done = flows.rollback(_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
     return CutoverRead.model_validate(done)
 
 
@@ -178,7 +141,7 @@ def abort_cutover(cutover_id: IdPath, body: RollbackRequest, request: Request, p
 
     A cutover whose runner is gone is rolled back at once; 409 for one that is planned or finished.
     """
-    done = flows.abort(build_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
+    done = flows.abort(_runtime(request), cutover_id=cutover_id, actor=principal.actor, reason=body.reason)
     return CutoverRead.model_validate(done)
 
 
@@ -205,7 +168,7 @@ def set_gate(body: GateUpdate, request: Request, session: DbSession, principal: 
 
 @router.post("/zonal-shifts", status_code=201, response_model=ZonalShiftRead)
 def start_zonal_shift(body: ZonalShiftStart, request: Request, principal: Operator) -> ZonalShiftRead:
-    shift = zonal_shift.start(build_runtime(request), region=body.region, zone=body.zone,
+    shift = zonal_shift.start(_runtime(request), region=body.region, zone=body.zone,
                               expires_in=body.expires_in, reason=body.reason, actor=principal.actor)
     return _shift_read(shift)
 
@@ -226,37 +189,9 @@ def cancel_zonal_shift(
     reason: Annotated[Reason, Query(min_length=1, max_length=2000)],
 ) -> ZonalShiftRead:
     """End the shift now: its cutover is rolled back and the zone returns."""
-    return _shift_read(zonal_shift.cancel(build_runtime(request), shift_id=shift_id, actor=principal.actor,
+    return _shift_read(zonal_shift.cancel(_runtime(request), shift_id=shift_id, actor=principal.actor,
                                           reason=reason))
 
-
-
-@router.get("/mesh-routes", response_model=list[MeshRouteRead])
-def list_mesh_routes(session: DbSession, _: Viewer) -> list[MeshRouteRead]:
-    return mesh.list_routes(session)
-
-
-@router.put("/mesh-routes", response_model=MeshRouteRead)
-def put_mesh_route(body: MeshRouteSpec, request: Request, session: DbSession, principal: Operator) -> MeshRouteRead:
-    """Set a model's version/zone weights for one cohort (a 99/1 canary, a shadow cohort); gateways follow the snapshot."""
-    return mesh.put_route(session, body, actor=principal.actor, clock=request.app.state.clock)
-
-
-@router.delete("/mesh-routes", response_model=MeshRouteRead)
-def delete_mesh_route(
-    request: Request,
-    session: DbSession,
-    principal: Operator,
-    model: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[^\x00]*$")],
-    reason: Annotated[str, Query(min_length=1, max_length=2000, pattern=r"^[^\x00]*$")],
-    region: Annotated[str | None, Query(min_length=1, max_length=128, pattern=r"^[^\x00]*$",
-                                        description="omitted: the route for every region")] = None,
-    cohort: Annotated[str | None, Query(pattern=mesh.COHORT_PATTERN, description="omitted: the default route")] = None,
-    expected_revision: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
-) -> MeshRouteRead:
-    """Remove one mesh route (answers with it as it was); 404 if there is none, 409 while a cutover holds it."""
-    return mesh.delete_route(session, model=model, region=region, cohort=cohort, reason=reason,
-                             actor=principal.actor, clock=request.app.state.clock, expected_revision=expected_revision)
 
 
 @router.post("/cutover-escalations", response_model=EscalationRead)
@@ -268,7 +203,7 @@ def escalate_fault(body: EscalationRequest, request: Request, principal: Escalat
     from cutover.escalation import Fault
     from cutover.escalation_flow import attempts_for, escalate
 
-    runtime = build_runtime(request)
+    runtime = _runtime(request)
     fault = Fault(body.fault_id, Scope(body.scope.kind, body.scope.region, body.scope.name or body.scope.region),
                   body.evidence, zone=body.zone, generation=body.generation)
     decisions = escalate(runtime, fault, actor=principal.actor)

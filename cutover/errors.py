@@ -2,13 +2,15 @@
 
     LifelineError
     ├── NotFound (404): cutover_not_found, zonal_shift_not_found
-    ├── Conflict (409): invalid_transition, cutover_in_progress, scope_busy,
+    ├── Conflict (409): invalid_transition, cutover_in_progress, gate_conflict, scope_busy,
     │                   safety_rule_violation, zonal_shift_active, zonal_shift_ended,
-    │                   mesh_no_destination_left, mesh_route_conflict
+    │                   mesh_no_destination_left, mesh_unknown_destination
     ├── InvalidInput (422): invalid_request, tier_not_configured, nothing_to_cut_over,
-    │                       invalid_expiry, break_glass_needs_reason, evidence_required,
-    │                       mesh_unknown_version
+    │                       invalid_expiry, break_glass_needs_reason, evidence_required
     └── Forbidden (403): break_glass_needs_admin
+
+The mesh routes' own errors (mesh_route_conflict, mesh_route_in_use,
+mesh_unknown_version) are controlplane/mesh_route/errors.py's.
 """
 
 from __future__ import annotations
@@ -66,24 +68,6 @@ class MeshNoDestinationLeft(Conflict):
     """Taking the scope's destinations out of a mesh route would leave it no weight anywhere."""
 
     error_type = "mesh_no_destination_left"
-
-
-class MeshRouteConflict(Conflict):
-    """A mesh route changed since the revision the writer read (`expected_revision`), or no longer exists."""
-
-    error_type = "mesh_route_conflict"
-
-
-class MeshRouteInUse(Conflict):
-    """A cutover changed this mesh route and has not been rolled back: deleting it would leave nothing to restore."""
-
-    error_type = "mesh_route_in_use"
-
-
-class MeshUnknownVersion(InvalidInput):
-    """A mesh route names a version no alias of the model points at: the snapshot could not describe it."""
-
-    error_type = "mesh_unknown_version"
 
 
 class EvidenceRequired(InvalidInput):

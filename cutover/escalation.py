@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from contract.routing_tier import RoutingTier
 from cutover.errors import EvidenceRequired
-from cutover.models import CutoverTier, ScopeKind
-from cutover.tiers import Scope
+from cutover.models import Scope, ScopeKind
 
 
 class Outcome(StrEnum):
@@ -97,7 +97,7 @@ class Attempt:
 
     cutover_id: int | None
     rung: int
-    tier: CutoverTier
+    tier: RoutingTier
     scope: Scope
     outcome: Outcome
     failure: str | None = None
@@ -108,14 +108,14 @@ class Decision:
     action: Action
     reason: str
     rung: int | None = None
-    tiers: tuple[CutoverTier, ...] = ()
+    tiers: tuple[RoutingTier, ...] = ()
     scope: Scope | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
 # rung → the tiers that act there, in order (the first is the cutover's tier), and the scope they act on
-RUNGS: tuple[tuple[CutoverTier, ...], ...] = (
-    (CutoverTier.L7,), (CutoverTier.ANYCAST, CutoverTier.MESH), (CutoverTier.L7,), (CutoverTier.DNS,))
+RUNGS: tuple[tuple[RoutingTier, ...], ...] = (
+    (RoutingTier.L7,), (RoutingTier.ANYCAST, RoutingTier.MESH), (RoutingTier.L7,), (RoutingTier.DNS,))
 _SCOPE_OF_RUNG = (ScopeKind.INSTANCE, ScopeKind.ZONE, ScopeKind.ZONE, ScopeKind.REGION)
 FIRST_RUNG = {ScopeKind.INSTANCE: 0, ScopeKind.ZONE: 1, ScopeKind.REGION: 3}
 _WHY_FIRST = {

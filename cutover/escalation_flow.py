@@ -21,15 +21,15 @@ from collections.abc import Sequence
 
 from common.logs import get_logger
 from controlplane.db import session_scope
-from cutover import flows
-from cutover import service as cutover_service
+from cutover import flows, service as cutover_service
 from cutover.errors import NothingToCutOver, SafetyRuleViolation
 from cutover.escalation import RUNGS, Action, Attempt, Decision, Fault, Outcome, decide, fault_evidence
 from cutover.metrics import ESCALATION_DECISIONS
-from cutover.models import Cutover, CutoverMode, CutoverTier, ScopeKind, TargetState
-from cutover.service import CutoverRuntime
+from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
+from cutover.runtime import CutoverRuntime
 from cutover.states import ACTIVE_STATES, CutoverState
-from cutover.tiers import RECORDED_ONLY, Scope, event_tier
+from cutover.drivers.recorded_only import RECORDED_ONLY
 
 log = get_logger(__name__)
 
@@ -62,24 +62,24 @@ def attempts_for(runtime: CutoverRuntime, fault: Fault) -> list[Attempt]:
             if c.mode != CutoverMode.AUTOMATIC or (evidence.get("fault") or {}).get("id") != fault.id:
                 continue
             rung = int(evidence.get("rung", 0))
-            attempts.append(Attempt(c.id, rung, CutoverTier(c.tier),
+            attempts.append(Attempt(c.id, rung, RoutingTier(c.tier),
                                     Scope(ScopeKind(c.scope_kind), c.region, c.scope_name), outcome_of(c), c.failure))
             skipped = evidence.get("escalated_from") or {}
             if skipped.get("outcome") == Outcome.NOTHING_TO_CHANGE:  # the rung below: a skip, no record of its own
                 kind, _, name = str(skipped["scope"]).rpartition("/")[2].partition(":")
-                attempts.append(Attempt(None, rung - 1, CutoverTier(skipped["tier"]),
+                attempts.append(Attempt(None, rung - 1, RoutingTier(skipped["tier"]),
                                         Scope(ScopeKind(kind), c.region, name), Outcome.NOTHING_TO_CHANGE,
                                         skipped.get("failure")))
     return sorted(attempts, key=lambda a: (a.rung, a.cutover_id or 0))
 
 
-def already_out(runtime: CutoverRuntime, scope: Scope, tiers: Sequence[CutoverTier]) -> Cutover | None:
+def already_out(runtime: CutoverRuntime, scope: Scope, tiers: Sequence[RoutingTier]) -> Cutover | None:
     """A cutover that holds `scope` out at one of `tiers` now (running or completed), whoever made it."""
     held = ACTIVE_STATES | {CutoverState.COMPLETED}
     with session_scope(runtime.reads) as session:
         found = cutover_service.list_cutovers(session, scope=scope.key, limit=1000)
         return next((c for c in found if c.scope == scope.key and CutoverState(c.state) in held
-                     and c.target_state == TargetState.OUT and CutoverTier(c.tier) in tiers), None)
+                     and c.target_state == TargetState.OUT and RoutingTier(c.tier) in tiers), None)
 
 
 def escalate(runtime: CutoverRuntime, fault: Fault, *, actor: str, max_steps: int = len(RUNGS) + 1) -> list[Decision]:
@@ -169,7 +169,7 @@ def _record_skip(runtime: CutoverRuntime, fault: Fault, decision: Decision, *, a
     with session_scope(runtime.factory) as session:
         event_service.record(
             session, kind="cutover.escalation_skipped", actor=actor, reason=decision.reason, scope=fault.scope.key,
-            clock=runtime.clock, routing_tier=event_tier(decision.tiers[0]), outcome="skipped",
+            clock=runtime.clock, routing_tier=decision.tiers[0], outcome="skipped",
             after={"action": decision.action.value, "rung": decision.rung, "scope": decision.scope.key,
                    "tiers": [t.value for t in decision.tiers], **fault_evidence(fault), **_generation(fault)})
 
@@ -183,7 +183,7 @@ def _record_stop(runtime: CutoverRuntime, fault: Fault, decision: Decision, atte
     with session_scope(runtime.factory) as session:
         event_service.record(
             session, kind="cutover.escalation", actor=actor, reason=decision.reason, scope=fault.scope.key,
-            clock=runtime.clock, routing_tier=event_tier(last.tier) if last else None,
+            clock=runtime.clock, routing_tier=last.tier if last else None,
             outcome={Action.CONTAINED: "succeeded", Action.HOLD: "blocked"}.get(decision.action, "failed"),
             after={"action": decision.action.value, **fault_evidence(fault), **_generation(fault),
                    "attempts": [{"cutover_id": a.cutover_id, "tier": a.tier.value, "scope": a.scope.key,

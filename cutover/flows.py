@@ -54,7 +54,8 @@ from cutover.metrics import ABORT_REQUESTS
 from cutover.models import Cutover
 from cutover.policy import aware
 from cutover.runner import ABORT_KIND, Runner, abort_request, claim_live
-from cutover.service import CutoverRuntime, get_or_raise
+from cutover.runtime import CutoverRuntime
+from cutover.service import get_or_raise
 from cutover.states import ACTIVE_STATES, TERMINAL_STATES, CutoverEvent, CutoverState, transition
 
 log = get_logger(__name__)

@@ -1,7 +1,7 @@
 """`lifeline cutover mesh-route list|set|delete`: the mesh tier's version/zone splits, per cohort.
 
 Mounted under `lifeline cutover` by cutover/cli.py. Like the rest of
-that CLI these go through the database (cutover/mesh.py), not the API,
+that CLI these go through the database (controlplane/mesh_route), not the API,
 and write the same `mesh.route` event and snapshot version as
 `PUT`/`DELETE /api/v1/mesh-routes`; every mutation is audited as
 `cli:<user>`.
@@ -45,9 +45,10 @@ def _route_line(route: dict[str, Any]) -> str:
 @mesh_route_app.command("list")
 def mesh_route_list(as_json: JsonFlag = False) -> None:
     """Every mesh route: model, region (* = all), cohort (* = default), revision and split."""
-    from cutover import mesh
+    from controlplane.mesh_route import service as mesh_routes
 
-    rows = read_only(load_settings(), lambda session: [r.model_dump(mode="json") for r in mesh.list_routes(session)])
+    rows = read_only(load_settings(),
+                     lambda session: [r.model_dump(mode="json") for r in mesh_routes.list_routes(session)])
     if as_json:
         print_json(rows)
         return
@@ -68,10 +69,11 @@ def mesh_route_set(
     from pydantic import ValidationError
 
     from controlplane.cli_support import run_mutation
-    from cutover import mesh
+    from controlplane.mesh_route import service as mesh_routes
+    from controlplane.mesh_route.schemas import MeshRouteSpec
 
     try:
-        spec = mesh.MeshRouteSpec(model=model, region=region, cohort=cohort, destinations=_destinations(dest),
+        spec = MeshRouteSpec(model=model, region=region, cohort=cohort, destinations=_destinations(dest),
                                   reason=reason, expected_revision=expected_revision)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'route'}: {e['msg']}"
@@ -79,7 +81,7 @@ def mesh_route_set(
         typer.echo(f"error: invalid_request: {problems}", err=True)
         raise typer.Exit(2) from None
     route = run_mutation(load_settings(), action="mesh_route.set", target=f"mesh-route:{model}",
-                         work=lambda session, clock: mesh.put_route(session, spec, actor=cli_actor(), clock=clock))
+                         work=lambda session, clock: mesh_routes.put_route(session, spec, actor=cli_actor(), clock=clock))
     typer.echo(_route_line(route.model_dump(mode="json")))
 
 
@@ -93,10 +95,11 @@ def mesh_route_delete(
 ) -> None:
     """Remove a mesh route (one snapshot version, one mesh.route event); refused while a cutover holds it."""
     from controlplane.cli_support import run_mutation
-    from cutover import mesh
+    from controlplane.mesh_route import service as mesh_routes
+    from cutover.repository import mesh_route_holders
 
     route = run_mutation(load_settings(), action="mesh_route.delete", target=f"mesh-route:{model}",
-                         work=lambda session, clock: mesh.delete_route(
+                         work=lambda session, clock: mesh_routes.delete_route(
                              session, model=model, region=region, cohort=cohort, reason=reason, actor=cli_actor(),
-                             clock=clock, expected_revision=expected_revision))
+                             clock=clock, held_by=mesh_route_holders, expected_revision=expected_revision))
     typer.echo(f"deleted: {_route_line(route.model_dump(mode='json'))}")

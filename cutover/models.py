@@ -8,6 +8,7 @@ so a runner that lost its claim cannot write a step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -36,13 +37,20 @@ class ScopeKind(StrEnum):
     REGION = "region"
 
 
-class CutoverTier(StrEnum):
-    """The four routing tiers, fastest first (ARCHITECTURE invariant 8)."""
+@dataclass(frozen=True)
+class Scope:
+    """What a cutover moves: one instance, zone or region (a row stores it as scope_kind, region, scope_name)."""
 
-    L7 = "l7"
-    MESH = "mesh"
-    ANYCAST = "anycast"
-    DNS = "dns"
+    kind: ScopeKind
+    region: str
+    name: str  # the zone or instance id; the region's own name for a region scope
+
+    @property
+    def key(self) -> str:
+        """The event log's scope string, as topology writes it."""
+        if self.kind == ScopeKind.REGION:
+            return f"region:{self.region}"
+        return f"region:{self.region}/{self.kind.value}:{self.name}"
 
 
 class TargetState(StrEnum):
@@ -177,30 +185,3 @@ class ZonalShift(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     end_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     ended_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
-
-
-ANY = "*"  # mesh_routes.region: every region; mesh_routes.cohort: the default route
-
-
-class MeshRouteRecord(Base):
-    """One mesh route (contract.mesh.MeshRoute): a model's version/zone weights for one cohort in one region.
-
-    Desired routing state like a cluster: every write bumps the routing
-    version in the same transaction, so the snapshot carries it. `region`
-    and `cohort` are `*` for "every region" and "the default route" (a
-    unique key cannot hold NULLs as equal on both databases).
-    """
-
-    __tablename__ = "mesh_routes"
-    __table_args__ = (UniqueConstraint("model", "region", "cohort"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    model: Mapped[str] = mapped_column(String(128))
-    region: Mapped[str] = mapped_column(String(128))
-    cohort: Mapped[str] = mapped_column(String(64))
-    # [{"version", "zone", "weight"}], as contract.mesh.MeshDestination
-    destinations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
-    revision: Mapped[int] = mapped_column(Integer)
-    reason: Mapped[str] = mapped_column(Text)
-    updated_by: Mapped[str] = mapped_column(String(160))
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

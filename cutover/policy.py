@@ -3,7 +3,7 @@
 Built once by the composition root and passed down; the defaults are the
 ones the tests and docs/cutover.md describe. A served control plane reads
 them from the `[policy]` table of its cutover drivers file
-(`cutover.driver_tables.PolicyConfig`).
+(`cutover.drivers_file.PolicyConfig`).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from contract.routing_tier import RoutingTier
+from controlplane.mesh_route.models import MeshRouteRecord
 from cutover.models import Cutover, CutoverGate, CutoverStep, ZonalShift
 from cutover.states import ACTIVE_STATES, CutoverState
 
@@ -114,3 +116,32 @@ def due_zonal_shifts(session: Session, *, now: datetime) -> Sequence[ZonalShift]
     return session.scalars(
         select(ZonalShift).where(ZonalShift.ended_at.is_(None), ZonalShift.expires_at <= now).order_by(ZonalShift.id)
     ).all()
+
+
+def mesh_route_holders(session: Session, route: MeshRouteRecord) -> list[int]:
+    """Cutovers with a mesh step on this route that are running, completed or failed: their rollback restores it.
+
+    What `controlplane.mesh_route.service.delete_route` refuses to delete under (`RouteHolders`).
+    """
+    held = [s.value for s in ACTIVE_STATES | {CutoverState.COMPLETED, CutoverState.FAILED}]
+    steps = session.scalars(select(CutoverStep).join(Cutover, Cutover.id == CutoverStep.cutover_id).where(
+        CutoverStep.tier == RoutingTier.MESH.value, Cutover.state.in_(held))).all()
+    return sorted({step.cutover_id for step in steps
+                   if ((step.expected_before or {}).get("target") or {}).get("kind") == "mesh_route"
+                   and (step.expected_before["target"].get("model"), step.expected_before["target"].get("route_region"),
+                        step.expected_before["target"].get("cohort")) == (route.model, route.region, route.cohort)})
+
+
+def counts_by_tier_and_state(session: Session) -> dict[tuple[str, str], int]:
+    """(tier, state) → how many cutovers: what the control plane's /metrics exports (cutover/exposition.py)."""
+    rows = session.execute(select(Cutover.tier, Cutover.state, func.count()).group_by(Cutover.tier, Cutover.state))
+    return {(tier, state): n for tier, state, n in rows}
+
+
+def unclaimed_in_flight(session: Session, *, now: datetime) -> dict[str, int]:
+    """tier → cutovers mid-way (executing, verifying, rolling back) whose runner's claim has lapsed: none drives them."""
+    query = (select(Cutover.tier, func.count())
+             .where(Cutover.state.in_([s.value for s in ACTIVE_STATES]),
+                    (Cutover.claimed_until.is_(None)) | (Cutover.claimed_until < now))
+             .group_by(Cutover.tier))
+    return {tier: n for tier, n in session.execute(query)}

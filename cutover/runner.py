@@ -20,14 +20,15 @@ from typing import Any
 from common.errors import LifelineError
 from common.logs import get_logger
 from controlplane.db import session_scope
-from cutover import repository, safety
-from cutover import service as cutover_service
+from cutover import repository, safety, service as cutover_service
 from cutover.errors import CutoverInProgress
+from contract.routing_tier import RoutingTier
 from cutover.models import Cutover, CutoverStep
 from cutover.policy import aware
-from cutover.service import CutoverRuntime, get_or_raise
+from cutover.runtime import CutoverRuntime
+from cutover.service import get_or_raise
 from cutover.states import TERMINAL_STATES, TOUCHED_STEPS, CutoverEvent, CutoverState, StepStatus, transition
-from cutover.tiers import StepCheck, event_tier
+from cutover.drivers.base import StepCheck
 
 log = get_logger(__name__)
 
@@ -120,7 +121,7 @@ class Runner:
                     expected: Any, check: StepCheck, started_at: Any) -> None:
         cutover_service.record(
             session, cutover, kind=kind, actor=self.actor, reason=self.reason, clock=self.rt.clock,
-            routing_tier=event_tier(step.tier), started_at=started_at,
+            routing_tier=RoutingTier(step.tier), started_at=started_at,
             outcome="succeeded" if check.verified else "failed",
             before={"state": before, "target": step.driver_target},
             after={"state": check.observed, "expected": expected, "target": step.driver_target,
@@ -164,7 +165,7 @@ class Runner:
                     cutover = get_or_raise(session, cutover_id=self.cutover_id)
                     cutover_service.record(
                         session, cutover, kind="cutover.blocked", actor=self.actor, reason=self.reason,
-                        clock=self.rt.clock, routing_tier=event_tier(step.tier), outcome="blocked",
+                        clock=self.rt.clock, routing_tier=RoutingTier(step.tier), outcome="blocked",
                         after={"cutover_id": cutover.id, "step": step.position, "violations": rules},
                     )
                 return self._fail_to_rollback(

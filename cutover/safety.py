@@ -30,9 +30,8 @@ from sqlalchemy.orm import Session
 
 from common.clock import Clock
 from cutover import repository
-from cutover.models import Cutover, ScopeKind, TargetState
+from cutover.models import Cutover, Scope, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy, aware
-from cutover.tiers import Scope
 
 
 class CapacityPlan(Protocol):

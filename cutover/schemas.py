@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contract.routing_tier import RoutingTier
 from controlplane.types import Name, Reason
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover.models import CutoverMode, ScopeKind, TargetState
 from cutover.states import CutoverState, StepStatus
 
 IdempotencyKey = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
@@ -34,7 +35,7 @@ class CutoverPlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scope: ScopeSpec
-    tier: CutoverTier
+    tier: RoutingTier
     target_state: TargetState = TargetState.OUT
     reason: Reason
     mode: CutoverMode = CutoverMode.MANUAL
@@ -68,7 +69,7 @@ class StepRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     position: int
-    tier: CutoverTier
+    tier: RoutingTier
     driver: str
     driver_target: str
     expected_before: dict[str, Any]
@@ -93,7 +94,7 @@ class CutoverRead(BaseModel):
     region: str
     scope_name: str
     scope: str
-    tier: CutoverTier
+    tier: RoutingTier
     target_state: TargetState
     reason: str
     mode: CutoverMode
@@ -119,7 +120,7 @@ class PlanRead(CutoverRead):
     safety: list[dict[str, Any]] = Field(
         default_factory=list, description="rules that would refuse execution now (informational: re-checked on execute)"
     )
-    recorded_only: list[CutoverTier] = Field(
+    recorded_only: list[RoutingTier] = Field(
         default_factory=list, description="tiers with no driver configured: their steps are recorded, nothing is changed")
 
 
@@ -183,7 +184,7 @@ class DecisionRead(BaseModel):
     action: str
     reason: str
     rung: int | None
-    tiers: list[CutoverTier]
+    tiers: list[RoutingTier]
     scope: str | None
     evidence: dict[str, Any]
 

@@ -8,63 +8,27 @@ another runner can finish.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from common.clock import Clock
 from common.logs import get_logger
 from controlplane.auth.roles import Role
 from controlplane.event import service as event_service
 from cutover import repository
-from cutover.errors import CutoverNotFound, EvidenceRequired, NothingToCutOver, TierNotConfigured
+from cutover.errors import CutoverNotFound, EvidenceRequired, NothingToCutOver
 from cutover.metrics import GATE_CHANGES
-from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, CutoverTier, ScopeKind, TargetState
-from cutover.policy import CutoverPolicy
-from cutover.safety import CapacityPlan, Violation, evaluate
+from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
+from cutover.runtime import CutoverRuntime
+from cutover.safety import Violation, evaluate
 from cutover.states import CutoverState, StepStatus
-from cutover.tiers import RECORDED_ONLY, RecordedOnlyDriver, Scope, StepDriver, describe_target
+from cutover.drivers.base import describe_target
+from cutover.drivers.recorded_only import RECORDED_ONLY
 
 log = get_logger(__name__)
-
-
-@dataclass
-class CutoverRuntime:
-    """What the workflow needs, built once by the composition root (or a test)."""
-
-    factory: sessionmaker[Session]
-    clock: Clock
-    drivers: Sequence[StepDriver]
-    policy: CutoverPolicy = field(default_factory=CutoverPolicy)
-    capacity: CapacityPlan | None = None
-    # For polling reads (the expiry loop): DEFERRED on SQLite, so they never take the write lock.
-    read_factory: sessionmaker[Session] | None = None
-    # A tier with no driver: refuse the plan (422 tier_not_configured), or record it only (the served
-    # control plane: the step changes nothing, says so, and is evented; `cutover.tiers.RecordedOnlyDriver`).
-    record_unconfigured: bool = False
-
-    @property
-    def reads(self) -> sessionmaker[Session]:
-        return self.read_factory or self.factory
-
-    def drivers_for(self, tier: CutoverTier) -> list[StepDriver]:
-        return [d for d in self.drivers if d.tier == tier]
-
-    def driver_named(self, tier: str, name: str) -> StepDriver | None:
-        if name == RECORDED_ONLY:  # planned as recorded only: it stays so, even if a driver is configured since
-            return RecordedOnlyDriver(CutoverTier(tier))
-        return next((d for d in self.drivers if d.tier == tier and d.name == name), None)
-
-    def planning_drivers(self, tier: CutoverTier) -> list[StepDriver]:
-        """The drivers a plan uses for `tier`; a recorded-only stand-in where none is configured and that is allowed."""
-        drivers = self.drivers_for(tier)
-        if drivers:
-            return drivers
-        if self.record_unconfigured:
-            return [RecordedOnlyDriver(tier)]
-        raise TierNotConfigured(f"no driver is configured for the {tier.value} tier")
 
 
 def record(session: Session, cutover: Cutover, *, kind: str, actor: str, clock: Clock, reason: str | None = None,
@@ -105,7 +69,7 @@ def plan(
     runtime: CutoverRuntime,
     *,
     scope: Scope,
-    tiers: Sequence[CutoverTier],
+    tiers: Sequence[RoutingTier],
     target_state: TargetState,
     reason: str,
     mode: CutoverMode,
@@ -216,6 +180,6 @@ def set_gate(
     return gate
 
 
-def recorded_only_tiers(cutover: Cutover) -> list[CutoverTier]:
+def recorded_only_tiers(cutover: Cutover) -> list[RoutingTier]:
     """The cutover's tiers that no driver acts at: their steps are recorded and change nothing."""
-    return [CutoverTier(t) for t in sorted({s.tier for s in cutover.steps if s.driver == RECORDED_ONLY})]
+    return [RoutingTier(t) for t in sorted({s.tier for s in cutover.steps if s.driver == RECORDED_ONLY})]

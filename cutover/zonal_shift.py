@@ -27,16 +27,16 @@ from sqlalchemy.orm import Session
 
 from common.errors import LifelineError
 from common.logs import get_logger
+from contract.routing_tier import RoutingTier
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from cutover import flows, repository
 from cutover import service as cutover_service
 from cutover.errors import InvalidExpiry, ZonalShiftActive, ZonalShiftEnded, ZonalShiftNotFound
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState, ZonalShift
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState, ZonalShift
 from cutover.policy import aware
-from cutover.service import CutoverRuntime
+from cutover.runtime import CutoverRuntime
 from cutover.states import CutoverState
-from cutover.tiers import Scope
 
 log = get_logger(__name__)
 
@@ -67,7 +67,7 @@ def start(
         raise InvalidExpiry(f"a zonal shift needs an expiry after 0 and at most {hours:g} h; got {expires_in}")
     clock = runtime.clock
     # l7 drains the zone's clusters; mesh takes its route weights to zero; anycast withdraws its prefix.
-    tiers = [CutoverTier.L7] + [t for t in (CutoverTier.MESH, CutoverTier.ANYCAST) if runtime.drivers_for(t)]
+    tiers = [RoutingTier.L7] + [t for t in (RoutingTier.MESH, RoutingTier.ANYCAST) if runtime.drivers_for(t)]
     with session_scope(runtime.factory) as session:
         if (active := repository.active_zonal_shift(session, region=region, zone=zone)) is not None:
             raise ZonalShiftActive(f"zone {zone!r} of {region!r} is already shifted (#{active.id})")

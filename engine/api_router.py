@@ -14,6 +14,7 @@ import asyncio
 import re
 from typing import Annotated
 
+import structlog
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -52,6 +53,17 @@ def caller_request_id(request: Request) -> str | None:
     return value
 
 
+# W3C trace context: version 00, a 32-hex trace id and a 16-hex parent id, neither all zeros, and flags.
+_TRACEPARENT = re.compile(r"00-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def trace_fields(request: Request) -> dict[str, str]:
+    """`trace_id` for the request's log lines: the gateway attempt's W3C `traceparent`, so the engine's lines are
+    found by the trace's id; an invalid header is ignored, as the W3C recommendation asks of a receiver."""
+    match = _TRACEPARENT.fullmatch(request.headers.get("traceparent", ""))
+    return {"trace_id": match.group(1)} if match else {}
+
+
 async def parse_body(request: Request, model: type[Body]) -> Body:
     return parse_json_body(await request.body(), model, BadRequest)
 
@@ -64,13 +76,15 @@ admin_router = APIRouter()
 @openai_router.post("/v1/completions")
 async def completions(request: Request, serving: Serving) -> Response:
     body = await parse_body(request, CompletionRequest)
-    return await serving.create_completion(body, caller_request_id(request))
+    with structlog.contextvars.bound_contextvars(**trace_fields(request)):  # the request's log lines
+        return await serving.create_completion(body, caller_request_id(request))
 
 
 @openai_router.post("/v1/chat/completions")
 async def chat_completions(request: Request, serving: Serving) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
-    return await serving.create_chat_completion(body, caller_request_id(request))
+    with structlog.contextvars.bound_contextvars(**trace_fields(request)):
+        return await serving.create_chat_completion(body, caller_request_id(request))
 
 
 @openai_router.get("/v1/models")

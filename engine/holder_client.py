@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from common.logs import get_logger
+from common import oneshot_http
 from contract.holder import (
     SUPERSEDED_ERROR_TYPE,
     AttachResponse,
@@ -71,8 +72,8 @@ def _error_type(response: httpx.Response) -> str | None:
 
 def attach(url: str, tenant_id: str, generation: int) -> AttachResponse:
     try:
-        response = httpx.post(f"{url}/v1/tenants/attach", json={"tenant_id": tenant_id, "generation": generation},
-                              timeout=TIMEOUT)
+        response = oneshot_http.post(f"{url}/v1/tenants/attach", json={"tenant_id": tenant_id, "generation": generation},
+                                     timeout=TIMEOUT)
     except httpx.HTTPError as exc:
         raise HolderUnavailable(f"holder at {url} unreachable: {exc!r}") from None
     if response.status_code != 200:
@@ -143,7 +144,7 @@ def weights_snapshot(url: str, client: httpx.Client | None = None) -> WeightsSna
     """
     try:
         path = f"{url}/v1/weights/snapshot"
-        response = client.get(path) if client is not None else httpx.get(path, timeout=TIMEOUT)
+        response = client.get(path) if client is not None else oneshot_http.get(path, timeout=TIMEOUT)
     except httpx.HTTPError as exc:
         raise HolderUnavailable(f"holder at {url} unreachable: {exc!r}") from None
     if response.status_code != 200:

@@ -24,11 +24,32 @@ EOS_TOKEN = "<|eos|>"
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, *CHAT_TOKENS)
 
-# ChatML, the format most open chat models use; rendered with jinja2 exactly
-# as transformers' apply_chat_template would.
+# ChatML, the format most open chat models use, with Hermes/Qwen-style tool
+# calling: offered tools as JSON lines in a system block, an assistant's calls
+# as <tool_call> JSON, a tool's result as <tool_response> in a `tool` turn.
+# Without tools it renders exactly the plain ChatML it always did. Rendered as
+# transformers' apply_chat_template would (common/chat_template.py).
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n# Tools\nYou may call one or more functions. Their signatures:\n<tools>\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\nFor each call, answer with a JSON object of its name and arguments inside <tool_call></tool_call>'"
+    " + ' tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>'"
+    " + '<|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message.tool_calls %}"
+    "{{ '<|im_start|>assistant\n' + message['content'] }}"
+    "{% for call in message.tool_calls %}"
+    "{{ '<tool_call>\n' }}{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+    "{{ '\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -4,9 +4,10 @@ Field names and defaults follow vLLM so the gateway talks to this engine and
 to vLLM with the same code. The engine serves one choice per request.
 
 It implements none of the constrained-decoding fields (`logit_bias`,
-`response_format`, `guided_*`, penalties): a request that sets one to
-anything but its no-op value is refused with a 400 naming the field, never
-served as if the field were absent.
+`response_format`, `guided_*`, penalties), nor `echo` or a chat answer's
+`logprobs` / `top_logprobs`: a request that sets one to anything but its
+no-op value is refused with a 400 naming the field, never served as if the
+field were absent. A completion's `logprobs` (top-N per token) is served.
 """
 
 from __future__ import annotations
@@ -48,11 +49,35 @@ class EngineSampling(SamplingFields, ConstrainedDecodingFields):
 class CompletionRequest(EngineSampling):
     prompt: str | list[int]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = Field(False, description="refused when true: the answer never repeats the prompt")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("the reference engine does not echo the prompt")
+        return echo
 
 
 class ChatCompletionRequest(EngineSampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = Field(None, description="refused: the reference engine parses no tool calls")
+    logprobs: bool = Field(False, description="refused when true: a chat answer carries no logprobs here")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="refused: a chat answer carries no logprobs here")
     add_generation_prompt: bool = True
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools:
+            raise ValueError("the reference engine does not parse tool calls (as vLLM without "
+                             "--enable-auto-tool-choice); send tool requests through the gateway, which renders the "
+                             "tools into the prompt and parses the calls")
+        return tools
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_chat_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value:
+            raise ValueError("the reference engine answers chat without logprobs (a completion's `logprobs` is served)")
+        return value

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from common.chat_template import render_chat
 from common.logs import get_logger
 from contract.openai import usage
 from engine.errors import BadRequest, EngineDraining, EngineError, EngineOverloaded, NotReady
@@ -53,7 +53,6 @@ class OpenAIServing:
         self.in_flight: set[Sequence] = set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._templates = ImmutableSandboxedEnvironment()
 
     # -- in-flight accounting (for drains) ---------------------------------------
     def _begin(self, seq: Sequence) -> None:
@@ -102,10 +101,8 @@ class OpenAIServing:
     def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
         if self.runtime.chat_template is None:
             raise BadRequest("this model has no chat template")
-        rendered = self._templates.from_string(self.runtime.chat_template).render(
-            messages=[{"role": m.role, "content": m.text()} for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt,
-        )
+        rendered = render_chat(self.runtime.chat_template, [m.template_dict() for m in body.messages],
+                               add_generation_prompt=body.add_generation_prompt)
         return self._encode(rendered, "messages")
 
     def _max_tokens(self, body: EngineSampling, prompt_ids: list[int]) -> int:
@@ -148,11 +145,7 @@ class OpenAIServing:
         stop_ids = set(body.stop_token_ids or [])
         if not body.ignore_eos:
             stop_ids.add(runtime.model.shape.eos_token_id)
-        logprobs = None
-        if isinstance(body, CompletionRequest):
-            logprobs = body.logprobs
-        elif isinstance(body, ChatCompletionRequest) and body.logprobs:
-            logprobs = body.top_logprobs or 0
+        logprobs = body.logprobs if isinstance(body, CompletionRequest) else None  # chat refuses them (protocol.py)
         seq = Sequence(
             request_id=request_id, prompt_ids=prompt_ids, max_tokens=max_tokens,
             sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed),

@@ -39,6 +39,7 @@ from gateway.lease_registry import InMemoryLeaseRegistry
 from gateway.metrics import GatewayMetrics
 from gateway.router import LeaseView, Router
 from gateway.sessions import SessionKeeper
+from gateway.tracing import Tracing
 from gateway.verdicts import VerdictView
 from gateway.routing_table import RoutingTable, StaticRoutingTable
 from gateway.settings import GatewaySettings
@@ -111,8 +112,9 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
         await link.start(router, view)
         engines = EngineClient(connect_timeout=settings.recovery.connect_timeout.total_seconds())
         sessions = SessionKeeper(settings.sessions, table, metrics, clock)
+        tracing = Tracing(settings.tracing, replica_id=settings.replica_id)
         deps = Deps(settings, router, engines, token_log, metrics, clock, settings.replica_id, served=link.served,
-                    sessions=sessions)
+                    sessions=sessions, tracing=tracing)
         app.state.gateway = GatewayState(settings, table, registry, view, token_log, deps, metrics, sessions)
         log.info("gateway ready", registry=settings.registry.kind, token_log=settings.token_log.kind, port=settings.port)
         try:
@@ -124,6 +126,7 @@ def create_app(settings: GatewaySettings, *, clock: Clock | None = None) -> Fast
             if verdicts is not None:
                 await verdicts.stop()
             await engines.close()
+            tracing.shutdown()
             await token_log.close()
             await registry.close()
 

@@ -41,12 +41,13 @@ from gateway.stream_request import StreamRequest
 
 class Attempt:
     def __init__(self, deps: Deps, endpoint: Endpoint, request: StreamRequest, committed: list[int], *,
-                 attempt_id: str, remaining: float, usage_stats: bool = False) -> None:
+                 attempt_id: str, remaining: float, usage_stats: bool = False, traceparent: str | None = None) -> None:
         self.deps = deps
         self.endpoint = endpoint
         self.request = request
         self.committed = committed
         self.attempt_id = attempt_id
+        self.traceparent = traceparent  # W3C trace context of this attempt's span (gateway/tracing.py), if tracing
         from_scratch = request.strategy is RecoveryStrategy.RETRY_FROM_SCRATCH
         prefix = [] if from_scratch else list(committed)
         self.skip = len(committed) if from_scratch else 0  # tokens to regenerate, check and drop
@@ -80,9 +81,11 @@ class Attempt:
         """`Opened`, then each new token; raises `EngineFailure`, `EngineRejected` or `RecoveryImpossible("diverged")`."""
         deps, endpoint = self.deps, self.endpoint
         deps.metrics.engine_attempts.inc()
+        traced = {"traceparent": self.traceparent} if self.traceparent else {}
         stream = deps.engines.stream(endpoint, self.payload, first_token_timeout=self.first_token_timeout,
                                      stall_timeout=self.stall_timeout, attempt_id=self.attempt_id,
-                                     watch=lambda: deps.router.left_routing(endpoint), watch_after=self.draining_silence)
+                                     watch=lambda: deps.router.left_routing(endpoint), watch_after=self.draining_silence,
+                                     **traced)
         try:
             async with aclosing(stream) as items:
                 while True:

@@ -109,7 +109,7 @@ def build_controlplane_link(settings: GatewaySettings, clock: Clock,
                                   s3_endpoint_url=cfg.s3_endpoint_url),
             events=events, make_event=events.event, clock=clock, controlplane_url=cfg.controlplane_url,
             cache_path=cfg.cache_path, token=cfg.token, poll_interval=cfg.poll_interval.total_seconds(),
-            timeout=timeout, on_applied=applied)
+            timeout=timeout, on_applied=applied, metrics_registry=metrics_registry)
     return link
 
 

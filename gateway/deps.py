@@ -15,6 +15,7 @@ from gateway.report import ServedLedger
 from gateway.router import Router
 from gateway.settings import GatewaySettings
 from gateway.token_log import TokenLog
+from gateway.tracing import Tracing
 
 if TYPE_CHECKING:
     from gateway.sessions import SessionKeeper
@@ -33,6 +34,7 @@ class Deps:
     replica_id: str
     served: ServedLedger = field(default_factory=ServedLedger)  # streams finished OK, for the report
     sessions: SessionKeeper | None = None  # session turns and their KV checkpoints (gateway/sessions.py)
+    tracing: Tracing = field(default_factory=Tracing)  # off unless settings.tracing.enabled (gateway/tracing.py)
 
 
 async def hold_ownership(deps: Deps, request_id: str, epoch: Callable[[], int]) -> None:

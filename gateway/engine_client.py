@@ -157,7 +157,7 @@ class EngineClient:
 
     async def stream(
         self, endpoint: Endpoint, payload: dict[str, Any], *, first_token_timeout: float, stall_timeout: float,
-        attempt_id: str, watch: Watch | None = None, watch_after: float = 0.3,
+        attempt_id: str, watch: Watch | None = None, watch_after: float = 0.3, traceparent: str | None = None,
     ) -> AsyncIterator[Opened | EngineToken]:
         """Yield `Opened`, then one `EngineToken` per token, until the finishing token.
 
@@ -166,7 +166,8 @@ class EngineClient:
         a chunk with output but no token ids is `EngineFailure(NO_TOKEN_IDS)`.
 
         `attempt_id` goes out as `X-Request-Id` (vLLM's request id header), so the
-        engine's logs carry the gateway's request id.
+        engine's logs carry the gateway's request id; `traceparent`, where tracing
+        is on, as W3C's header of that name.
 
         `watch`: once a token after the first is `watch_after` late, and then
         every `watch_after` until the stall timeout, the stream asks it whether
@@ -178,8 +179,9 @@ class EngineClient:
         target = self._target(endpoint.url)
         body = json.dumps(payload, separators=(",", ":")).encode()
         request = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                   b"User-Agent: lifeline-gateway\r\nX-Request-Id: %s\r\nContent-Length: %d\r\n\r\n%s"
-                   % (target.path.encode(), target.host_header.encode(), attempt_id.encode(), len(body), body))
+                   b"User-Agent: lifeline-gateway\r\nX-Request-Id: %s\r\n%sContent-Length: %d\r\n\r\n%s"
+                   % (target.path.encode(), target.host_header.encode(), attempt_id.encode(),
+                      b"traceparent: %s\r\n" % traceparent.encode() if traceparent else b"", len(body), body))
         deadline = asyncio.get_running_loop().time() + first_token_timeout
         connection = await self._connect(target)
         finished = False

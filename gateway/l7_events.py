@@ -4,8 +4,8 @@ An instance suppressed after a failure, a stale generation fenced, an
 instance ejected by the snapshot or a snapshot refused: each is a
 `contract.events.DataPlaneEvent` with `routing_tier="l7"` and
 `actor="gateway:<replica>"`, so a post-mortem can tell a gateway's own
-removal from an operator's cutover (seed §4: every cutover at any tier leaves
-a routing.tier label).
+removal from an operator's cutover (every routing change, at any tier, carries
+its routing_tier).
 
 `emit()` is synchronous and never waits: it appends to a bounded buffer
 (`routing.event_buffer`) or, when the buffer is full, drops the event and

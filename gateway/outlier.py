@@ -16,9 +16,13 @@ detection (`consecutive_5xx`, `consecutive_local_origin_failure`,
 - Engine-answered failures eject at most `max_ejection_percent` of a
   version's endpoints at once, and never the last one: a 5xx over the cap is
   counted but not ejected, so transient errors cannot empty the fleet.
-  Connection failures eject regardless of the cap (invariant 2: an endpoint
-  whose connection failed is suppressed at once): nothing there can answer,
-  and its lease will lapse anyway.
+  A connection that was refused or reset, a lapsed lease or a foreign
+  generation ejects regardless of the cap (invariant 2: an endpoint whose
+  connection failed is suppressed at once): nothing there can answer, and
+  its lease will lapse anyway. A connect timeout or a stall (`SLOW_FAILURES`)
+  says only that the engine was slow — as a busy survivor is on a loaded
+  machine while the streams of a dead peer arrive — so it ejects within the
+  cap, like a 5xx: it never empties the fleet of an engine that may be fine.
 - An engine that streams output without token ids (`no_token_ids`: too old
   a vLLM) is ejected at its first such failure, regardless of the cap: it
   cannot serve any stream correctly. `incompatible()` tells the router, so
@@ -43,6 +47,8 @@ EndpointKey = tuple[str, int | None]
 
 # Failures of the connection itself (Envoy's "local origin"); everything else the engine answered.
 LOCAL_FAILURES = frozenset({"connect", "timeout", "connection_lost", "stall", "lease_lapsed", "stale_generation"})
+# Local failures that do not show the engine gone, only slow: they eject within the cap.
+SLOW_FAILURES = frozenset({"timeout", "stall"})
 # The engine cannot serve any stream (gateway.engine_connection.NO_TOKEN_IDS): eject at once, regardless of the cap.
 INCOMPATIBLE_FAILURES = frozenset({"no_token_ids"})
 
@@ -96,7 +102,8 @@ class OutlierDetector:
         now = self.clock.now()
         if not reached or record.ejected_until > now:
             return record.ejected_until > now
-        if not (local or incompatible) and not self._room_to_eject(key, peers):
+        capped = reason in SLOW_FAILURES or not (local or incompatible)
+        if capped and not self._room_to_eject(key, peers):
             log.warning("endpoint not ejected: the ejection cap is reached", instance=key[0], generation=key[1], reason=reason)
             return False
         record.ejections += 1

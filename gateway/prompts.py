@@ -17,14 +17,12 @@ import json
 from typing import Any
 
 from fastapi import Request
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from common.chat_template import render_chat, renders_tools
 from common.request_body import Body, parse_json_body
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.routing_table import ModelVersion
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-
-_templates = ImmutableSandboxedEnvironment()
 
 
 async def read_body(request: Request, model: type[Body], *, max_bytes: int) -> Body:
@@ -82,14 +80,28 @@ async def chat_prompt(body: ChatCompletionRequest, version: ModelVersion, *, thr
     template = version.chat_template
     if template is None:
         raise BadRequest(f"model {body.model!r} has no chat template", param="model")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [m.template_dict() for m in body.messages]
+    tools = body.offered_tools()
+    _check_renders_tools(body, version.version, template, tools)
     if sum(len(m["content"]) for m in messages) <= thread_above:
-        return await _encode(version, _render(template, messages), thread_above)
-    return await asyncio.to_thread(lambda: _encode_released(version, _render(template, messages)))
+        return await _encode(version, _render(template, messages, tools), thread_above)
+    return await asyncio.to_thread(lambda: _encode_released(version, _render(template, messages, tools)))
 
 
-def _render(template: str, messages: list[dict[str, str]]) -> str:
-    return _templates.from_string(template).render(messages=messages, add_generation_prompt=True)
+def _check_renders_tools(body: ChatCompletionRequest, version: str, template: str,
+                         tools: list[dict[str, Any]] | None) -> None:
+    """A 400 for tool fields the model's chat template would leave out of the prompt without a word."""
+    if tools and not renders_tools(template):
+        raise BadRequest(f"tools: the chat template of {version} does not render tools, so the model would never "
+                         "see them", param="tools")
+    used = next((i for i, m in enumerate(body.messages) if m.uses_tools()), None)
+    if used is not None and "tool_call" not in template:
+        raise BadRequest(f"messages.{used}: the chat template of {version} does not render tool calls or tool "
+                         "results, so the model would not see this message as sent", param=f"messages.{used}")
+
+
+def _render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    return render_chat(template, messages, tools=tools)
 
 
 async def _encode(version: ModelVersion, text: str, thread_above: int) -> list[int]:

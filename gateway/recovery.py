@@ -17,9 +17,10 @@ compare-and-set in the token log (frames from an older epoch are fenced off
 there) and counts against `max_migrations`. Failures include an engine that
 ends the stream with a finish the client did not ask for (vLLM's "abort":
 `engine_aborted`) and one whose chunks carry no token ids (`no_token_ids`).
-A continuation never goes back to the endpoint `(instance_id, generation)`
-that just failed it, and to one that failed it earlier only when no other
-is routable (`Router.acquire(exclude=…, avoid=…)`). A migration needs
+A continuation goes to an endpoint `(instance_id, generation)` that has not
+failed it; to one that has only when no other is routable, the one that just
+failed it last of all (`Router.acquire(avoid=…)`); one that is ejected
+(gateway/outlier.py) is not routable. A migration needs
 all of: no grammar state once a token is committed, fewer than
 `max_migrations` so far, more than `min_deadline_remaining` left before the
 original deadline, and a token from the retry budget. The budget bounds
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,10 +109,12 @@ class StreamSession:
     finished: bool = False
     received_at: float = 0.0
     turn: SessionTurn | None = None  # the session turn this stream answers (gateway/sessions.py)
+    headers: Mapping[str, str] | None = None  # the client's, for its trace context (gateway/tracing.py)
 
     def __post_init__(self) -> None:
         self.text = TextAssembler(self.tokenizer, self.request.stop)
         self.log = log.bind(request_id=self.request.request_id, epoch=self.epoch)
+        self.span: Any = None  # this stream's trace span while it runs (gateway/tracing.py), if tracing
         self._failed_at: float | None = None
         self._holds_retry_token = False
         self._opened = False
@@ -151,6 +154,7 @@ class StreamSession:
     async def run(self) -> AsyncIterator[Frame | object]:
         """Yield OPENED once, then committed frames until done or a terminal error frame."""
         deps, rid = self.deps, self.request.request_id
+        self.span = deps.tracing.stream_span(self.request, self.headers)
         heartbeat = asyncio.create_task(hold_ownership(deps, rid, lambda: self.epoch), name=f"owner-heartbeat-{rid}")
         deps.metrics.active.inc()
         deps.router.begin()
@@ -194,16 +198,20 @@ class StreamSession:
                 await deps.token_log.release_owner(rid, deps.replica_id)
                 self.log.info("client detached; engine request cancelled", committed=len(self.committed))
             deps.metrics.requests.labels(outcome=outcome).inc()
+            deps.tracing.end(self.span, outcome=outcome, migrations=self.migrations, tokens=len(self.committed))
 
     async def _drive(self) -> AsyncIterator[Frame | object]:
         if self.committed and (refusal := continuation_refused(self.request)):
             raise RecoveryImpossible("not_resumable", refusal)  # a client resume of a stream that cannot continue
         while not self.finished:
             endpoint = await self._acquire()
-            attempt = Attempt(self.deps, endpoint, self.request, self.committed,
-                              attempt_id=f"{self.request.request_id}.{self.epoch}", remaining=self._remaining(),
-                              usage_stats=self.turn is not None)
+            attempt_id = f"{self.request.request_id}.{self.epoch}"
+            span = self.deps.tracing.attempt_span(self.span, endpoint, epoch=self.epoch, attempt_id=attempt_id)
+            attempt = Attempt(self.deps, endpoint, self.request, self.committed, attempt_id=attempt_id,
+                              remaining=self._remaining(), usage_stats=self.turn is not None,
+                              traceparent=self.deps.tracing.traceparent(span))
             log_ = self.log.bind(instance=endpoint.instance_id, generation=endpoint.generation)
+            failure_reason: str | None = None
             try:
                 async with aclosing(attempt.tokens()) as items:
                     async for item in items:
@@ -221,6 +229,7 @@ class StreamSession:
                             self.deps.served.note(endpoint.key, self.deps.clock.utcnow())  # real traffic as a probe
                             return
             except EngineFailure as failure:
+                failure_reason = failure.reason
                 if failure.reason == OVERLOADED:
                     await self._wait_for_room(failure, endpoint)
                     continue
@@ -229,11 +238,19 @@ class StreamSession:
                     self._failed_endpoints.remove(endpoint.key)
                 self._failed_endpoints.append(endpoint.key)
                 self._last_failure = failure
+                self.deps.tracing.end(span, failure=failure.reason)  # the attempt is over; the move is the stream's
+                span = None
                 await self._migrate(failure)
             except EngineRejected as rejected:
+                failure_reason = f"rejected {rejected.status_code}"
                 if self.committed or self.next_seq:
                     raise RecoveryImpossible("engine_rejected", f"engine refused the continuation: {rejected.body}") from None
                 raise EnginePassthrough(rejected.status_code, rejected.body) from None
+            except RecoveryImpossible as impossible:
+                failure_reason = impossible.error_type
+                raise
+            finally:
+                self.deps.tracing.end(span, failure=failure_reason)
 
     async def _acquire(self) -> Endpoint:
         prefer = self.request.prefer_instance if self.migrations == 0 and not self.committed else None
@@ -271,14 +288,14 @@ class StreamSession:
         return await self._acquire()
 
     async def _route(self, *, prefer: str | None, sampling: Sampling | None = None) -> Endpoint:
-        """A slot on an engine for the next attempt: never the one that just failed, earlier failures and the
-        one that last said it was full last."""
+        """A slot on an engine for the next attempt: the engines that failed this stream only when no other is
+        routable — earlier failures first, then the one that last said it was full, the one that just failed last."""
         queue_timeout = self.deps.settings.admission.queue_timeout.total_seconds()
-        avoid = tuple(k for k in self._failed_endpoints[:-1] if k != self._full)
+        earlier = tuple(k for k in self._failed_endpoints[:-1] if k != self._full)
+        avoid = (*earlier, *((self._full,) if self._full else ()), *self._failed_endpoints[-1:])
         return await self.deps.router.acquire(
             self.request.version, client_key=self.request.client_key,
-            queue_timeout=min(queue_timeout, max(self._remaining(), 0.0)), prefer=prefer,
-            exclude=frozenset(self._failed_endpoints[-1:]), avoid=avoid + ((self._full,) if self._full else ()),
+            queue_timeout=min(queue_timeout, max(self._remaining(), 0.0)), prefer=prefer, avoid=avoid,
             sampling=sampling,
         )
 

@@ -7,16 +7,20 @@ the local ejection covers the window before the lapsed lease removes them
 everywhere. Ejection is per `(instance_id, generation)`, so a restarted
 instance (new generation) is routable at once.
 
-A request's continuation never goes back to the endpoint that just failed
-it (`exclude`), and goes to one that failed it earlier (`avoid`) only when
-no other is routable — Envoy's `previous_hosts` retry predicate falls back
-the same way — so one transient 500 on each of two engines costs a request
-nothing. When only excluded (or ejected) endpoints are left there is nothing
-to wait for — no slot frees up on an engine we will not use — so it is
-`no_healthy_endpoint` at once, as for a version with no engine; a restarted
-instance is a new generation, a new key, and routable again. When every
-routable endpoint is held out because it streams no token ids, it is
-`engine_incompatible` (502): waiting or retrying would not help.
+A request's continuation goes to an endpoint that has not failed it
+(`avoid`: those that did, earliest first, the one that just failed it last)
+and to one that has only when no other is routable — Envoy's
+`previous_hosts` retry predicate falls back the same way — so one transient
+500 on each of two engines costs a request nothing, and a survivor that was
+slow to accept a connection on a loaded machine is tried again rather than
+given up. Whether an endpoint that failed is still routable at all is the
+outlier detector's judgment: a refused or reset connection ejects it, a
+timeout or a 5xx does not eject the last one. When only ejected endpoints
+are left there is nothing to wait for — no slot frees up on an engine we
+will not use — so it is `no_healthy_endpoint` at once, as for a version with
+no engine; a restarted instance is a new generation, a new key, and routable
+again. When every routable endpoint is held out because it streams no token
+ids, it is `engine_incompatible` (502): waiting or retrying would not help.
 
 The router also does the request accounting the retry budget needs:
 `begin()`/`end()` around every request, `try_retry()`/`end_retry()` around
@@ -190,7 +194,7 @@ class LeaseView:
 
 
 def _least_recently_failed(candidates: list[Endpoint], avoid: tuple[EndpointKey, ...]) -> list[Endpoint]:
-    """The candidates not in `avoid`; if there are none, the one that failed earliest."""
+    """The candidates not in `avoid`; if there are none, the first of them in `avoid` (the earliest failure)."""
     untried = [e for e in candidates if e.key not in avoid]
     if untried:
         return untried
@@ -303,24 +307,21 @@ class Router:
         self.admission.retry_budget.release()
 
     async def acquire(self, version: str, *, client_key: str | None, queue_timeout: float,
-                      prefer: str | None = None, exclude: frozenset[EndpointKey] = frozenset(),
-                      avoid: tuple[EndpointKey, ...] = (), sampling: Sampling | None = None) -> Endpoint:
+                      prefer: str | None = None, avoid: tuple[EndpointKey, ...] = (),
+                      sampling: Sampling | None = None) -> Endpoint:
         """Take a slot on an endpoint, waiting in the bounded queue if all are busy.
 
         `sampling`: only endpoints that sample this way (a seeded continuation that must stay exact);
         `NoExactContinuation` when others are routable but none of these.
         `prefer`: an instance id to take if it is routable and has room (drills pin the first attempt).
-        `exclude`: endpoint keys `(instance_id, generation)` never to take (the one that just failed the request).
-        `avoid`: endpoint keys to take only when no other is routable (those that failed the request before,
-        earliest first): then the earliest one.
+        `avoid`: endpoint keys `(instance_id, generation)` to take only when no other is routable (those that
+        failed the request, earliest first, the one that just failed it last): then the first of them.
         """
         deadline = self.clock.now() + queue_timeout
         if (leases := lease_view_of(self.view)) is not None:
             leases.check_admission()  # fail static only for a bounded window (LeaseView)
         while True:
             candidates = await self.endpoints(version)
-            if exclude:
-                candidates = [e for e in candidates if e.key not in exclude]
             if sampling is not None and candidates:
                 if not (candidates := [e for e in candidates if e.sampling == sampling.value]):
                     raise NoExactContinuation(f"no routable engine for {version!r} samples {sampling.value}: a "
@@ -333,7 +334,7 @@ class Router:
                         self.admission.take(prefer)
                         return endpoint
             if not candidates:
-                raise await self._none_routable(version, exclude)
+                raise await self._none_routable(version, avoid)
             chosen = self._pick(candidates, client_key)
             if chosen is not None:
                 self.admission.take(chosen.instance_id)
@@ -350,17 +351,17 @@ class Router:
                     retry_after_s=self.settings.admission.retry_after.total_seconds(),
                 )
 
-    async def _none_routable(self, version: str, exclude: frozenset[EndpointKey]) -> NoHealthyEndpoint:
+    async def _none_routable(self, version: str, failed_it: tuple[EndpointKey, ...]) -> NoHealthyEndpoint:
         """The error for a request that finds no candidate: which engines there are, and why none serves it."""
         retry_after = self.settings.admission.retry_after.total_seconds()
         routable = await self._routable(version)
         if routable and all(self.outliers.incompatible(e.key) for e in routable):
             names = ", ".join(sorted(e.instance_id for e in routable))
             return EngineIncompatible(f"no engine can serve {version!r}: " + missing_token_ids(names))
-        failed = sorted(f"{e.instance_id}@{e.generation}" for e in routable if e.key in exclude)
-        if failed:
-            return NoHealthyEndpoint(f"no live, ready engine serves {version!r} but the one that just failed this "
-                                     f"request ({', '.join(failed)})", retry_after_s=retry_after)
+        ejected = sorted(f"{e.instance_id}@{e.generation}" for e in routable if e.key in failed_it)
+        if ejected:
+            return NoHealthyEndpoint(f"no live, ready engine serves {version!r} but those that failed this request "
+                                     f"and are ejected ({', '.join(ejected)})", retry_after_s=retry_after)
         return NoHealthyEndpoint(f"no live, ready engine serves {version!r}", retry_after_s=retry_after)
 
     async def release(self, endpoint: Endpoint) -> None:

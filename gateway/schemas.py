@@ -11,19 +11,27 @@ Nothing is stripped silently. Constrained decoding (`logit_bias`,
 `response_format`, vLLM's `guided_*`, penalties) is forwarded to the engine;
 all but `logit_bias` keep engine state along the output, so such a stream is
 not resumed after its first committed token (`not_resumable`). Any other
-field is refused with a 400 naming it — tool calling among them: the gateway
-renders the chat template itself and speaks `/v1/completions` to engines, so
-it cannot parse tool calls — except the few that change nothing
+field is refused with a 400 naming it, except the few that change nothing
 (`NO_OP_FIELDS`).
+
+Tool calling (chat): `tools` and the history's `tool_calls`, `tool_call_id`
+and `name` are rendered into the prompt by the model's chat template (a
+template that does not render them is refused, never silently left out),
+and the answer's tool calls are parsed by the gateway (`gateway/tool_calls.py`),
+so such a stream stays resumable like any other. `tool_choice` `auto` (the
+default with tools) and `none` are served; `required` and a named function
+are refused: forcing a call takes a grammar in the engine, which a
+continuation after a failure could not resume. The legacy `functions` /
+`function_call` are refused, naming `tools`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contract.openai import TOOL_FIELDS, ChatMessage, ConstrainedDecodingFields, SamplingFields
+from contract.openai import TOOL_FIELDS, ChatMessage, ConstrainedDecodingFields, SamplingFields, ToolDefinition
 from contract.sampling import Sampling
 
 
@@ -64,9 +72,10 @@ class GatewaySampling(SamplingFields, ConstrainedDecodingFields):
         for name, value in (self.model_extra or {}).items():
             if name in NO_OP_FIELDS or (name in TOOL_FIELDS and value in _ABSENT):
                 continue
+            if name in ("functions", "function_call"):
+                return name, f"{name}: the legacy function-calling fields are not served; send `tools` instead"
             if name in TOOL_FIELDS:
-                return name, (f"{name}: tool calling is not supported through the gateway (it renders the chat "
-                              "template itself and cannot parse tool calls)")
+                return name, f"{name}: tool calling is a chat feature; send it to /v1/chat/completions"
             return name, f"{name}: not supported through the gateway"
         return None
 
@@ -103,6 +112,25 @@ class CompletionRequest(GatewaySampling):
 
 class ChatCompletionRequest(GatewaySampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+
+    def tool_calling(self) -> bool:
+        """Whether the tools are offered to the model (and its answer parsed for calls)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template renders them; None when none are offered."""
+        return [t.model_dump(exclude_none=True) for t in self.tools or []] if self.tool_calling() else None
+
+    def refused_field(self) -> tuple[str, str] | None:
+        if self.tool_choice is not None and self.tool_choice not in ("none", "auto"):
+            return "tool_choice", (f"tool_choice {self.tool_choice!r}: the gateway serves 'auto' and 'none'; "
+                                   "forcing a call takes a grammar in the engine, which a continuation after an "
+                                   "engine failure could not resume")
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            return "tool_choice", "tool_choice: set without any tools"
+        return super().refused_field()
     logprobs: bool = Field(False, description="refused when true: not supported through the gateway")
     top_logprobs: int | None = Field(None, description="refused: not supported through the gateway")
 

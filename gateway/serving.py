@@ -19,7 +19,7 @@ from common.logs import get_logger
 from gateway.errors import BadRequest, GatewayError, NotFound
 from gateway.recovery import OPENED, StreamSession, cancelled_frames
 from gateway.routing_table import ModelVersion
-from gateway.schemas import GatewaySampling
+from gateway.schemas import ChatCompletionRequest, GatewaySampling
 from gateway.settings import GatewaySettings, RecoveryStrategy
 from gateway.sse import FrameStreamResponse, collect, sse_body
 from gateway.state import GatewayState
@@ -42,7 +42,7 @@ async def serve(st: GatewayState, headers: Mapping[str, str], body: GatewaySampl
     structlog.contextvars.bind_contextvars(request_id=req.request_id)
     turn = await st.sessions.open(headers, body, version, prompt_ids)
     await st.token_log.create(req.request_id, req.to_dict(), owner=st.settings.replica_id)
-    session = StreamSession(st.deps, req, version.tokenizer, received_at=received_at, turn=turn)
+    session = StreamSession(st.deps, req, version.tokenizer, received_at=received_at, turn=turn, headers=headers)
     frames = session.run()
     try:
         first = await anext(frames)
@@ -108,6 +108,7 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
         prefer_instance=headers.get("x-lifeline-prefer-instance"),
         stateful=body.stateful(),
         inexact_continuation_ok=inexact_ok,
+        parse_tool_calls=isinstance(body, ChatCompletionRequest) and body.tool_calling(),
     )
 
 
@@ -141,7 +142,10 @@ async def resume(st: GatewayState, request_id: str, last_event_id: str) -> Respo
     req = StreamRequest.from_dict(record.request)
     # The version the stream started on, not what its name resolves to now (an alias move, a mesh split).
     version = st.table.resolve(req.version)
-    body = sse_body(req, follow(st, req, version, after))
+    # Tool calls are split from the text by what came before: the frames the client has are read again first.
+    history = [f for f in await st.token_log.frames_after(request_id, -1) if f.seq <= after] \
+        if req.parse_tool_calls else []
+    body = sse_body(req, follow(st, req, version, after), history)
     return FrameStreamResponse(body, media_type="text/event-stream", headers={"X-Lifeline-Request-Id": request_id})
 
 

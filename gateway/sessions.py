@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from common.chat_template import render_chat
 from common.clock import Clock
 from common.logs import get_logger
 from contract.kv_checkpoint import KVCheckpointError, KVStore, MemoryKVStore, open_kv_store
@@ -75,14 +75,13 @@ from gateway.settings import SessionsConfig
 from gateway.snapshot_table import SnapshotRouting
 
 log = get_logger(__name__)
-_templates = ImmutableSandboxedEnvironment()
 SESSION_CLASS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-def render_history(template: str, messages: list[dict[str, str]]) -> str:
+def render_history(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
     """The conversation as the chat template renders it, without a generation prompt: what a later turn
-    starts with."""
-    return _templates.from_string(template).render(messages=messages, add_generation_prompt=False)
+    starts with (the same tools offered: they open the prompt)."""
+    return render_chat(template, messages, tools=tools, add_generation_prompt=False)
 
 
 @dataclass
@@ -196,16 +195,17 @@ class SessionKeeper:
                       prompt_ids: list[int]) -> tuple[int, Callable[[list[int], str], list[int]]]:
         template = version.chat_template
         assert template is not None  # the caller checked
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.template_dict() for m in body.messages]
+        tools = body.offered_tools()
         last_answer = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
         context = 0
         if last_answer >= 0:
-            history = version.tokenizer.encode(render_history(template, messages[:last_answer + 1]),
+            history = version.tokenizer.encode(render_history(template, messages[:last_answer + 1], tools),
                                                add_special_tokens=False).ids
             context = common_prefix(prompt_ids, history)
 
         def next_context(_: list[int], answer_text: str) -> list[int]:
-            rendered = render_history(template, [*messages, {"role": "assistant", "content": answer_text}])
+            rendered = render_history(template, [*messages, {"role": "assistant", "content": answer_text}], tools)
             return version.tokenizer.encode(rendered, add_special_tokens=False).ids
 
         return context, next_context

@@ -177,6 +177,19 @@ class RoutingConfig(_Section):
         return self
 
 
+class TracingConfig(_Section):
+    """OpenTelemetry spans of streams and engine attempts, exported by OTLP/HTTP (gateway/tracing.py). Off: no cost."""
+
+    enabled: bool = False
+    otlp_endpoint: str = Field("http://127.0.0.1:4318/v1/traces", pattern=r"^https?://",
+                               description="an OTLP/HTTP traces endpoint (a collector's /v1/traces)")
+    service_name: str = Field("lifeline-gateway", min_length=1)
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="of traces the gateway starts; a client's own "
+                                                                 "sampled flag is followed")
+    export_interval: Seconds = Field(timedelta(seconds=2), gt=timedelta(0))
+    export_timeout: Seconds = Field(timedelta(seconds=5), gt=timedelta(0))
+
+
 class SessionsConfig(_Section):
     """Sessions and their KV checkpoints (gateway/sessions.py)."""
 
@@ -215,6 +228,7 @@ class GatewaySettings(BaseSettings):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @property
     def routing_region(self) -> str:

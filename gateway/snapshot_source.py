@@ -23,6 +23,11 @@ also with a `snapshot.refused` event naming the version; the rest of the
 snapshot applies. Versions that failed are tried again with the next
 snapshot and on every start.
 
+What it follows is on `/metrics`, for the alerts on a gateway that fell
+behind (deploy/monitoring/lifeline-rules.yaml): the applied snapshot's version
+and control-plane epoch, and when the control plane last gave a usable answer
+(a 200, a 304 or a refused body: anything but unreachable).
+
 Polling (not a long-poll/watch endpoint) because the control plane's
 endpoint is a plain ETag GET and a 304 costs one small round trip; the
 propagation this gives is measured in `bench/snapshot_propagation.py`.
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client import CollectorRegistry, Gauge
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from common.clock import Clock
@@ -68,7 +74,8 @@ class SnapshotSource:
                  make_event: Callable[..., object], clock: Clock, controlplane_url: str, cache_path: Path,
                  token: str | None = None, poll_interval: float = 0.25,
                  timeout: httpx.Timeout | None = None, http: httpx.AsyncClient | None = None,
-                 on_applied: Callable[[SnapshotTable], None] | None = None) -> None:
+                 on_applied: Callable[[SnapshotTable], None] | None = None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         self.routing = routing
         self.loader = loader
         self.events = events
@@ -84,6 +91,13 @@ class SnapshotSource:
         self._task: asyncio.Task | None = None
         self.polls = 0
         self.failures = 0
+        registry = metrics_registry or CollectorRegistry()
+        self.m_version = Gauge("lifeline_gateway_snapshot_applied_version", "Version of the routing snapshot "
+                               "this gateway applied", registry=registry)
+        self.m_epoch = Gauge("lifeline_gateway_snapshot_applied_epoch", "1 for the control-plane epoch (database) "
+                             "of the applied snapshot", ["epoch"], registry=registry)
+        self.m_answered = Gauge("lifeline_gateway_snapshot_last_answer_timestamp_seconds", "When the control "
+                                "plane last answered a snapshot poll usably (Unix time)", registry=registry)
 
     @property
     def applied(self) -> SnapshotTable:
@@ -134,6 +148,7 @@ class SnapshotSource:
             raise ControlPlaneUnreachable(repr(exc)[:200]) from None
         if outcome is PollOutcome.UNREACHABLE:
             raise ControlPlaneUnreachable(f"no usable answer from {self.client.url}")
+        self.m_answered.set(self.clock.wall())
         if outcome is PollOutcome.REFUSED:
             self._refuse(self.client.last_refusal or "snapshot refused")
             return outcome
@@ -194,6 +209,9 @@ class SnapshotSource:
         table = SnapshotTable.build(snapshot, region=self.routing.table.region, artifacts=verified.artifacts,
                                     unverified=verified.unverified, applied_at=self.clock.utcnow())
         self.routing.apply(table)
+        self.m_version.set(table.version)
+        self.m_epoch.clear()
+        self.m_epoch.labels(epoch=table.epoch or "").set(1)
         self.loader.retain({v for model in snapshot.models.values() for v in model.versions})
         log.info("snapshot applied", version=snapshot.version, previous=previous.version,
                  names=sorted(table.by_name), unverified=sorted(verified.unverified))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any
 
@@ -21,6 +21,7 @@ from contract.openai import completion_body
 from contract.session import SESSION_USAGE_KEY
 from gateway.stream_request import StreamRequest
 from gateway.token_log import Frame
+from gateway.tool_calls import ToolCallParser, split_answer
 
 class FrameStreamResponse(StreamingResponse):
     """A StreamingResponse that notices a client leaving even between tokens and always closes its iterator.
@@ -130,8 +131,47 @@ class FrameRenderer:
                 f'{self.lifeline}{frame.seq},"epoch":{frame.epoch}{continuation}}}}}\n\n')
 
 
-async def sse_body(req: StreamRequest, frames: AsyncIterator[Any]) -> AsyncIterator[str]:
-    render = FrameRenderer(req).render
+class ToolCallRenderer:
+    """`render_frame` for a chat request that may call tools: each token frame's text split into content and
+    whole tool calls (`gateway/tool_calls.py`). `history` is the frames a resuming client already has: fed
+    first, so the frames after them render exactly as they did the first time."""
+
+    def __init__(self, req: StreamRequest, history: Iterable[Frame] = ()) -> None:
+        self.req = req
+        self.parser = ToolCallParser(req.request_id)
+        for frame in history:
+            self._split(frame)
+
+    def _split(self, frame: Frame) -> tuple[str, list[dict[str, Any]], str | None]:
+        if frame.kind != "token":
+            return "", [], None
+        content, calls = self.parser.feed(frame.text)
+        finish = frame.finish_reason
+        if finish is not None:
+            content += self.parser.finish()
+            finish = self.parser.finish_reason(finish)
+        return content, calls, finish
+
+    def render(self, frame: Frame) -> str:
+        if frame.kind != "token":
+            return render_frame(self.req, frame)
+        content, calls, finish = self._split(frame)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if self.req.return_token_ids:
+            choice["token_ids"] = list(frame.token_ids)
+        chunk = _envelope(self.req, frame, [choice])
+        return f"id: {frame.seq}\ndata: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+
+
+async def sse_body(req: StreamRequest, frames: AsyncIterator[Any], history: Iterable[Frame] = ()) -> AsyncIterator[str]:
+    """The SSE events of `frames`; `history`, the frames before them a resuming client has (tool-call requests
+    render by what came before)."""
+    render = ToolCallRenderer(req, history).render if req.parse_tool_calls else FrameRenderer(req).render
     async with aclosing(frames) as items:
         async for item in items:
             if isinstance(item, Frame):
@@ -162,9 +202,13 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
             elif item.kind == "usage":
                 usage = dict(item.usage or {})
                 session = usage.pop(SESSION_USAGE_KEY, None)
+    answer, calls = "".join(text), None
+    if req.parse_tool_calls:
+        answer, calls, finish = split_answer(req.request_id, answer, finish)
     body = completion_body(kind="chat" if req.kind == "chat" else "completion", request_id=req.request_id,
-                           created=req.created, model=req.model, text="".join(text), finish_reason=finish,
-                           token_ids=token_ids if req.return_token_ids else None, usage_=usage)
+                           created=req.created, model=req.model, text=answer, finish_reason=finish,
+                           token_ids=token_ids if req.return_token_ids else None, usage_=usage,
+                           tool_calls=calls or None)
     body["lifeline"] = {"request_id": req.request_id, "epoch": epoch}
     if continuation is not None:
         body["lifeline"]["continuation"] = continuation

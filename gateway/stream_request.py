@@ -35,6 +35,9 @@ class StreamRequest:
     # this is true: the client gave no seed, or sent `X-Lifeline-Continuation: may-differ`. Such a continuation
     # says so in every later chunk (`lifeline.continuation: "may_differ"`).
     inexact_continuation_ok: bool = True
+    # A chat request with `tools` (tool_choice not "none"): its text is split into content and tool calls when
+    # rendered (gateway/tool_calls.py); the engine and the committed tokens know nothing of it.
+    parse_tool_calls: bool = False
 
     @property
     def sampled(self) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from common import oneshot_http
+
 
 @dataclass
 class HolderProcess:
@@ -47,7 +49,7 @@ class HolderProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"holder exited with {self.process.returncode}: {self.logs()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz/ready", timeout=1.0).status_code == 200:
+                if oneshot_http.get(f"{self.url}/healthz/ready", timeout=1.0).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -63,7 +65,7 @@ class HolderProcess:
             self._log = None
 
     def state(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/v1/state", timeout=5.0)
+        response = oneshot_http.get(f"{self.url}/v1/state", timeout=5.0)
         response.raise_for_status()
         return response.json()
 

@@ -1,9 +1,12 @@
-"""The one `lifeline` command. Each component mounts its own sub-command.
+"""Lifeline keeps LLM inference serving through failures: streams that survive an engine's death, warm pools
+sized for a zone's loss, and tiered cutovers (l7, mesh, anycast, dns) across regions, with drills that measure it.
 
-Sub-command modules import their heavy dependencies (torch, SQLAlchemy)
-inside the command bodies, so `lifeline --help` stays fast and an engine
-process never imports the ORM.
+Start with `lifeline demo` (two regions on real processes through a scripted outage).
 """
+
+# The one `lifeline` command; each component mounts its own sub-command. Sub-command modules import their heavy
+# dependencies (torch, SQLAlchemy) inside the command bodies, so `lifeline --help` stays fast and an engine
+# process never imports the ORM.
 
 from __future__ import annotations
 

@@ -3,8 +3,13 @@
 BIND9 (authoritative, RFC 2136 with TSIG), BIRD 2 (the observing BGP
 router), ExaBGP (one announcing speaker per zone) and HAProxy (runtime API
 over TCP), each started in the foreground in its own temp dir on spare
-loopback ports and stopped by pid. The settings are the ones
-../shared/ENVIRONMENT-NOTES.md found necessary on this kind of machine.
+loopback ports and stopped by pid (nothing here runs under systemd). The
+settings that were needed: BIND in the foreground without a user switch
+(`-u root -g`), `recursion no` and an empty `controls`; BIRD with `strict
+bind yes` (else it listens on 0.0.0.0) and `multihop 2`, next hops resolved
+through a table of its own (it ignores `lo`); ExaBGP with
+`exabgp_daemon_drop=false` (else it drops to nobody) and its log on stdout
+(its log file fails on permissions).
 
 A daemon that is not installed raises `DaemonMissing` naming the package to
 install (`make test` and `.ci/run` install them), so a test fails, never skips.

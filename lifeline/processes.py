@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
+from common import oneshot_http
 from common.ports import free_port  # re-exported: every starter takes its ports here
 
 def wait_for_http_ok(url: str, process: subprocess.Popen | None, *, name: str, log_path: Path,
@@ -32,7 +33,7 @@ def wait_for_http_ok(url: str, process: subprocess.Popen | None, *, name: str, l
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode}: {_tail(log_path)}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            if oneshot_http.get(url, timeout=1.0).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -52,22 +53,40 @@ MODEL_CACHE = Path(os.environ.get("LIFELINE_TEST_MODEL_CACHE", Path(__file__).re
 
 
 def built_model(preset: str, seed: int) -> Path:
-    from engine.model_build import build_model  # torch: only when a model must be built
+    """The model `lifeline model build` makes for (preset, seed), built once into the cache and again whenever
+    the build itself changed (its source is the stamp: a new chat template must not meet an old cached copy)."""
+    import fcntl
 
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     target = MODEL_CACHE / f"{preset}-seed{seed}"
-    if not (target / "model.safetensors.index.json").exists():
-        # Built aside and renamed into place: parallel test workers may build the same model at once, and
-        # the first rename wins (a rename onto a non-empty directory fails); the others drop their copy.
-        partial = target.with_name(target.name + f".partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        build_model(partial, preset_name=preset, seed=seed)
-        if target.exists() and not (target / "model.safetensors.index.json").exists():
-            shutil.rmtree(target, ignore_errors=True)  # a torn build from before the rename existed
-        try:
-            partial.rename(target)
-        except OSError:
+    stamp = target.with_name(target.name + ".build")  # beside the model: inside, it would change its digest
+    wanted = _build_fingerprint()
+    # One builder at a time (parallel test workers ask for the same model at once); the others then find it.
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = (target / "model.safetensors.index.json").exists() and stamp.exists() \
+            and stamp.read_text() == wanted
+        if not fresh:
+            from engine.model_build import build_model  # torch: only when a model must be built
+
+            partial = target.with_name(target.name + f".partial-{os.getpid()}")
             shutil.rmtree(partial, ignore_errors=True)
+            build_model(partial, preset_name=preset, seed=seed)
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)
+            stamp.write_text(wanted)
     return target
+
+
+def _build_fingerprint() -> str:
+    """The build's inputs: the source of the modules that decide what a model directory holds."""
+    import hashlib
+
+    engine_dir = Path(__file__).resolve().parent.parent / "engine"
+    digest = hashlib.sha256()
+    for name in ("model_build.py", "presets.py", "corpus.py"):
+        digest.update((engine_dir / name).read_bytes())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -172,7 +191,7 @@ class GatewayProcess:
         seen = None
         while time.monotonic() < deadline:
             try:
-                seen = httpx.get(f"{self.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
+                seen = oneshot_http.get(f"{self.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
                 if seen.get(alias, 0) >= count:
                     return
             except httpx.TransportError:
@@ -182,7 +201,7 @@ class GatewayProcess:
 
     def leases(self) -> dict[str, int]:
         """instance id → live generation, from the authenticated lease endpoint."""
-        response = httpx.get(f"{self.url}/lifeline/v1/leases", headers={"Authorization": f"Bearer {LEASE_TOKEN}"}, timeout=5.0)
+        response = oneshot_http.get(f"{self.url}/lifeline/v1/leases", headers={"Authorization": f"Bearer {LEASE_TOKEN}"}, timeout=5.0)
         response.raise_for_status()
         return {lease["instance_id"]: lease["generation"] for lease in response.json()["leases"]}
 
@@ -215,7 +234,7 @@ def scrape_metric(url: str, name: str, labels: dict[str, str] | None = None) -> 
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(url, timeout=5.0).text):
+    for family in text_string_to_metric_families(oneshot_http.get(url, timeout=5.0).text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
                 total += sample.value

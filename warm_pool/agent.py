@@ -36,7 +36,6 @@ snapshot, on the agent's events).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 from datetime import datetime
@@ -47,31 +46,31 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from common.clock import Clock, SystemClock
 from common.logs import get_logger
 from contract.canary import CanaryRecord
-from contract.events import AgentInstance, AgentReport, DataPlaneEvent
+from contract.events import AgentReport
 from contract.identity import EngineIdentity
-from contract.lease import Lease, LeaseExpired, LeaseRegistry, Registration, StaleGeneration
+from contract.lease import Lease, LeaseRegistry
 from contract.snapshot import RoutingSnapshot
 from contract.snapshot_client import SnapshotClient
-from contract.verdict import InstanceVerdict, RedisVerdictBoard, VerdictBoard
+from contract.verdict import RedisVerdictBoard, VerdictBoard
+from warm_pool.agent_reporting import AgentReporting
 from warm_pool.budget import ProbeBudget
-from warm_pool.canary_rollback import CanaryFailure, CanaryOutcome, CanaryRollbackReporter, failed_versions
+from warm_pool.canaries import PROBE_RATE_WINDOW_S, Canaries
+from warm_pool.canary_rollback import CanaryRollbackReporter
+from warm_pool.canary_rollback_reports import CanaryRollbackReports
 from warm_pool.driver import PoolDriver
 from warm_pool.events import EventShipper
-from warm_pool.fault import Fault, FaultDetector, FaultReporter, Observation, RoundResult
-from warm_pool.probe import EJECT, ProbeResult, Prober, Verdict
-from warm_pool.progress import judge_progress
-from warm_pool.support import SupportUnknown, UnsupportedEngine, ask_sampling, check_token_ids
-from warm_pool.report import ReportSender
+from warm_pool.fault import FaultDetector, FaultReporter, Observation
+from warm_pool.fault_reports import FaultReports
+from warm_pool.health_probes import HealthProbes
 from warm_pool.instance import Instance
+from warm_pool.leases import LeaseKeeper
+from warm_pool.probe import Prober
 from warm_pool.reconciler import PoolReconciler
+from warm_pool.report import ReportSender
 from warm_pool.settings import AgentSettings, ExternalEngine
 from warm_pool.staging import StagingCheck
-from warm_pool.states import InstanceState
 
 log = get_logger(__name__)
-
-KEEPS_LEASE = frozenset({Verdict.OK, Verdict.OVERLOADED, Verdict.OLD_GENERATION})
-PROBE_RATE_WINDOW_S = 60.0  # lifeline_agent_inference_probe_rate_per_second averages over this
 
 
 class AgentMetrics:
@@ -117,6 +116,13 @@ class AgentMetrics:
 
 
 class Agent:
+    """The loop and what every step shares: settings, instances, clients, metrics, the canary/release order.
+
+    Each step's work is a collaborator the agent owns (`probes`, `canaries`, `leases`, `fault_reports`,
+    `rollback_reports`, `reporting`, `reconciler`); the methods kept here by the old names (`admitted`,
+    `register`, `release`, `emit`, `report`, ...) delegate to them for the reconciler, the CLI and tests.
+    """
+
     def __init__(self, settings: AgentSettings, *, registry: LeaseRegistry, http: httpx.AsyncClient,
                  clock: Clock | None = None, driver: PoolDriver | None = None, shipper: EventShipper | None = None,
                  snapshots: SnapshotClient | None = None, canary_records: dict[str, CanaryRecord] | None = None,
@@ -146,19 +152,19 @@ class Agent:
         self.faults = FaultDetector(settings.region, rounds=settings.fault_rounds,
                                     clear_rounds=settings.fault_clear_rounds, source=self.actor)
         self.fault_reporter = fault_reporter or FaultReporter(None, None)
-        self.fault_outcomes: dict[str, tuple[str, object]] = {}  # fault id → (outcome, the answer), reported ones
-        self._unreported: dict[str, Fault] = {}  # opened, not yet accepted or refused
         self.lost_this_round: list[Observation] = []  # lost this round: gone, for the fault detector
-        self._fault_task: asyncio.Task | None = None
         self.rollback_reporter = rollback_reporter or CanaryRollbackReporter(None, None)
-        self.rollback_outcomes: dict[tuple[str, str, int], tuple[str, object]] = {}  # alias revision → outcome
-        self._rollback_task: asyncio.Task | None = None
-        self._canaries_sent: collections.deque[float] = collections.deque()  # when, within PROBE_RATE_WINDOW_S
         pool = settings.pool
         # the cold tier's promise (artifacts staged and verified, not loaded), checked in the background
         self.staging = StagingCheck(pool, region=settings.region, actor=self.actor, clock=self.clock,
                                     emit=lambda event: self.shipper.emit(event), registry=self.metrics.registry) \
             if pool is not None and pool.tier == "cold" else None
+        self.probes = HealthProbes(self)  # live / ready / generation, stock vLLM's progress, restarts
+        self.canaries = Canaries(self)  # admission and routine canaries, and the verdict they make
+        self.leases = LeaseKeeper(self)  # register, renew, release for engines that cannot
+        self.fault_reports = FaultReports(self)  # zone and region faults, posted for cutover
+        self.rollback_reports = CanaryRollbackReports(self)  # failed non-prod versions, posted to the catalog
+        self.reporting = AgentReporting(self)  # events, the verdict board, the report, metrics
         self.reconciler = PoolReconciler(self)  # the warm pool: backfill, promote, rebalance, the version roll
 
     # -- desired state -------------------------------------------------------------------------------
@@ -167,10 +173,13 @@ class Agent:
         return self.snapshots.current if self.snapshots else None
 
     def expected_versions(self) -> frozenset[str] | None:
-        """The versions the snapshot's aliases point to; None before any snapshot (no generation check)."""
+        """The versions the snapshot's aliases point to; None (no generation check) before any snapshot, and while
+        the snapshot names no alias at all: an empty catalog says which version is wanted no more than none does,
+        and would otherwise judge every engine of the region old_generation."""
         if self.snapshot is None:
             return None
-        return frozenset(a.version for m in self.snapshot.models.values() for a in m.aliases.values())
+        versions = frozenset(a.version for m in self.snapshot.models.values() for a in m.aliases.values())
+        return versions or None
 
     def expected_digests(self) -> dict[str, str]:
         if self.snapshot is None:
@@ -196,32 +205,41 @@ class Agent:
             if instance_id in self.instances:
                 self.budget.note_served(instance_id, now - (wall - at).total_seconds())
 
+    def next_seq(self) -> int:
+        """The next mark in the one order canaries and releases share (virtual time may not move between them)."""
+        self._seq += 1
+        return self._seq
+
     # -- the loop ------------------------------------------------------------------------------------
     async def tick(self) -> None:
         if not self.reconciler.adopted:
             await self.reconciler.adopt_pool()  # before observe: their leases are the pool's, not engines' own
         await self.observe()
-        await self.probe_health()
-        self.start_canaries()
-        await self.apply_leases()
+        await self.probes.probe()
+        self.canaries.start()
+        await self.leases.apply()
         await self.reconciler.reconcile_pool()
         await self.publish_verdicts()
-        self.detect_faults()
-        self.report_faults()
-        self.report_canary_failures()
+        self.fault_reports.detect()
+        self.fault_reports.report()
+        self.rollback_reports.report()
         if self.staging is not None:
             self.staging.start(self.snapshot)
-        self.export_metrics()
+        self.reporting.export_metrics()
 
     async def run_ticks(self, stop: asyncio.Event) -> None:
         """Tick every probe interval until `stop` is set: for tests and benches that drive the agent in their loop.
 
         Stopped by an event, not by cancelling alone: on Python 3.11 `asyncio.wait_for` (the health probes)
         can swallow a cancellation that lands as its inner call completes, and a loop stopped only by
-        `cancel()` then ticks on forever (bench/pool.py hung so).
+        `cancel()` then ticks on forever (bench/pool.py hung so). A tick that fails (Redis slow to accept a
+        connection on a loaded machine) is logged and the next one runs, as `serve()`'s loop does.
         """
         while not stop.is_set():
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("agent loop step failed", step="tick")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.probe_interval.total_seconds())
 
@@ -289,379 +307,6 @@ class Agent:
             return None
         return str(names[0])
 
-    async def probe_health(self) -> None:
-        timeout = self.settings.probe_timeout.total_seconds()
-        versions, digests = self.expected_versions(), self.expected_digests()
-        targets = list(self.instances.values())
-
-        async def one(instance: Instance) -> ProbeResult:
-            metrics = self._read_progress(instance) if instance.stock_vllm else None
-            try:
-                result = await asyncio.wait_for(self.prober.health(instance.url, expected_versions=versions,
-                                                                   expected_digests=digests,
-                                                                   stock_vllm=instance.stock_vllm), timeout)
-            except TimeoutError:
-                result = ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s",
-                                     stock_vllm=instance.stock_vllm)
-            if result.stock_vllm and metrics is None:
-                metrics = self._read_progress(instance)  # just found out it is stock vLLM
-            if metrics is not None:
-                # the /metrics read may outlive this probe (a busy API server): wait for it no longer than
-                # the health probe may take, and judge by the freshest sample there is
-                await asyncio.wait({metrics}, timeout=max(0.0, timeout - (self.clock.now() - started)))
-                result = judge_progress(result, instance.progress, now=self.clock.now(),
-                                        stall_timeout=self.settings.stall_timeout.total_seconds(),
-                                        busy_grace=self.settings.busy_grace.total_seconds())
-            return result
-
-        async def in_flight(instance: Instance) -> None:
-            """For the version roll: it retires an old instance once nothing runs or waits there."""
-            try:
-                instance.in_flight = await asyncio.wait_for(self.prober.in_flight(instance.url), timeout)
-            except TimeoutError:
-                instance.in_flight = None
-
-        awaited = [i for i in targets if i.drain_waiting_since is not None]
-        started = self.clock.now()
-        results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in targets)),
-                                          asyncio.gather(*(in_flight(i) for i in awaited)))
-        for instance, result in zip(targets, results, strict=True):
-            instance.health = result
-            instance.stock_vllm = instance.stock_vllm or result.stock_vllm
-            instance.failed_probes = 0 if result.ok or result.verdict is Verdict.OVERLOADED \
-                else instance.failed_probes + 1
-            if result.identity is not None and result.identity.model != instance.version:
-                instance.version = result.identity.model
-            boot = None
-            if result.identity is not None:
-                boot = (result.identity.boot_generation, result.identity.started_at)
-            elif instance.stock_vllm and instance.progress.last is not None and \
-                    instance.progress.last.started_at is not None:
-                boot = (0, instance.progress.last.started_at)  # vLLM's process_start_time_seconds
-            if boot is not None:
-                if instance.boot is not None and boot != instance.boot:
-                    await self._restarted(instance, instance.boot, boot)
-                instance.boot = boot
-            self.metrics.probes.labels(result.verdict.value).inc()
-            self.judge(instance)
-
-    def _read_progress(self, instance: Instance) -> asyncio.Task:
-        """The instance's /metrics read in flight, or a new one; each finished read is added to its progress.
-
-        Not bounded by the probe timeout: a busy API server answers late, and a late sample is still
-        evidence of progress. Bounded by `busy_grace`, past which a sample proves nothing anyway.
-        """
-        task = instance.metrics_task
-        if task is not None and not task.done():
-            return task
-
-        async def read() -> None:
-            sample = await self.prober.engine_metrics(instance.url, timeout=self.settings.busy_grace.total_seconds())
-            if sample is not None:
-                instance.progress.add(sample)
-
-        instance.metrics_task = asyncio.create_task(read(), name=f"metrics-{instance.instance_id}")
-        return instance.metrics_task
-
-    async def _restarted(self, instance: Instance, before: tuple[int, float], after: tuple[int, float]) -> None:
-        """Another process answers at the instance's url: release its lease; a new one only after a fresh canary.
-
-        An engine without a lease of its own sends no generation header, so the gateway cannot fence a
-        restart at the same url; the lease holder does, from `boot_generation` and `started_at`.
-        """
-        log.warning("engine restarted under its lease", instance=instance.instance_id, before=before, after=after)
-        if instance.canary_task is not None:
-            instance.canary_task.cancel()  # its answer may be the old process's
-            instance.canary_task = None
-        instance.canary = None
-        instance.unleasable = None
-        instance.supported = False  # another process: it may be another vLLM, with or without Lifeline's sampler
-        await self.release(instance)
-        self._seq += 1
-        instance.released_seq = self._seq
-
-    def start_canaries(self) -> None:
-        admission, routine = [], []
-        for instance in self.instances.values():
-            if instance.canary_task is not None or self.canary_for(instance.version) is None:
-                continue
-            if instance.health is None or not instance.health.ok:
-                continue
-            (admission if self._needs_admission(instance) else routine).append(instance)
-        budgeted = [i for i in self.instances.values() if self.canary_for(i.version) is not None]
-        self.metrics.budget.set(self.budget.rate(len(budgeted)))
-        due = set(self.budget.due([i.instance_id for i in budgeted]))
-        now = self.clock.now()
-        for instance in admission + [i for i in routine if i.instance_id in due]:
-            instance.canary_task = asyncio.create_task(self._run_canary(instance),
-                                                       name=f"canary-{instance.instance_id}")
-            self._canaries_sent.append(now)
-        while self._canaries_sent and self._canaries_sent[0] <= now - PROBE_RATE_WINDOW_S:
-            self._canaries_sent.popleft()
-        self.metrics.probe_rate.set(len(self._canaries_sent) / PROBE_RATE_WINDOW_S)
-
-    def _needs_admission(self, instance: Instance) -> bool:
-        """An admission canary (at once, outside the budget): a loading instance, or one the agent would lease
-        that has no passing canary since its last lease went. A failing one waits for routine canaries."""
-        if instance.state is InstanceState.COLD:
-            return True
-        if instance.lease is not None or instance.origin == "registry" or self._fresh_canary(instance):
-            return False
-        if instance.canary is None:
-            return instance.origin == "external" or instance.released_seq is not None
-        return instance.canary.ok
-
-    def _fresh_canary(self, instance: Instance) -> bool:
-        """A canary has answered since the agent last let the instance's lease go."""
-        return instance.canary is not None and (instance.released_seq is None or
-                                                instance.canary_seq > instance.released_seq)
-
-    async def _run_canary(self, instance: Instance) -> None:
-        record = self.canary_for(instance.version)
-        self._seq += 1
-        started = self._seq
-        try:
-            if record is None:
-                return
-            result = await self.prober.canary(instance.url, model=instance.version, record=record,
-                                              timeout=self._canary_timeout())
-            instance.canary, instance.canary_seq = result, started
-            instance.canary_at = self.clock.utcnow()
-            instance.canaries += 1
-            self.metrics.instance_canaries.labels(instance.instance_id).set(instance.canaries)
-            if result.verdict is Verdict.WRONG_OUTPUT:
-                instance.wrong_outputs += 1
-                self.metrics.instance_wrong_outputs.labels(instance.instance_id).set(instance.wrong_outputs)
-            self.metrics.canaries.labels(result.verdict.value).inc()
-            self.judge(instance)
-            if instance.verdict in EJECT | {Verdict.DRAINING} and instance.lease is not None:
-                await self.release(instance)  # at once, not at the next tick
-        except Exception:  # a canary never takes the agent down
-            log.exception("canary failed", instance=instance.instance_id)
-        finally:
-            if instance.canary_task is asyncio.current_task():
-                instance.canary_task = None
-
-    def judge(self, instance: Instance) -> None:
-        health, canary = instance.health, instance.canary
-        if health is None:
-            return
-        if not health.ok:
-            verdict, reason, level = health.verdict, health.reason, health.level
-        elif canary is not None and not canary.ok:
-            verdict, reason, level = canary.verdict, canary.reason, canary.level
-        else:
-            verdict, reason, level = Verdict.OK, (canary or health).reason, (canary or health).level
-        before = instance.verdict
-        instance.reason = reason
-        if verdict is before:
-            return
-        instance.verdict = verdict
-        instance.verdict_since = self.clock.utcnow()
-        if instance.state is InstanceState.COLD and verdict is not Verdict.OK and level != "canary":
-            return  # still loading: not a change anyone routes on
-        self.emit("probe.verdict", instance, f"{before or 'unprobed'} → {verdict}: {reason}",
-                  verdict=verdict.value, before=before.value if before else None, level=level,
-                  canary_probes=instance.canaries, seen_for_s=round(self.clock.now() - instance.first_seen, 3),
-                  origin=instance.origin, version=instance.version,
-                  changes_routing=_routing_class(before) != _routing_class(verdict))
-
-    async def apply_leases(self) -> None:
-        for instance in list(self.instances.values()):
-            if not instance.agent_leased:
-                continue
-            if instance.lease is not None and instance.verdict not in KEEPS_LEASE:
-                await self.release(instance)
-            elif instance.lease is not None:
-                await self._renew(instance)
-            elif self.admitted(instance) and instance.unleasable is None:
-                await self.register(instance)  # first lease, or again after a release or a lapse
-
-    def admitted(self, instance: Instance) -> bool:
-        """Routable now, and (with a canary record) a canary passed since the agent last held its lease."""
-        if instance.verdict is not Verdict.OK:
-            return False
-        record = self.canary_for(instance.version)
-        return record is None or (self._fresh_canary(instance) and instance.canary is not None and instance.canary.ok)
-
-    def _canary_timeout(self) -> httpx.Timeout:
-        """A canary's own timeouts: a busy engine accepts and answers late, which is overloaded, not dead."""
-        canary = self.settings.canary_timeout.total_seconds()
-        return httpx.Timeout(connect=min(2.0, canary), read=canary, write=canary, pool=canary)
-
-    async def supported(self, instance: Instance) -> bool:
-        """The first-lease check (warm_pool/support.py), once per instance: it streams per-token ids.
-
-        Refused: `unleasable` names what is missing and the minimum vLLM version, an event and an error log
-        say so, and it is never leased. No answer to judge (a timeout, a 5xx): not leased now, asked again.
-        """
-        if instance.supported:
-            return True
-        if instance.unleasable is not None:
-            return False
-        try:
-            await check_token_ids(self.http, instance.url, model=instance.version, timeout=self._canary_timeout())
-            instance.sampling = await ask_sampling(self.http, instance.url, model=instance.version,
-                                                   timeout=self._canary_timeout())
-        except UnsupportedEngine as exc:
-            instance.unleasable = f"{exc.error_type}: {exc.message}"
-            instance.reason = instance.unleasable
-            self.metrics.unsupported.inc()
-            log.error("engine refused: it cannot be leased", instance=instance.instance_id, url=instance.url,
-                      error_type=exc.error_type, reason=exc.message)
-            self.emit("probe.verdict", instance, f"refused at its first lease: {instance.unleasable}",
-                      verdict=Verdict.ERROR.value, before=instance.verdict.value if instance.verdict else None,
-                      level="canary", error_type=exc.error_type, changes_routing=False)
-            return False
-        except SupportUnknown as exc:
-            log.info("first-lease check got no answer; asking again before the next lease",
-                     instance=instance.instance_id, why=str(exc))
-            return False
-        instance.supported = True
-        log.info("engine supported", instance=instance.instance_id, sampling=instance.sampling.value)
-        return True
-
-    async def register(self, instance: Instance) -> None:
-        if not await self.supported(instance):
-            return
-        try:
-            instance.lease = await self.registry.register(Registration(
-                instance_id=instance.instance_id, url=instance.url, version=instance.version, zone=instance.zone,
-                region=self.settings.region, sampling=instance.sampling.value))
-        except Exception as exc:
-            log.warning("lease not registered", instance=instance.instance_id, error=str(exc)[:200])
-            return
-        log.info("lease registered for", instance=instance.instance_id, generation=instance.lease.generation)
-        health = instance.health
-        identity = health.identity if health else None
-        if health is not None and health.stamps_generation and identity is not None and \
-                identity.generation != instance.lease.generation:
-            # It sends X-Lifeline-Generation: it holds a lease of its own and is listed here by mistake. The
-            # gateway would drop every frame under the agent's generation as stale. Never route to it.
-            # (An engine without a lease of its own sends no header and is leased under any generation.)
-            instance.unleasable = (f"engine stamps generation {identity.generation} (a lease of its own); "
-                                   f"the agent's lease would be {instance.lease.generation}")
-            await self.release(instance)
-            log.warning("lease refused: generations disagree", instance=instance.instance_id,
-                        reason=instance.unleasable)
-
-    async def _renew(self, instance: Instance) -> None:
-        if instance.lease is None:
-            return
-        try:
-            instance.lease = await self.registry.renew(instance.instance_id, instance.lease.generation)
-        except LeaseExpired:
-            # Lapsed while the agent was slow: gateways stopped routing to it. Registered again (a new
-            # generation) after a fresh admission canary; the engine sends no generation header to disagree.
-            log.warning("lease lapsed", instance=instance.instance_id, generation=instance.lease.generation)
-            instance.lease = None
-            self._seq += 1
-            instance.released_seq = self._seq
-        except StaleGeneration:
-            log.warning("another writer holds this instance's lease; not renewing", instance=instance.instance_id)
-            instance.lease = None
-            self._seq += 1
-            instance.released_seq = self._seq
-        except Exception as exc:  # registry away: the lease lapses on its own, which is the safe side
-            log.warning("lease not renewed", instance=instance.instance_id, error=str(exc)[:200])
-
-    async def release(self, instance: Instance) -> None:
-        lease, instance.lease = instance.lease, None
-        if lease is None:
-            return
-        self._seq += 1
-        instance.released_seq = self._seq
-        with contextlib.suppress(Exception):
-            await self.registry.release(lease.instance_id, lease.generation)
-        log.info("lease released", instance=instance.instance_id, generation=lease.generation, verdict=instance.verdict)
-
-    # -- zone and region faults ---------------------------------------------------------------------
-    def detect_faults(self) -> RoundResult:
-        """One round for the fault detector: every instance's verdict, and the ones lost this round as gone."""
-        observations = [Observation(i.instance_id, i.zone, i.verdict.value if i.verdict else None, i.reason,
-                                    i.lease.generation if i.lease else i.generation)
-                        for i in self.instances.values()] + self.lost_this_round
-        self.lost_this_round = []
-        result = self.faults.observe(observations, self.clock.utcnow())
-        for fault in result.opened:
-            self.metrics.faults.labels(fault.kind).inc()
-            self._unreported[fault.fault_id] = fault
-            log.warning("fault detected", fault_id=fault.fault_id, scope=fault.scope, rounds=fault.evidence["rounds"],
-                        instances=[i["instance_id"] for i in fault.evidence["instances"]])
-        for fault in result.cleared:
-            self._unreported.pop(fault.fault_id, None)
-            log.info("fault cleared", fault_id=fault.fault_id, scope=fault.scope)
-        self.metrics.open_faults.clear()
-        for entry in self.faults.open.values():
-            self.metrics.open_faults.labels(entry.fault.kind).inc()
-        return result
-
-    def report_faults(self) -> None:
-        """Post the faults not yet taken, in the background: the answer waits for the cutover it starts."""
-        if self._unreported and (self._fault_task is None or self._fault_task.done()):
-            self._fault_task = asyncio.create_task(self._send_faults(list(self._unreported.values())),
-                                                   name="fault-reports")
-
-    async def _send_faults(self, faults: list[Fault]) -> None:
-        for fault in faults:
-            if fault.fault_id not in self._unreported:
-                continue  # cleared meanwhile: no cutover for a fault that is gone
-            try:
-                outcome, answer = await self.fault_reporter.send(fault)
-            except Exception as exc:  # a report never takes the agent down; the next round tries again
-                log.exception("fault report failed", fault_id=fault.fault_id)
-                outcome, answer = "retry", repr(exc)[:300]
-            self.metrics.fault_reports.labels(outcome).inc()
-            if outcome == "retry":
-                log.info("fault not reported yet; the same id again resumes its ladder", fault_id=fault.fault_id,
-                         why=answer)
-                continue
-            self._unreported.pop(fault.fault_id, None)
-            self.fault_outcomes[fault.fault_id] = (outcome, answer)
-            if outcome == "accepted":
-                actions = [d.get("action") for d in (answer or {}).get("decisions", [])] if isinstance(answer, dict) \
-                    else []
-                log.warning("fault reported for automatic cutover", fault_id=fault.fault_id, scope=fault.scope,
-                            actions=actions)
-            elif outcome == "disabled":
-                log.warning("fault not reported: no control plane is configured", fault_id=fault.fault_id,
-                            scope=fault.scope)
-            else:
-                log.error("fault not reported", fault_id=fault.fault_id, scope=fault.scope, outcome=outcome,
-                          why=answer)
-
-    # -- a bad version on a non-prod alias ----------------------------------------------------------
-    def canary_failures(self) -> list[CanaryFailure]:
-        """Non-prod aliases whose version failed its canary on every instance of it that answered one."""
-        outcomes = [CanaryOutcome(i.instance_id, i.version, i.canary.verdict.value, i.canary.reason)
-                    for i in self.instances.values() if i.canary is not None]
-        return [f for f in failed_versions(self.snapshot, outcomes) if f.key not in self.rollback_outcomes]
-
-    def report_canary_failures(self) -> None:
-        """Post them in the background (one at a time): the catalog answers once the alias has moved."""
-        if not self.settings.canary_rollback or (self._rollback_task is not None and not self._rollback_task.done()):
-            return
-        failures = self.canary_failures()
-        if failures:
-            self._rollback_task = asyncio.create_task(self._send_canary_failures(failures), name="canary-rollbacks")
-
-    async def _send_canary_failures(self, failures: list[CanaryFailure]) -> None:
-        for failure in failures:
-            try:
-                outcome, answer = await self.rollback_reporter.send(failure)
-            except Exception as exc:  # a report never takes the agent down; the next round tries again
-                log.exception("canary failure report failed", alias=failure.alias, version=failure.version)
-                outcome, answer = "retry", repr(exc)[:300]
-            self.metrics.canary_rollbacks.labels(outcome).inc()
-            if outcome == "retry":
-                log.info("canary failure not reported yet", alias=failure.alias, version=failure.version, why=answer)
-                continue
-            self.rollback_outcomes[failure.key] = (outcome, answer)
-            level = log.warning if outcome == "accepted" else log.error if outcome == "refused" else log.info
-            level("canary failure reported: alias rolled back" if outcome == "accepted" else
-                  "canary failure not acted on", model=failure.model, alias=failure.alias, version=failure.version,
-                  revision=failure.revision, instances=list(failure.instances), outcome=outcome, answer=str(answer)[:300])
-
     def forget(self, instance_id: str) -> None:
         """Stop tracking it; its per-instance series go too (a pool's instance ids never come back)."""
         instance = self.instances.pop(instance_id, None)
@@ -673,93 +318,41 @@ class Agent:
             with contextlib.suppress(KeyError):  # never canaried (or never wrong): no series
                 series.remove(instance_id)
 
-    # -- reporting -----------------------------------------------------------------------------------
-    def emit(self, kind: str, instance: Instance, reason: str, **detail: str | int | float | bool | None) -> None:
-        self.shipper.emit(DataPlaneEvent(
-            kind=kind, routing_tier="l7", actor=self.actor, region=self.settings.region,  # type: ignore[arg-type]
-            instance_id=instance.instance_id, generation=instance.lease.generation if instance.lease else None,
-            reason=reason[:2000], at=self.clock.utcnow(),
-            detail={"zone": instance.zone, "version": instance.version, **detail}))
+    # -- what the reconciler, the CLI loops and tests call (each delegates to the collaborator that does it) --
+    def admitted(self, instance: Instance) -> bool:
+        return self.canaries.admitted(instance)
 
-    def export_metrics(self) -> None:
-        self.metrics.leases.set(sum(1 for i in self.instances.values() if i.lease is not None))
-        if self.settings.pool is not None:
-            self.metrics.instances.clear()
-            for instance in self.instances.values():
-                if instance.origin == "pool" and instance.state is not None:
-                    self.metrics.instances.labels(instance.zone, instance.state.value).inc()
+    async def register(self, instance: Instance) -> None:
+        await self.leases.register(instance)
+
+    async def release(self, instance: Instance) -> None:
+        await self.leases.release(instance)
+
+    def emit(self, kind: str, instance: Instance, reason: str, **detail: str | int | float | bool | None) -> None:
+        self.reporting.emit(kind, instance, reason, **detail)
 
     def verdicts(self) -> VerdictBoard:
-        """The board gateways route by: every routed instance whose verdict is not ok, under its generation.
-
-        An instance without a lease is left out: nothing routes to it anyway (the agent released it, or it lapsed).
-        """
-        named = []
-        for i in self.instances.values():
-            generation = i.lease.generation if i.lease is not None else i.generation if i.origin == "registry" else None
-            if i.verdict is None or i.verdict is Verdict.OK or generation is None:
-                continue
-            named.append(InstanceVerdict(instance_id=i.instance_id, generation=generation, verdict=i.verdict.value,
-                                         reason=i.reason[:500], since=i.verdict_since))
-        return VerdictBoard(region=self.settings.region, agent_id=self.agent_id, published_at=self.clock.utcnow(),
-                            verdicts=named)
+        return self.reporting.verdicts()
 
     async def publish_verdicts(self) -> None:
-        """Replace the region's board; it lapses one lease TTL after the last, as the agent's leases do."""
-        if self.verdict_board is None:
-            return
-        board = self.verdicts()
-        try:
-            await self.verdict_board.publish(board, ttl=self.settings.lease_ttl)
-        except Exception as exc:  # Redis away: the last board lapses on its own, the safe side (leases alone)
-            self.metrics.board_failures.inc()
-            log.warning("verdict board not published", error=str(exc)[:200])
-            return
-        self.metrics.board.clear()
-        for v in board.verdicts:
-            self.metrics.board.labels(v.verdict).inc()
+        await self.reporting.publish_verdicts()
 
     def report(self) -> AgentReport:
-        """What the agent sees now, for the control plane (`PUT /api/v1/agents/{region}`)."""
-        return AgentReport(
-            region=self.settings.region, agent_id=self.agent_id, sent_at=self.clock.utcnow(),
-            snapshot_version=self.snapshot.version if self.snapshot else None,
-            snapshot_epoch=self.snapshot.controlplane_epoch if self.snapshot else None,
-            instances=[AgentInstance(
-                instance_id=i.instance_id, zone=i.zone, version=i.version, url=i.url, origin=i.origin,
-                pool_state=i.state.value if i.state else None, verdict=i.verdict.value if i.verdict else None,
-                verdict_reason=i.reason[:2000], verdict_since=i.verdict_since, lease_held=i.lease is not None,
-                lease_generation=i.lease.generation if i.lease else i.generation if i.origin == "registry" else None,
-                canary_verdict=i.canary.verdict.value if i.canary else None, canary_at=i.canary_at,
-                canaries=i.canaries) for i in self.instances.values()],
-            staging=self.staging.report() if self.staging is not None else None)
+        return self.reporting.report()
 
     async def send_report(self) -> str:
-        """Build and send the report; its outcome is counted (lifeline_agent_reports_total{outcome})."""
-        outcome = await self.reporter.send(self.report())
-        self.metrics.reports.labels(outcome).inc()
-        return outcome
+        return await self.reporting.send_report()
 
     def status(self) -> dict:
-        """What the agent believes, for tests and benches (the control plane shows its report: GET /api/v1/agents)."""
-        return {"snapshot_version": self.snapshot.version if self.snapshot else None,
-                "instances": {i.instance_id: {"url": i.url, "zone": i.zone, "version": i.version, "origin": i.origin,
-                                              "state": i.state.value if i.state else None,
-                                              "verdict": i.verdict.value if i.verdict else None, "reason": i.reason,
-                                              "generation": i.lease.generation if i.lease else None,
-                                              "canaries": i.canaries, "wrong_outputs": i.wrong_outputs,
-                                              "stock_vllm": i.stock_vllm, "supported": i.supported,
-                                              "unleasable": i.unleasable}
-                              for i in self.instances.values()},
-                "faults": {"open": {scope: entry.fault.fault_id for scope, entry in self.faults.open.items()},
-                           "reported": {fault_id: outcome for fault_id, (outcome, _) in self.fault_outcomes.items()},
-                           "unreported": sorted(self._unreported)},
-                "canary_rollbacks": {f"{m}:{a}@{r}": outcome for (m, a, r), (outcome, _) in
-                                     self.rollback_outcomes.items()}}
+        return self.reporting.status()
+
+    @property
+    def rollback_outcomes(self) -> dict[tuple[str, str, int], tuple[str, object]]:
+        return self.rollback_reports.outcomes
 
     async def close(self) -> None:
         """Release every lease the agent holds (clean shutdown) and stop the pool's processes."""
-        for task in (self._fault_task, self._rollback_task):
+        for task in (self.fault_reports.task, self.rollback_reports.task):
             if task is not None:
                 task.cancel()
         if self.staging is not None:
@@ -784,14 +377,6 @@ def instance_id_from_url(url: str) -> str:
     if is_address:
         return f"{host.replace(':', '_')}-{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
     return host.split(".")[0]
-
-
-def _routing_class(verdict: Verdict | None) -> str:
-    """What a gateway does with a verdict: the event says whether that changed (routing_tier l7 either way)."""
-    if verdict is None or verdict in EJECT:
-        return "out"
-    return {Verdict.OVERLOADED: "de-weighted", Verdict.DRAINING: "no new sessions",
-            Verdict.OLD_GENERATION: "no new sessions"}.get(verdict, "routed")
 
 
 def _default_agent_id() -> str:
@@ -843,7 +428,7 @@ async def serve(settings: AgentSettings, *, stop: asyncio.Event | None = None,
     if settings.port:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.port, addr="127.0.0.1", registry=agent.metrics.registry)
+        start_http_server(settings.port, addr=str(settings.metrics_host), registry=agent.metrics.registry)
     stop = stop or asyncio.Event()
 
     async def every(seconds: float, work) -> None:

@@ -1,7 +1,7 @@
 """The probe budget: inference probes cost real GPU time, so the region spends at most so many per second.
 
-Reference §3: health-check traffic above a tenth of the instance count per
-second shows up in production latency. So, cluster-wide:
+Health-check traffic above a tenth of the instance count per second shows up
+in production latency. So, cluster-wide:
 
     rate   = instances × per_instance_per_s      (0.1 by default: each instance once per 10 s)
     bucket = a token bucket at `rate`, holding max(rate × burst_s, 1) tokens (a bucket that cannot hold

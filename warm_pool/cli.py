@@ -42,7 +42,8 @@ def plan_command(
     """Serving and warm instances per zone so the region survives losing its largest zone; with the arithmetic."""
     from pydantic import ValidationError
 
-    from contract.capacity import PlanError, PlanInputs, plan_inputs
+    from contract.pool_plan import PlanInputs
+    from warm_pool.capacity import PlanError, plan_inputs
     from warm_pool.render import plan_json, print_plan
 
     try:
@@ -71,6 +72,8 @@ def serve(
     canary_file: Annotated[Optional[Path], typer.Option(help="JSON: weight version → recorded canary")] = None,
     probe_interval: Annotated[Optional[float], typer.Option(help="seconds between health probes of one instance")] = None,
     port: Annotated[Optional[int], typer.Option(help="port for /healthz and /metrics (0: none)")] = None,
+    metrics_host: Annotated[Optional[str], typer.Option(help="address /metrics binds (default 127.0.0.1; "
+                                                        "0.0.0.0 for a Prometheus outside the pod)")] = None,
 ) -> None:
     """Run the regional agent: probes, canaries, leases for stock engines, the warm pool."""
     import yaml
@@ -84,6 +87,7 @@ def serve(
     values: dict = yaml.safe_load(config.read_text()) if config else {}
     flags = {"region": region, "controlplane_url": controlplane, "controlplane_token": controlplane_token,
              "registry": registry, "canary_file": canary_file, "probe_interval": probe_interval, "port": port,
+             "metrics_host": metrics_host,
              "renew_leases_for": [u for u in renew_leases_for.split(",") if u] if renew_leases_for else None}
     values.update({k: v for k, v in flags.items() if v is not None})
     try:

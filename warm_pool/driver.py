@@ -69,6 +69,7 @@ from typing import IO, Protocol
 import httpx
 
 from common.logs import get_logger
+from common import oneshot_http
 from common.ports import free_port
 from contract.standby import StandbyEngine, StandbyPrime
 from warm_pool.settings import EngineCommand, PoolSettings
@@ -320,8 +321,8 @@ class LocalDriver:
         except (OSError, ValueError):
             return  # it never took a boot generation, so it never attached
         try:
-            response = httpx.post(f"{url}/v1/tenants/{instance_id}/release", json={"generation": generation},
-                                  timeout=httpx.Timeout(2.0, connect=0.5))
+            response = oneshot_http.post(f"{url}/v1/tenants/{instance_id}/release", json={"generation": generation},
+                                         timeout=httpx.Timeout(2.0, connect=0.5))
         except httpx.HTTPError as exc:
             log.warning("holder tenancy not released; it stays frozen", instance=instance_id, error=repr(exc))
             return

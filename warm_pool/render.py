@@ -7,12 +7,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from contract.capacity import CapacityPlan, PlanRecord
+from warm_pool.capacity import CapacityPlan, record_of
 
 
 def plan_json(result: CapacityPlan) -> dict[str, Any]:
-    """The same record the control plane answers on `/api/v1/pool/plan` (contract.capacity.PlanRecord)."""
-    return PlanRecord.of(result).model_dump(mode="json")
+    """The same record the control plane answers on `/api/v1/pool/plan` (contract.pool_plan.PlanRecord)."""
+    return record_of(result).model_dump(mode="json")
 
 
 def print_plan(result: CapacityPlan, console: Console | None = None) -> None:

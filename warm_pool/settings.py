@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyAddress, PrivateAttr, ValidationError,
+                      model_validator)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.durations import Seconds
-from contract.capacity import DrTier, PlanError, PlanInputs, PlanRecord, plan_record
+from contract.pool_plan import DrTier, PlanInputs, PlanRecord
+from warm_pool.capacity import PlanError, plan_record
 
 
 class ExternalEngine(BaseModel):
@@ -267,6 +270,9 @@ class AgentSettings(BaseSettings):
     canary_rollback: bool = Field(True, description="post a version a non-prod alias names that failed its canary "
                                   "on every instance that answered one to the catalog, which rolls the alias back")
     port: int = Field(0, ge=0, le=65535, description="Prometheus metrics port; 0 serves none")
+    metrics_host: IPvAnyAddress = Field(IPv4Address("127.0.0.1"), description="the address /metrics binds: "
+                                        "127.0.0.1 keeps it in the pod or host; 0.0.0.0 lets Prometheus scrape "
+                                        "it (deploy/ does, behind a NetworkPolicy)")
     log_level: str = "info"
 
     @model_validator(mode="after")

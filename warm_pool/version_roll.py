@@ -23,8 +23,8 @@ for nothing: the process and its streams stay.
 
 So a rollback to the previous version finds that share warm and admitted:
 promoting it is a lease (a routing change, an l7 event), not a load, and a
-rollback is blue/green without holding 2× capacity (reference §5, §8; the
-plan's `warm_previous`, contract/capacity.py).
+rollback is blue/green without holding 2× capacity (the plan's
+`warm_previous`, warm_pool/capacity.py).
 """
 
 from __future__ import annotations

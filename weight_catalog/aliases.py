@@ -16,9 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
+from contract.routing_tier import RoutingTier
 from controlplane.errors import InvalidInput, LifelineError
 from controlplane.event import service as event_service
-from controlplane.event.models import RoutingTier
 from controlplane.routing_version import service as routing_version
 from weight_catalog import repository
 from weight_catalog.errors import (

@@ -2,12 +2,12 @@
 
     LifelineError
     ├── NotFound: version_not_found, alias_not_found, issue_not_found
-    ├── Conflict: version_exists, alias_conflict, fingerprint_mismatch,
+    ├── Conflict: version_exists, alias_conflict, alias_unchanged, fingerprint_mismatch,
     │             critical_known_issue, last_verify_failed, nothing_to_roll_back,
-    │             issue_already_resolved, force_needs_reason, canary_exists,
+    │             issue_already_resolved, canary_exists,
     │             canary_engine_unverified, automatic_rollback_refused,
     │             no_canary_to_inherit
-    ├── InvalidInput: invalid_artifact, invalid_location
+    ├── InvalidInput: invalid_artifact, invalid_location, force_needs_reason
     └── ArtifactStoreUnavailable (503): artifact_store_unavailable
 """
 

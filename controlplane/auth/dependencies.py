@@ -67,3 +67,5 @@ DataPlaneReporter = Annotated[Principal, Depends(require(Role.GATEWAY, Role.AGEN
 # A zone or region fault for the escalation ladder (POST /api/v1/cutover-escalations): operators, and agents,
 # which detect them; of the cutover API an agent may call this and nothing else.
 EscalationReporter = Annotated[Principal, Depends(require(Role.OPERATOR, Role.AGENT))]
+# Alertmanager's webhook deliveries: its own token only (admins too, to replay a delivery by hand).
+AlertSender = Annotated[Principal, Depends(require(Role.ALERTMANAGER, Role.ADMIN))]

@@ -12,6 +12,9 @@ region (`PUT /api/v1/agents/{region}`), ship its `agent:` events, and
 report a zone or region fault it detected (`POST /api/v1/cutover-escalations`
 — the one cutover route it may call: the ladder decides what to cut over,
 and an agent cannot plan, execute, roll back or read cutovers).
+`alertmanager`, likewise: deliver alerts to `POST /api/v1/alerts/alertmanager`
+and nothing else; what an alert may do is the alert routes file's, not the
+token's (controlplane/alerts/routes.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Role(StrEnum):
     ADMIN = "admin"
     GATEWAY = "gateway"
     AGENT = "agent"
+    ALERTMANAGER = "alertmanager"
 
     def allows(self, required: Role) -> bool:
         if self in MACHINES or required in MACHINES:
@@ -33,4 +37,4 @@ class Role(StrEnum):
         return order.index(self) >= order.index(required)
 
 
-MACHINES = frozenset({Role.GATEWAY, Role.AGENT})
+MACHINES = frozenset({Role.GATEWAY, Role.AGENT, Role.ALERTMANAGER})

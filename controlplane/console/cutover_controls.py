@@ -23,8 +23,7 @@ from controlplane.console.cutovers import cutover_page, page_user, reasoned_acti
 from controlplane.console.session import ConsoleUser
 from controlplane.console.web import Form, guard_action, parse, redirect, render, run_action, unit_of_work
 from controlplane.deps import IdPath
-from cutover import flows
-from cutover import service as cutover_service
+from cutover import flows, service as cutover_service
 from cutover.endpoints import runtime_for
 from cutover.runner import claim_live
 from cutover.schemas import GateUpdate

@@ -42,11 +42,10 @@ from cutover import flows, safety, zonal_shift
 from cutover import service as cutover_service
 from cutover.endpoints import runtime_for
 from cutover.errors import BreakGlassNeedsAdmin
-from cutover.models import ScopeKind
+from cutover.models import Scope, ScopeKind
 from cutover.runner import abort_request
 from cutover.schemas import CutoverPlanRequest, ExecuteRequest, RollbackRequest, ZonalShiftStart
 from cutover.states import CutoverState
-from cutover.tiers import Scope
 
 router = APIRouter()
 
@@ -77,9 +76,9 @@ def cutovers(request: Request, state: CutoverState | None = None) -> Response:
 
 
 def _tier(value: str) -> Any:
-    from cutover.models import CutoverTier
+    from contract.routing_tier import RoutingTier
 
-    return CutoverTier(value)
+    return RoutingTier(value)
 
 
 @router.post("/console/cutovers", include_in_schema=False, name="console.cutover_plan")

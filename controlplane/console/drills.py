@@ -239,7 +239,8 @@ def slo(model: NamePath, request: Request) -> Response:
             settings = request.app.state.settings
             document = slo_service.build(session, model=model, clock=request.app.state.clock,
                                          gateway_stale_after=settings.gateway_report_stale_after,
-                                         agent_stale_after=settings.agent_report_stale_after)
+                                         agent_stale_after=settings.agent_report_stale_after,
+                                         dns=request.app.state.dns_ttls)
         return render(request, "slo.jinja", user=user, section="drills", document=document)
 
     return run_action(request, user, page, back="/console/drills")

@@ -25,6 +25,7 @@ import anyio
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from contract.routing_tier import RoutingTier
 from controlplane.console import session as console_session
 from controlplane.console.web import (
     ENV,
@@ -36,7 +37,7 @@ from controlplane.console.web import (
     to_sign_in,
 )
 from controlplane.event import service as event_service
-from controlplane.event.models import Event, RoutingTier
+from controlplane.event.models import Event
 from controlplane.event.repository import EventFilter
 
 router = APIRouter()
@@ -58,6 +59,9 @@ def link_for(event: Event) -> tuple[str, str] | None:
     if event.kind.startswith("drill.") and isinstance((event.after or {}).get("run"), int):
         run = event.after["run"]  # type: ignore[index]
         return f"/console/drills/runs/{run}", f"drill run #{run}"
+    source = (event.after or {}).get("generator_url")
+    if event.kind.startswith("alert.") and isinstance(source, str) and source.startswith(("http://", "https://")):
+        return source, "the alert's query"  # Prometheus' graph of the expression that fired
     return None
 
 

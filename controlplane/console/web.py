@@ -24,7 +24,9 @@ from sqlalchemy.orm import Session
 
 from common.errors import LifelineError
 from controlplane.auth.roles import Role
+from controlplane.console import dashboards
 from controlplane.console import session as console_session
+from controlplane.console.dashboards import panel_link
 from controlplane.console.session import ConsoleUser
 from controlplane.db import session_scope
 from controlplane.errors import InvalidInput
@@ -70,6 +72,8 @@ def _build_env() -> Environment:
     env.filters["when"] = _when
     env.filters["as_json"] = _as_json
     env.filters["urlq"] = lambda v: quote(str(v), safe="")
+    env.globals["panel_link"] = panel_link
+    env.globals["panels"] = dashboards
     return env
 
 
@@ -95,6 +99,7 @@ def render(request: Request, template: str, *, user: ConsoleUser | None, status_
            **context: Any) -> HTMLResponse:
     csrf = console_session.csrf_for(key(request), user.nonce) if user is not None else ""
     context.setdefault("section", None)
+    context.setdefault("grafana_url", request.app.state.settings.grafana_url)
     body = ENV.get_template(template).render(
         user=user, csrf_token=csrf, path=request.url.path, Role=Role, **context,
     )

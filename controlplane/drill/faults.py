@@ -7,6 +7,11 @@
                                  answers /health)
     hang               instance  one instance                            fault admin      faults cleared
     corrupt_weights    instance  one instance                            fault admin      restart
+    bad_version        instance  one instance: started again from        the fleet        redeployed from
+                                 another version's weights under the     (its             its own version
+                                 same name (a rollout of the wrong       `bad_version`
+                                 build); measured: the agent's canary    command)
+                                 verdict on it (`canary_detection_s`)
     zone_loss          zone      every instance the fleet places in it   SIGKILL each     restart each
     controlplane_down  region    the control-plane API process the       SIGSTOP          SIGCONT
                                  region's gateways poll
@@ -16,8 +21,8 @@
                                  in the region (engines, gateways)                 roll back the dns cutover
                                  refused (`RegionTierNotWired`) without a second region and a dns tier
 
-On stock vLLM (`Fleet.engine_of(i) == "vllm"`) `sigkill`, `sigstop` and
-`zone_loss` work as on the reference engine (the kill takes vLLM's process
+On stock vLLM (`Fleet.engine_of(i) == "vllm"`) `sigkill`, `sigstop`,
+`bad_version` and `zone_loss` work as on the reference engine (the kill takes vLLM's process
 group: its engine core too; a restart waits for `/health`; the stop takes
 the engine core alone, the wedge vLLM's own health check misses); `hang`,
 `corrupt_weights` and a `traffic.token_delay_ms` go through the reference
@@ -70,10 +75,12 @@ import httpx
 
 from common.clock import Clock
 from common.logs import get_logger
+from common import oneshot_http
 from controlplane.drill.errors import FaultNotInjectable, OutsideBlastRadius, RegionTierNotWired, UnsupportedDrill
 from controlplane.drill.measure import RequestTrace
 from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
+from controlplane.event.dataplane import is_wrong_output_verdict
 from controlplane.drill.tiers import CutoverWatch
 
 log = get_logger(__name__)
@@ -120,7 +127,7 @@ def gateway_metric(gateway_urls: list[str], name: str) -> float:
     total = 0.0
     for url in gateway_urls:
         try:
-            text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
+            text = oneshot_http.get(url.rstrip("/") + "/metrics", timeout=2.0).text
         except httpx.HTTPError:
             continue
         total += sum(sample.value for family in text_string_to_metric_families(text)
@@ -266,10 +273,10 @@ class _Engines:
 
     def admin(self, instance_id: str, faults: dict[str, Any]) -> None:
         """POST the engine's fault admin: the whole fault set is replaced by `faults`."""
-        httpx.post(self.fleet.engine_url(instance_id) + "/admin/faults", json=faults, timeout=5.0).raise_for_status()
+        oneshot_http.post(self.fleet.engine_url(instance_id) + "/admin/faults", json=faults, timeout=5.0).raise_for_status()
 
     def tokens_sent(self, instance_id: str) -> int:
-        current = httpx.get(self.fleet.engine_url(instance_id) + "/admin/faults", timeout=5.0)
+        current = oneshot_http.get(self.fleet.engine_url(instance_id) + "/admin/faults", timeout=5.0)
         return int(current.raise_for_status().json().get("tokens_sent", 0))
 
 
@@ -305,6 +312,96 @@ class InstanceFault(FaultPlan):
             except httpx.HTTPError as error:
                 log.warning("drill_rollback_clear_failed", instance=victim, error=repr(error))
         self.engines.fleet.restart(victim)
+
+
+@dataclass
+class BadVersion(FaultPlan):
+    """The instance started again from another version's weights, under the same name and address.
+
+    Nothing on the request path can tell: the engine is healthy, ready and
+    fast. Only the agent's canary (the catalog's recorded token ids for the
+    version the alias names) can, by refusing or dropping the lease. The
+    fault is stamped once the wrong build answers (`Fleet.deploy_bad_version`
+    returned); traffic keeps flowing for `hold_s` (`traffic.fault_duration_s`)
+    so the canary is measured under load; the verdict is read back from the
+    control plane's event log (`canary_detection_s`: the fault → the agent's
+    `wrong_output` verdict naming the instance, stamped by the agent).
+    Answers that differ from the undisturbed run are the runner's
+    `wrong_answers`. A run whose canary never judged the instance is a
+    follow-up item, never a pass. Undone by redeploying its own version.
+    """
+
+    fleet: Any = None
+    events: Any = None  # the runner's EventReader (None: the verdict cannot be read back, so unverified)
+    clock: Clock | None = None
+    sleep: Callable[[float], None] | None = None
+    verdict_wait_s: float = 30.0  # the agent ships its events in batches: how long after the hold to wait
+    first_event: int = 0  # the log's last event before the drill; then the last one read (each is read once)
+    deployed_wall: float | None = None
+    verdict: dict[str, Any] | None = None
+    _next_look: float = 0.0
+
+    def prepare(self) -> None:
+        if self.events is not None:
+            self.first_event = self.events.last_id()
+
+    def inject(self) -> None:
+        assert self.clock is not None
+        log.warning("drill_fault_injected", instance=self.target, fault=self.fault.value)
+        self.injected = True
+        self.fleet.deploy_bad_version(self.target)
+        self.deployed_wall = self.clock.wall()
+
+    def _look(self) -> None:
+        if self.events is None or self.verdict is not None:
+            return
+        try:
+            rows = self.events.events_after(self.first_event)
+        except httpx.HTTPError:
+            return
+        self.first_event = max([self.first_event, *(e["id"] for e in rows)])
+        self.verdict = next((e for e in rows if is_wrong_output_verdict(e, self.target)), None)
+
+    def tick(self, now: float) -> None:
+        if now >= self._next_look:
+            self._next_look = now + 0.5
+            self._look()
+
+    def clear(self) -> None:
+        if self.injected:
+            self.fleet.redeploy(self.target)
+
+    def after_clear(self) -> None:
+        assert self.clock is not None and self.sleep is not None
+        deadline = self.clock.now() + self.verdict_wait_s
+        self._look()
+        while self.injected and self.verdict is None and self.events is not None and self.clock.now() < deadline:
+            self.sleep(0.5)
+            self._look()
+
+    def _verdict_s(self) -> float | None:
+        if self.verdict is None or self.deployed_wall is None:
+            return None
+        # The fleet sees the wrong build ready by polling it (0.2 s); an agent that judged it between that
+        # poll's answer and its return was no slower than at once.
+        return max(0.0, datetime.fromisoformat(self.verdict["started_at"]).timestamp() - self.deployed_wall)
+
+    def measurements(self, fault_at: float, cleared_at: float | None) -> dict[str, float | None]:
+        return {"canary_detection_s": self._verdict_s()}
+
+    def checks(self) -> list[str]:
+        if not self.injected:
+            return []
+        if self.events is None:
+            return [f"no event log wired: the canary's verdict on {self.target} could not be read back"]
+        if self.verdict is None:
+            return [f"the agent's canary never judged {self.target} wrong_output while it served another "
+                    "version's weights under the model's name"]
+        return []
+
+    def details(self) -> dict[str, Any]:
+        return {"instance": self.target, "verdict": None if self.verdict is None else {
+            k: self.verdict.get(k) for k in ("id", "actor", "reason", "started_at")}}
 
 
 @dataclass
@@ -467,8 +564,8 @@ class ControlPlaneDown(FaultPlan):
     _next_probe: float = 0.0
 
     def _api(self, path: str) -> Any:
-        response = httpx.get(self.controlplane.url + "/api/v1" + path, timeout=5.0,
-                             headers={"Authorization": f"Bearer {self.controlplane.token}"})
+        response = oneshot_http.get(self.controlplane.url + "/api/v1" + path, timeout=5.0,
+                                    headers={"Authorization": f"Bearer {self.controlplane.token}"})
         response.raise_for_status()
         return response.json()
 
@@ -502,7 +599,7 @@ class ControlPlaneDown(FaultPlan):
         for url in self.gateway_urls:  # the data plane must stay ready on its own while the control plane is silent
             self.ready_probes += 1
             try:
-                ok = httpx.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).status_code == 200
+                ok = oneshot_http.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).status_code == 200
             except httpx.HTTPError:
                 ok = False
             self.not_ready_during += 0 if ok else 1
@@ -643,7 +740,7 @@ class RedisDown(FaultPlan):
         all_back, modes = True, set()
         for url in self.gateway_urls:
             try:
-                body = httpx.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).json()
+                body = oneshot_http.get(url.rstrip("/") + "/healthz/ready", timeout=2.0).json()
             except (httpx.HTTPError, ValueError):
                 all_back = False
                 continue
@@ -751,8 +848,8 @@ def refuse_without_hooks(fleet: Any, plan: FaultPlan, traffic: Traffic) -> None:
     if isinstance(plan, InstanceFault) and plan.fault in NEEDS_FAULT_ADMIN and (victims := vllm(plan.instances)):
         raise FaultNotInjectable(
             f"instance {victims[0]} is stock vLLM: {NEEDS_FAULT_ADMIN[plan.fault]} is injected through the "
-            "reference engine's fault admin (POST /admin/faults), which vLLM does not have; drill it with sigkill "
-            "or sigstop (or zone_loss), or point the drill at a reference engine")
+            "reference engine's fault admin (POST /admin/faults), which vLLM does not have; drill it with sigkill, "
+            "sigstop or bad_version (or zone_loss), or point the drill at a reference engine")
     slowed = vllm(plan.slow if plan.slow is not None else plan.prefer)
     if traffic.token_delay_ms and slowed:
         raise FaultNotInjectable(
@@ -763,18 +860,20 @@ def refuse_without_hooks(fleet: Any, plan: FaultPlan, traffic: Traffic) -> None:
 
 def plan_fault(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
                target: str | None, clock: Clock, sleep: Callable[[float], None],
-               probe: Callable[[], str | None] | None = None, expected_tier: str = "l7") -> FaultPlan:
+               probe: Callable[[], str | None] | None = None, expected_tier: str = "l7",
+               events: Any = None) -> FaultPlan:
     """The plan for this fault on this fleet; refused (nothing touched) if it cannot stay inside `radius` or
-    needs a hook the fleet's engines do not have."""
+    needs a hook the fleet's engines do not have. `events` is the runner's event-log reader (bad_version
+    reads the agent's verdict back from it)."""
     plan = _choose_plan(scope=scope, fault=fault, radius=radius, traffic=traffic, fleet=fleet, target=target,
-                        clock=clock, sleep=sleep, probe=probe, expected_tier=expected_tier)
+                        clock=clock, sleep=sleep, probe=probe, expected_tier=expected_tier, events=events)
     refuse_without_hooks(fleet, plan, traffic)
     return plan
 
 
 def _choose_plan(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, traffic: Traffic, fleet: Any,
                  target: str | None, clock: Clock, sleep: Callable[[float], None],
-                 probe: Callable[[], str | None] | None, expected_tier: str) -> FaultPlan:
+                 probe: Callable[[], str | None] | None, expected_tier: str, events: Any = None) -> FaultPlan:
     # A fleet that does not name its region (fleet files written before `region:`) is taken to be the radius's.
     fleet_region = getattr(fleet, "region", None) or radius.region
     if radius.region != fleet_region:
@@ -789,6 +888,15 @@ def _choose_plan(*, scope: DrillScope, fault: DrillFault, radius: BlastRadius, t
         if fault == DrillFault.SIGSTOP and not callable(getattr(fleet, "stop", None)):
             raise UnsupportedDrill("the fleet cannot stop and continue an engine (no `stop`/`resume`): a sigstop "
                                    "drill has no way to inject or undo its fault")
+        if fault == DrillFault.BAD_VERSION:
+            can = getattr(fleet, "can_deploy_bad_version", None)
+            if can is None or not can(victim):
+                raise UnsupportedDrill(f"the fleet cannot start {victim} from another version's weights (no "
+                                       "`bad_version` command for it): a bad_version drill has no way to inject "
+                                       "its fault")
+            return BadVersion(fault=fault, target=victim, instances=[victim], prefer=[victim],
+                              hold_s=traffic.fault_duration_s, keep_traffic=True, fleet=fleet, events=events,
+                              clock=clock, sleep=sleep)
         return InstanceFault(fault=fault, target=victim, instances=[victim], prefer=[victim], engines=engines)
     if fault == DrillFault.ZONE_LOSS:
         zone_of = getattr(fleet, "zone_of", None)

@@ -17,6 +17,9 @@
         engine: reference                        # optional: reference (default) | vllm (stock vLLM: no fault
                                                  # admin; killed with its engine core; ready on /health)
         restart: [lifeline, engine, serve, ...]   # how the pool brings it back (detached)
+        bad_version: [vllm, serve, /models/tiny-v0, --served-model-name, tiny-seed0, ...]
+                                                 # optional (bad_version drills): the same instance started from
+                                                 # another version's weights under the same name and pid_file
         region: us                               # optional: another region's instance (default `region`)
 
 A region drill (`region_loss`) also needs every region's gateways, the DNS
@@ -48,6 +51,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common import oneshot_http
 from common.vllm_processes import engine_processes
 from controlplane.drill.faults import PidHandle
 from controlplane.drill.tiers import DnsObserver, HttpCutovers
@@ -61,6 +65,7 @@ class FleetInstance(BaseModel):
     zone: str | None = None
     pid_file: Path | None = None
     restart: list[str] = Field(default_factory=list)
+    bad_version: list[str] = Field(default_factory=list)
     region: str | None = None  # unset: the fleet's region
     engine: Literal["reference", "vllm"] = "reference"
 
@@ -248,7 +253,7 @@ class FileFleet:
         deadline = time.monotonic() + self.spec.ready_timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
+                if oneshot_http.get(url, timeout=1.0).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -293,10 +298,49 @@ class FileFleet:
         instance = self.spec.instances[instance_id]
         if not instance.restart:
             raise RuntimeError(f"fleet: instance {instance_id} has no restart command")
-        subprocess.Popen(instance.restart, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-        ready = "/health" if instance.engine == "vllm" else "/healthz/ready"  # stock vLLM has only /health
+        self._start(instance_id, instance.restart)
+
+    def can_deploy_bad_version(self, instance_id: str) -> bool:
+        return bool(self.spec.instances[instance_id].bad_version)
+
+    def deploy_bad_version(self, instance_id: str) -> None:
+        """The instance replaced by its `bad_version` command: another version's weights under the same name
+        and address, as a rollout that shipped the wrong build leaves it. Returns once it answers."""
+        instance = self.spec.instances[instance_id]
+        if not instance.bad_version:
+            raise RuntimeError(f"fleet: instance {instance_id} has no bad_version command")
+        self._replace(instance_id, instance.bad_version)
+
+    def redeploy(self, instance_id: str) -> None:
+        """Whatever runs at the instance's address replaced by its own version (`restart`)."""
+        if not self.spec.instances[instance_id].restart:
+            raise RuntimeError(f"fleet: instance {instance_id} has no restart command")
+        self._replace(instance_id, self.spec.instances[instance_id].restart)
+
+    def _replace(self, instance_id: str, command: list[str]) -> None:
+        if _read_pid(self.spec.instances[instance_id].pid_file) is not None:
+            self.kill(instance_id)
+        self._wait_gone(instance_id)  # its port free again, or the new process could not listen
+        self._start(instance_id, command)
+
+    def _start(self, instance_id: str, command: list[str]) -> None:
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        ready = "/health" if self.engine_of(instance_id) == "vllm" else "/healthz/ready"  # vLLM has only /health
         self._wait(self.engine_url(instance_id) + ready, instance_id)
+
+    def _wait_gone(self, instance_id: str) -> None:
+        """Until nothing answers at the instance's address (a killed process's listening socket closes with it;
+        its pid may linger as a zombie of whoever started it, so the pid says nothing)."""
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            try:
+                oneshot_http.get(self.engine_url(instance_id) + "/health", timeout=1.0)
+            except httpx.ConnectError:
+                return
+            except httpx.TransportError:
+                pass
+            self.sleep(0.1)
+        raise TimeoutError(f"fleet: something still answers at {instance_id}'s address 30 s after its kill")
 
 
 def _read_pid(pid_file: Path | None) -> int | None:

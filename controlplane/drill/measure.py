@@ -6,7 +6,7 @@ undisturbed run gives the expected ids. From those alone:
 
     request RTO      the largest gap between two consecutive tokens of a
                      stream that was in flight when the fault landed (gap at
-                     the client; seed §2, "fault → next token reaches the client")
+                     the client: fault → next token reaches the client)
     token RPO        positions lost, delivered twice, or changed, against the
                      undisturbed run (greedy and seeded are token-identical
                      after migration on the same weights, so any difference
@@ -14,7 +14,7 @@ undisturbed run gives the expected ids. From those alone:
     requests lost    streams that ended in an error or short
     detection        fault → the first routing-tier event, the fault stamped
                      when its action returned (`detection`, below)
-    RTO_latency      "until TTFT p99 is back within target" (seed §2): fault →
+    RTO_latency      until TTFT p99 is back within target: fault →
                      the first time from which a sliding window's p99 of
                      client-side TTFT stays within the target to the end of
                      the traffic (`rto_latency`, below). The one definition:

@@ -23,8 +23,8 @@ class DrillDefinition(Base):
         UniqueConstraint("name", "version"),
         CheckConstraint("scope IN ('instance', 'zone', 'region')", name="scope"),
         CheckConstraint(
-            "fault IN ('sigkill', 'sigstop', 'hang', 'corrupt_weights', 'zone_loss', 'region_loss', "
-            "'controlplane_down', 'redis_down')",
+            "fault IN ('sigkill', 'sigstop', 'hang', 'corrupt_weights', 'bad_version', 'zone_loss', "
+            "'region_loss', 'controlplane_down', 'redis_down')",
             name="fault",
         ),
     )
@@ -59,7 +59,7 @@ class DrillRun(Base):
             "state IN ('scheduled', 'awaiting_approval', 'running', 'measuring', 'passed', 'failed', 'aborted')",
             name="state",
         ),
-        CheckConstraint("trigger IN ('schedule', 'manual')", name="trigger"),
+        CheckConstraint("trigger IN ('schedule', 'manual', 'alert')", name="trigger"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from controlplane.drill.models import DrillDefinition, DrillRun
+from controlplane.drill.states import DrillRunState
 
 
 def latest_version(session: Session, *, name: str) -> int:
@@ -79,3 +81,20 @@ def compare_and_set(session: Session, *, run_id: int, expected_state: str, expec
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1
+
+
+def first_defined_at(session: Session) -> dict[str, datetime]:
+    """name → when its first version was defined: when a passing run first fell due."""
+    rows = session.execute(select(DrillDefinition.name, func.min(DrillDefinition.created_at))
+                           .group_by(DrillDefinition.name))
+    return {name: at for name, at in rows}
+
+
+def last_passed_at(session: Session) -> dict[str, datetime]:
+    """name → when its last passing run ended (any version of the definition)."""
+    rows = session.execute(
+        select(DrillDefinition.name, func.max(DrillRun.ended_at))
+        .join(DrillDefinition, DrillRun.definition_id == DrillDefinition.id)
+        .where(DrillRun.state == DrillRunState.PASSED.value, DrillRun.ended_at.is_not(None))
+        .group_by(DrillDefinition.name))
+    return {name: at for name, at in rows}

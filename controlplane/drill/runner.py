@@ -15,6 +15,7 @@ one instance the blast radius names:
     sigstop          the fleet stops the engine (SIGSTOP; stock vLLM: its engine core), SIGCONT to undo
     hang             the engine's fault admin: POST /admin/faults {"hang_after_tokens": now}
     corrupt_weights  the engine's fault admin: POST /admin/faults {"corrupt_weights": true}
+    bad_version      the fleet starts it again from another version's weights under the same name
 
 Lifeline recovers on its own (the gateway migrates the streams); the runner
 only watches. Stop conditions (error rate, TTFT p99) are checked every time a
@@ -24,7 +25,8 @@ restarted) and aborts the run.
 After the traffic, the fault is rolled back the same way, a canary (the
 greedy request, straight to each instance) measures RTO_quality, the
 `routing.tier` events written since the drill began are read back in order,
-and the run ends `passed` or `failed` with its report.
+and the run ends `passed` or `failed` with its report
+(controlplane/drill/report_builder.py).
 
 A fault target outside the blast radius is refused before anything is
 touched (`OutsideBlastRadius`), and the run is aborted with that reason.
@@ -32,7 +34,8 @@ touched (`OutsideBlastRadius`), and the run is aborted with that reason.
 Where the fleet resolves its gateway (`Fleet.resolve_gateway`: a region
 drill's DNS name, asked of the authoritative server), every attempt asks it
 again; with `traffic.retry_for_s` a broken request is sent again from
-scratch, as a client would after its connection broke (`_stream`).
+scratch, as a client would after its connection broke
+(controlplane/drill/traffic.py).
 
 Each state change is its own unit of work (commit per step, like cutover
 flows), so `GET /api/v1/drills/runs/{id}` shows `running` while traffic flows.
@@ -40,19 +43,17 @@ flows), so `GET /api/v1/drills/runs/{id}` shows `running` while traffic flows.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from common.clock import Clock
 from common.logs import get_logger
+from common import oneshot_http
 from controlplane.db import session_scope
 from controlplane.drill import faults, measure, metrics, service
 from controlplane.drill.engines import evidence as engine_evidence
@@ -60,19 +61,15 @@ from controlplane.drill.engines import instance_generation
 from controlplane.drill.errors import ApprovalRequired, OutsideBlastRadius, UnsupportedDrill
 from controlplane.drill.faults import check_blast_radius
 from controlplane.drill.measure import RequestTrace
+from controlplane.drill.report_builder import DrillReportBuilder
 from controlplane.drill.schemas import BlastRadius, StopConditions, Targets, Traffic
 from controlplane.drill.states import DrillFault, DrillRunEvent, DrillRunState, DrillScope, may_start
+from controlplane.drill.traffic import DrillTraffic, LiveTraffic, chat_messages
 
 log = get_logger(__name__)
 
 RUNNER_ACTOR = "drill-runner"
 RECOMPUTED = "lifeline_gateway_recomputed_decode_tokens_total"
-# The session headers of contract/session.py (SESSION_HEADER, SESSION_CLASS_HEADER); spelled here so a drill
-# still runs against a gateway built before sessions (which ignores them, and then RPO_context stays unmeasured).
-# RPO_context is read from each turn's `lifeline.session` (measure.rpo_context), not from the gateways'
-# histogram: that one sums every turn's re-prefilled partial block, fault or not.
-SESSION_HEADER = "x-session-id"
-SESSION_CLASS_HEADER = "x-session-class"
 
 
 class Fleet(Protocol):
@@ -112,8 +109,8 @@ class HttpEventReader:
         self.timeout = timeout
 
     def _page(self, after_id: int) -> list[dict[str, Any]]:
-        response = httpx.get(self.url, params={"after_id": after_id, "limit": 1000}, headers=self.headers,
-                             timeout=self.timeout)
+        response = oneshot_http.get(self.url, params={"after_id": after_id, "limit": 1000}, headers=self.headers,
+                                    timeout=self.timeout)
         response.raise_for_status()
         return sorted(response.json(), key=lambda e: e["id"])
 
@@ -134,14 +131,6 @@ class DrillOutcome:
     run_id: int
     state: DrillRunState
     report: dict[str, Any]
-
-
-@dataclass
-class _Live:
-    traces: list[RequestTrace] = field(default_factory=list)
-    tokens_seen: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 __all__ = ["DrillOutcome", "DrillRunner", "HttpEventReader", "InstanceDrillRunner", "check_blast_radius",
@@ -169,7 +158,10 @@ class DrillRunner:
     The fault itself, its footprint and its own measurements are a
     `faults.FaultPlan`; this class owns what every drill shares: the
     approval check, the undisturbed run, the traffic, the stop conditions,
-    the rollback, the canary, the event log and the report.
+    the rollback, the canary, the event log and the report. The requests
+    themselves are sent by `DrillTraffic` (controlplane/drill/traffic.py);
+    the report, with the canary and the event log it reads back, is built by
+    `DrillReportBuilder` (controlplane/drill/report_builder.py).
     """
 
     def __init__(self, *, factory: sessionmaker[Session], fleet: Fleet, clock: Clock,
@@ -184,6 +176,10 @@ class DrillRunner:
         self.sleep = sleep
         self.canary_timeout = canary_timeout
         self.report_dir = report_dir
+        self.streams = DrillTraffic(fleet=fleet, clock=clock, sleep=sleep)  # every request, through the gateway
+        # the report, with the RTO_quality canary and the event log it reads back
+        self.reports = DrillReportBuilder(fleet=fleet, clock=clock, events=events, sleep=sleep,
+                                          canary_timeout=canary_timeout, report_dir=report_dir)
 
     # -- orchestration ------------------------------------------------------
     def run(self, run_id: int, *, target: str | None = None) -> DrillOutcome:
@@ -207,8 +203,8 @@ class DrillRunner:
         try:
             plan = faults.plan_fault(scope=scope, fault=fault, radius=radius, traffic=traffic, fleet=self.fleet,
                                      target=target, clock=self.clock, sleep=self.sleep,
-                                     probe=lambda: self._probe(model_name, traffic),
-                                     expected_tier=meta["expected_tier"])
+                                     probe=lambda: self.streams.probe(model_name, traffic),
+                                     expected_tier=meta["expected_tier"], events=self.events)
             prepare = getattr(plan, "prepare", None)
             if prepare is not None:
                 prepare()
@@ -250,12 +246,13 @@ class DrillRunner:
     def _drive(self, run_id: int, meta: dict[str, Any], model_name: str, plan: faults.FaultPlan,
                stops: StopConditions, targets: Targets, traffic: Traffic) -> DrillOutcome:
         first_event = self.events.last_id() if self.events is not None else 0
-        baselines = {mode: self._baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
+        baselines = {mode: self.streams.baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
         expected = {mode: trace.token_ids for mode, trace in baselines.items()}
         baseline_ttft = [t.ttft for t in baselines.values() if t.ttft is not None]
         # Multi-turn sessions: the undisturbed conversation per mode, every turn's ids (turn 0 is `expected`'s
         # prompt as a chat message, so it is a conversation of its own, not the completions baseline).
-        conversations = ({mode: self._conversation_baseline(model_name, traffic, mode) for mode in ("greedy", "seeded")}
+        conversations = ({mode: self.streams.conversation_baseline(model_name, traffic, mode)
+                          for mode in ("greedy", "seeded")}
                          if traffic.multi_turn else {})
         expected_turns = {mode: [t.token_ids for t in turns] for mode, turns in conversations.items()}
         baseline_ttft += [t.ttft for turns in conversations.values() for t in turns if t.ttft is not None]
@@ -267,7 +264,7 @@ class DrillRunner:
         gateways = faults._gateway_urls(self.fleet)
         # The gateways' own count of decode tokens generated again after a failure (token RPO's recomputed part).
         recomputed_before = faults.gateway_metric(gateways, RECOMPUTED)
-        live = _Live()
+        live = LiveTraffic()
         fault_at: float | None = None
         fault_wall: float | None = None
         cleared_at: float | None = None
@@ -285,7 +282,7 @@ class DrillRunner:
                 live.traces.append(trace)
             prefer = plan.prefer[index % len(plan.prefer)] if plan.prefer else None
             session = f"drill-{run_id}-{index}" if traffic.sessions else None
-            self._stream(model_name, traffic, mode, trace, live, prefer=prefer, session=session)
+            self.streams.stream(model_name, traffic, mode, trace, live, prefer=prefer, session=session)
 
         def conversation(index: int) -> None:
             """One session of `session_turns` chat turns; a turn that failed ends it (the next has no answer)."""
@@ -304,8 +301,8 @@ class DrillRunner:
                                      session_class=session_class, turn=turn)
                 with live.lock:
                     live.traces.append(trace)
-                self._stream(model_name, traffic, mode, trace, live, prefer=prefer, session=trace.session_id,
-                             messages=chat_messages(traffic, answers))
+                self.streams.stream(model_name, traffic, mode, trace, live, prefer=prefer,
+                                    session=trace.session_id, messages=chat_messages(traffic, answers))
                 if trace.error:
                     return
                 answers.append(trace.text)
@@ -370,9 +367,9 @@ class DrillRunner:
             engines.admin(instance, {})  # instances the plan does not restart: the token delay taken off
         traces = sorted(live.traces, key=lambda t: t.index)
         recomputed = faults.gateway_metric(gateways, RECOMPUTED) - recomputed_before
-        report = self._report(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event, targets,
-                              baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
-                              expected_turns=expected_turns, injection_s=injection_s)
+        report = self.reports.build(meta, plan, traces, expected, fault_at, fault_wall, cleared_at, first_event,
+                                    targets, baseline_ttft, tripped, model_name, traffic, recomputed=recomputed,
+                                    expected_turns=expected_turns, injection_s=injection_s)
         if operator_abort:  # already aborted through the API; the fault is rolled back, the row is final
             return DrillOutcome(run_id, DrillRunState.ABORTED, report)
         with session_scope(self.factory) as session:
@@ -389,129 +386,6 @@ class DrillRunner:
                                   failure=None if report["passed"] else "; ".join(report["follow_ups"])[:2000])
             return DrillOutcome(run_id, DrillRunState(run.state), report)
 
-    # -- traffic ------------------------------------------------------------
-    def _client(self, gateway_url: str) -> Any:
-        import openai  # the official client: the drill speaks to the gateway as any customer does
-
-        return openai.OpenAI(base_url=gateway_url.rstrip("/") + "/v1", api_key="drill",
-                             max_retries=0, timeout=120.0)
-
-    @staticmethod
-    def _body(traffic: Traffic, mode: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"max_tokens": traffic.max_tokens, "temperature": 0.0}
-        extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
-        if mode == "seeded":
-            body.update(temperature=1.0, top_p=0.95, seed=traffic.seed)
-        return {**body, "extra_body": extra}
-
-    def _baseline(self, model_name: str, traffic: Traffic, mode: str) -> RequestTrace:
-        """The undisturbed run every drill request is compared with, token by token."""
-        trace = RequestTrace(index=-1, sampling=mode, started_at=self.clock.now())
-        self._stream(model_name, traffic, mode, trace, _Live(), prefer=None)
-        if trace.error:
-            raise RuntimeError(f"the undisturbed {mode} run failed: {trace.error}")
-        return trace
-
-    def _conversation_baseline(self, model_name: str, traffic: Traffic, mode: str) -> list[RequestTrace]:
-        """The undisturbed conversation (no session header: nothing checkpointed, nothing counted)."""
-        turns: list[RequestTrace] = []
-        for turn in range(traffic.session_turns):
-            trace = RequestTrace(index=-1, sampling=mode, started_at=self.clock.now(), turn=turn)
-            self._stream(model_name, traffic, mode, trace, _Live(), prefer=None,
-                         messages=chat_messages(traffic, [t.text for t in turns]))
-            if trace.error:
-                raise RuntimeError(f"the undisturbed {mode} conversation failed at turn {turn}: {trace.error}")
-            turns.append(trace)
-        return turns
-
-    def _gateway(self) -> str:
-        """Where the next attempt goes: the fleet's resolver when it has one (a DNS name), else its gateway."""
-        resolve = getattr(self.fleet, "resolve_gateway", None)
-        return resolve() if resolve is not None else self.fleet.gateway_url
-
-    def _stream(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
-                prefer: str | None, session: str | None = None,
-                messages: list[dict[str, str]] | None = None) -> None:
-        """One request, start to end; with `traffic.retry_for_s`, failed attempts are sent again from scratch.
-
-        A retry is what a client does after its connection broke: it re-resolves (`_gateway`) and asks
-        again. Every token any attempt delivered keeps its arrival time (the gap at the client spans the
-        attempts); the ids are the last attempt's, and the tokens an abandoned attempt had delivered are
-        counted as delivered twice (`discarded_tokens`).
-        """
-        deadline = trace.started_at + traffic.retry_for_s
-        try:
-            while True:
-                error = self._attempt(model_name, traffic, mode, trace, live, prefer, session, messages)
-                if error is None or live.stop.is_set() or self.clock.now() + traffic.retry_backoff_s > deadline:
-                    trace.error = error
-                    return
-                trace.discarded_tokens += len(trace.token_ids)
-                trace.token_ids, trace.seqs, trace.text, trace.session = [], [], "", None
-                trace.epochs += [trace.epochs[-1] if trace.epochs else 0] * (len(trace.token_times)
-                                                                              - len(trace.epochs))
-                trace.attempts += 1
-                self.sleep(traffic.retry_backoff_s)
-        finally:
-            trace.ended_at = self.clock.now()
-
-    def _attempt(self, model_name: str, traffic: Traffic, mode: str, trace: RequestTrace, live: _Live,
-                 prefer: str | None, session: str | None,
-                 messages: list[dict[str, str]] | None = None) -> str | None:
-        """One attempt of a request (a chat turn when `messages`); None if it delivered every token, else why not."""
-        headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
-        if session is not None:
-            headers[SESSION_HEADER] = session
-            if trace.session_class:
-                headers[SESSION_CLASS_HEADER] = trace.session_class
-        retried = trace.attempts - 1
-        got = 0
-        try:
-            gateway = self._gateway()
-            trace.gateways.append(gateway)
-            client = self._client(gateway)
-            if messages is None:
-                stream = client.completions.create(model=model_name, prompt=traffic.prompt, stream=True,
-                                                   extra_headers=headers, **self._body(traffic, mode))
-            else:  # the usage chunk carries the turn's `lifeline.session` (what the engine restored)
-                stream = client.chat.completions.create(model=model_name, messages=messages, stream=True,
-                                                        stream_options={"include_usage": True},
-                                                        extra_headers=headers, **self._body(traffic, mode))
-            for chunk in stream:
-                now = self.clock.now()
-                lifeline = (chunk.model_extra or {}).get("lifeline") or {}
-                if "session" in lifeline:
-                    trace.session = dict(lifeline["session"])
-                for choice in chunk.choices:
-                    delta = getattr(choice, "delta", None)
-                    trace.text += (getattr(delta, "content", None) or "") if delta is not None else ""
-                    ids = (choice.model_extra or {}).get("token_ids") or []
-                    for token_id in ids:
-                        trace.token_times.append(now)
-                        trace.token_ids.append(int(token_id))
-                    got += len(ids)
-                    if ids:
-                        with live.lock:
-                            live.tokens_seen += len(ids)
-                        if "seq" in lifeline:
-                            trace.seqs.append(int(lifeline["seq"]))
-                        if "epoch" in lifeline or retried:
-                            # A retried attempt is another stream: its tokens count as moved (epoch ≥ 1).
-                            trace.epochs.append(int(lifeline.get("epoch", 0)) + retried)
-            if got < traffic.max_tokens:
-                return f"stream ended after {got} of {traffic.max_tokens} tokens"
-            return None
-        except Exception as error:  # noqa: BLE001 - openai.APIError, transport errors alike: the request is lost
-            # The stable error type the gateway sent (openai.APIError.type), so a documented refusal is told apart.
-            kind = getattr(error, "type", None)
-            return f"{type(error).__name__}: {f'[{kind}] ' if kind else ''}{error}"[:500]
-
-    def _probe(self, model_name: str, traffic: Traffic) -> str | None:
-        """One new stream through the gateway: None if it was served in full, else its error."""
-        trace = RequestTrace(index=-2, sampling="greedy", started_at=self.clock.now())
-        self._stream(model_name, traffic, "greedy", trace, _Live(), prefer=None)
-        return trace.error
-
     # -- stop conditions ----------------------------------------------------
     @staticmethod
     def _stop_condition(stops: StopConditions, traces: list[RequestTrace]) -> str | None:
@@ -523,148 +397,6 @@ class DrillRunner:
             if run.state == DrillRunState.ABORTED:
                 return f"aborted by an operator: {run.abort_reason}"
         return None
-
-    # -- measuring ----------------------------------------------------------
-    def _canary(self, model_name: str, traffic: Traffic, expected: list[int]) -> float | None:
-        """Until every serving instance answers the greedy request as the undisturbed run did; when (clock.now)."""
-        deadline = self.clock.now() + self.canary_timeout
-        body = {"model": model_name, "prompt": traffic.prompt, "max_tokens": traffic.max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
-        while self.clock.now() < deadline:
-            passed = True
-            for instance in self.fleet.instance_ids():
-                try:
-                    response = httpx.post(self.fleet.engine_url(instance) + "/v1/completions",
-                                          json={**body, "model": self.fleet.served_model(instance)}, timeout=30.0)
-                    ok = response.status_code == 200 and response.json()["choices"][0]["token_ids"] == expected
-                except (httpx.HTTPError, KeyError, ValueError):
-                    ok = False
-                passed = passed and ok
-            if passed:
-                return self.clock.now()
-            self.sleep(0.2)
-        return None
-
-    def _report(self, meta: dict[str, Any], plan: faults.FaultPlan, traces: list[RequestTrace],
-                expected: dict[str, list[int]], fault_at: float, fault_wall: float, cleared_at: float,
-                first_event: int, targets: Targets, baseline_ttft: list[float], tripped: str | None, model_name: str,
-                traffic: Traffic, recomputed: float | None = None,
-                expected_turns: dict[str, list[list[int]]] | None = None,
-                injection_s: float = 0.0) -> dict[str, Any]:
-        def expected_of(trace: RequestTrace) -> list[int]:
-            return expected_turns[trace.sampling][trace.turn] if expected_turns else expected[trace.sampling]
-
-        comparisons = [measure.compare_tokens(expected_of(t), t.token_ids, t.seqs) for t in traces if not t.error]
-        # Only from session turns that carried context across the fault, as the gateway reported them.
-        context = measure.rpo_context(traces, fault_at)
-        refused = [t for t in traces if t.error and plan.documented_refusal(t)]
-        lost = [t for t in traces if t.error and not plan.documented_refusal(t)]
-        quality_at = None if tripped else self._canary(model_name, traffic, expected["greedy"])
-        events = self.events.events_after(first_event) if self.events is not None else []
-        routing_events = [e for e in events if e.get("routing_tier")]
-        event_offsets = []
-        for event in routing_events:
-            offset = datetime.fromisoformat(event["started_at"]).timestamp() - fault_wall
-            event_offsets.append((round(offset, 4), f"{event['routing_tier']} {event['kind']}"))
-        detection = (measure.detection([offset for offset, _ in event_offsets], injection_s=injection_s)
-                     if plan.expects_tier else None)
-        if detection is None and plan.expects_tier:  # no event log: the first migrated token at the client
-            moved = [tt for t in traces for tt, ep in zip(t.token_times, _epoch_per_token(t), strict=False) if ep > 0]
-            detection = (min(moved) - fault_at) if moved else None
-        ttft_target = (targets.ttft_target_ms / 1000.0 if targets.ttft_target_ms
-                       else 3 * max(baseline_ttft, default=1.0))
-        traffic_end = max([fault_at, *(t.ended_at for t in traces if t.ended_at is not None)])
-        measured: dict[str, float | None] = {
-            "detection_s": detection,
-            "request_rto_s": measure.request_rto(traces, fault_at),
-            "rto_latency_s": measure.rto_latency(
-                traces, fault_at=fault_at, end_at=traffic_end, ttft_target=ttft_target,
-                window_s=targets.ttft_window_s, min_samples=targets.ttft_window_min_samples),
-            "rto_quality_s": (quality_at - fault_at) if quality_at is not None else None,
-            # A from-scratch retry delivers again what the abandoned attempt had delivered: duplicates.
-            "token_rpo_tokens": float(sum(c.rpo_tokens for c in comparisons) + sum(t.discarded_tokens
-                                                                                   for t in traces)),
-            "requests_lost": float(len(lost)),
-            "recomputed_decode_tokens": recomputed,
-            # The worst session's re-prefilled context after the fault (None: no session carried any: unverified).
-            "rpo_context_tokens": context.tokens,
-            **plan.measurements(fault_at, cleared_at),
-        }
-        target_values = {"request_rto_s": targets.request_rto_s, "rto_latency_s": targets.rto_latency_s,
-                         "rto_quality_s": targets.rto_quality_s,
-                         "rpo_context_tokens": None if targets.rpo_context_tokens is None
-                         else float(targets.rpo_context_tokens),
-                         "token_rpo_tokens": None if targets.token_rpo_tokens is None else float(targets.token_rpo_tokens),
-                         "requests_lost": 0.0, **plan.targets()}
-        verdicts = measure.verdicts(measured, target_values)
-        follow_ups = [f"{v.metric}: measured {_fmt(v.measured)} vs target {_fmt(v.target)}"
-                      for v in verdicts if v.met is False]
-        # the tiers that acted on this fault; earlier events stay in the report's timeline (event_offsets)
-        tiers = [e["routing_tier"] for e, (offset, _) in zip(routing_events, event_offsets, strict=True)
-                 if measure.since_fault(offset, injection_s=injection_s)]
-        if self.events is not None and plan.expects_tier and meta["expected_tier"] not in tiers:
-            follow_ups.append(f"expected the {meta['expected_tier']} tier to act; events showed {tiers or 'none'}")
-        follow_ups += plan.checks()
-        if tripped:
-            follow_ups.insert(0, f"aborted by stop condition: {tripped}; fault rolled back")
-        report = {
-            **meta,
-            "fault_target": plan.target,
-            "faulted_instances": list(plan.instances),
-            "fault_cleared_at_s": round(cleared_at - fault_at, 4),
-            "requests_during_fault": sum(1 for t in traces if t.started_at < cleared_at
-                                         and (t.ended_at is None or t.ended_at > fault_at)),
-            "refused_as_documented": len(refused),
-            "fault_details": plan.details(),
-            "passed": not follow_ups and not tripped,
-            "aborted": tripped,
-            "fault_at_s": 0.0,
-            # How long the fault's own action took (kills, an admin call); the fault is stamped when it returned.
-            "fault_injection_s": round(injection_s, 4),
-            "measured": measured,
-            "targets": target_values,
-            "verdicts": [v.__dict__ for v in verdicts],
-            "follow_ups": follow_ups,
-            "requests": len(traces),
-            "migrated_streams": measure.migrated(traces),
-            "retried_requests": sum(1 for t in traces if t.attempts > 1),
-            "tokens_redelivered_by_retry": sum(t.discarded_tokens for t in traces),
-            "ttft_p99_s": measure.ttft_p99(traces),
-            "rto_latency_window": {"target_s": ttft_target, "window_s": targets.ttft_window_s,
-                                   "min_samples": targets.ttft_window_min_samples,
-                                   "samples": len(measure.ttft_samples(traces, ttft_target))},
-            "sessions": traffic.sessions,
-            "session_turns": traffic.session_turns if traffic.sessions else 0,
-            "rpo_context_by_class": context.by_class,
-            "rpo_context_sessions": [r.__dict__ for r in context.sessions],
-            "error_rate": measure.error_rate(traces),
-            "events": [{k: e.get(k) for k in ("id", "kind", "routing_tier", "actor", "reason", "scope",
-                                                "started_at", "outcome")} for e in events],
-            "routing_tiers_in_order": tiers,
-            "event_offsets": event_offsets,
-            # The timeline, relative to the fault (seconds): one row per request for the plot.
-            "timeline": [{"index": t.index, "sampling": t.sampling, "start": t.started_at - fault_at,
-                          "end": (t.ended_at - fault_at) if t.ended_at is not None else None,
-                          "tokens": [round(x - fault_at, 4) for x in t.token_times],
-                          "epochs": _epoch_per_token(t), "error": t.error, "attempts": t.attempts,
-                          "gateways": list(dict.fromkeys(t.gateways)),
-                          **({"session_id": t.session_id, "turn": t.turn, "session": t.session}
-                             if t.session_id else {})} for t in traces],
-        }
-        if self.report_dir is not None:
-            from controlplane.drill.report import export_report
-
-            report["files"] = [str(p) for p in export_report(report, self.report_dir)]
-        return report
-
-
-def chat_messages(traffic: Traffic, answers: list[str]) -> list[dict[str, str]]:
-    """The messages of the turn after `answers`: the prompt, then each answer and the next follow-up."""
-    messages = [{"role": "user", "content": traffic.prompt}]
-    for i, answer in enumerate(answers):
-        messages += [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": traffic.follow_ups[i % len(traffic.follow_ups)]}]
-    return messages
 
 
 def stop_condition_tripped(stops: StopConditions, traces: list[RequestTrace]) -> str | None:
@@ -679,19 +411,6 @@ def stop_condition_tripped(stops: StopConditions, traces: list[RequestTrace]) ->
     if stops.ttft_p99_ms is not None and p99 is not None and p99 * 1000.0 > stops.ttft_p99_ms:
         return f"TTFT p99 {p99 * 1000.0:.1f} ms > {stops.ttft_p99_ms:.3f} ms"
     return None
-
-
-def _epoch_per_token(trace: RequestTrace) -> list[int]:
-    """One epoch per token that reached the client (every attempt's): recorded per chunk carrying tokens, and
-    chunks carry one token each on the gateway; padded with the last one where a chunk said none."""
-    n = len(trace.token_times)
-    if len(trace.epochs) >= n:
-        return trace.epochs[:n]
-    return trace.epochs + [trace.epochs[-1] if trace.epochs else 0] * (n - len(trace.epochs))
-
-
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
 
 
 # The name the instance drills were first written under (tasks, CLI, demo and tests call it).

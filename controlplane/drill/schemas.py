@@ -17,6 +17,7 @@ FAULT_SCOPES: dict[DrillFault, frozenset[DrillScope]] = {
     DrillFault.SIGSTOP: frozenset({DrillScope.INSTANCE}),
     DrillFault.HANG: frozenset({DrillScope.INSTANCE}),
     DrillFault.CORRUPT_WEIGHTS: frozenset({DrillScope.INSTANCE}),
+    DrillFault.BAD_VERSION: frozenset({DrillScope.INSTANCE}),
     DrillFault.ZONE_LOSS: frozenset({DrillScope.ZONE}),
     DrillFault.REGION_LOSS: frozenset({DrillScope.REGION}),
     DrillFault.CONTROLPLANE_DOWN: frozenset({DrillScope.REGION}),

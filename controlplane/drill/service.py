@@ -34,7 +34,7 @@ from controlplane.drill.states import (
 )
 from controlplane.event import service as event_service
 
-# Seed §7 principle 5: instance weekly (automatic), zone monthly, region quarterly (both approved by a person).
+# Instance drills weekly (automatic), zone monthly, region quarterly (both approved by a person).
 DEFAULT_CADENCE: dict[DrillScope, timedelta] = {
     DrillScope.INSTANCE: timedelta(days=7),
     DrillScope.ZONE: timedelta(days=30),

@@ -33,6 +33,7 @@ class DrillFault(StrEnum):
     SIGSTOP = "sigstop"
     HANG = "hang"
     CORRUPT_WEIGHTS = "corrupt_weights"
+    BAD_VERSION = "bad_version"
     ZONE_LOSS = "zone_loss"
     REGION_LOSS = "region_loss"
     CONTROLPLANE_DOWN = "controlplane_down"
@@ -79,7 +80,7 @@ TRANSITIONS: dict[tuple[DrillRunState, DrillRunEvent], DrillRunState] = {
 TERMINAL_STATES = frozenset({S.PASSED, S.FAILED, S.ABORTED})
 ACTIVE_STATES = frozenset({S.RUNNING, S.MEASURING})
 
-# Scopes an operator must approve, run by run, before the drill may start (seed §7 principle 5).
+# Scopes an operator must approve, run by run, before the drill may start: their faults take out a zone or a region.
 NEEDS_APPROVAL = frozenset({DrillScope.ZONE, DrillScope.REGION})
 
 

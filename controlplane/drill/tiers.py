@@ -35,6 +35,7 @@ import httpx
 
 from common.clock import Clock
 from common.logs import get_logger
+from common import oneshot_http
 
 log = get_logger(__name__)
 
@@ -108,21 +109,21 @@ class HttpCutovers:
 
     def of_scope(self, scope: str) -> list[dict[str, Any]]:
         """Every cutover of exactly this scope (the API filters by prefix: a region's would hold its zones')."""
-        response = httpx.get(self.url + "/cutovers", params={"scope": scope, "limit": 1000}, headers=self.headers,
-                             timeout=self.timeout_s)
+        response = oneshot_http.get(self.url + "/cutovers", params={"scope": scope, "limit": 1000}, headers=self.headers,
+                                    timeout=self.timeout_s)
         response.raise_for_status()
         return [c for c in response.json() if c["scope"] == scope]
 
     def under(self, scope: str) -> list[dict[str, Any]]:
         """Every cutover of this scope and of the scopes inside it (a region's zones)."""
-        response = httpx.get(self.url + "/cutovers", params={"scope": scope, "limit": 1000}, headers=self.headers,
-                             timeout=self.timeout_s)
+        response = oneshot_http.get(self.url + "/cutovers", params={"scope": scope, "limit": 1000}, headers=self.headers,
+                                    timeout=self.timeout_s)
         response.raise_for_status()
         return [c for c in response.json() if c["scope"] == scope or c["scope"].startswith(scope + "/")]
 
     def rollback(self, cutover_id: int, reason: str) -> dict[str, Any]:
-        response = httpx.post(f"{self.url}/cutovers/{cutover_id}/rollback", json={"reason": reason},
-                              headers=self.headers, timeout=self.timeout_s)
+        response = oneshot_http.post(f"{self.url}/cutovers/{cutover_id}/rollback", json={"reason": reason},
+                                     headers=self.headers, timeout=self.timeout_s)
         response.raise_for_status()
         return response.json()
 

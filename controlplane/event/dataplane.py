@@ -13,6 +13,8 @@ gap in the log is visible rather than silent.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
@@ -20,7 +22,7 @@ from contract.events import DataPlaneEvent, EventBatch
 from controlplane.errors import InvalidInput
 from controlplane.types import first_nul
 from controlplane.event import service
-from controlplane.event.models import RoutingTier
+from contract.routing_tier import RoutingTier
 
 ACTOR_PREFIXES = ("gateway:", "agent:")
 
@@ -28,6 +30,13 @@ ACTOR_PREFIXES = ("gateway:", "agent:")
 def _scope(event: DataPlaneEvent) -> str:
     scope = f"region:{event.region}"
     return f"{scope}/instance:{event.instance_id}" if event.instance_id else scope
+
+
+def is_wrong_output_verdict(event: dict[str, Any], instance_id: str) -> bool:
+    """An event log row (as the API reads it back) of an agent's `probe.verdict` saying the instance answered its
+    canary with other tokens than recorded: `_scope`'s instance scope, the detail kept in `after`."""
+    return (event.get("kind", "").endswith("probe.verdict") and str(event.get("scope", "")).endswith(
+        f"/instance:{instance_id}") and (event.get("after") or {}).get("verdict") == "wrong_output")
 
 
 def _check_actor(actor: str, *, allowed: tuple[str, ...]) -> None:

@@ -8,12 +8,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from contract.events import EventBatch
+from contract.routing_tier import RoutingTier
 from controlplane.auth.dependencies import DataPlaneReporter, Viewer
 from controlplane.auth.roles import Role
 from controlplane.db import DbSession
 from controlplane.deps import ClockDep
 from controlplane.event import dataplane, service
-from controlplane.event.models import RoutingTier
 from controlplane.event.repository import EventFilter
 from controlplane.event.schemas import EventRead
 

@@ -1,22 +1,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, CheckConstraint, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from controlplane.db import Base, UTCDateTime
-
-
-class RoutingTier(StrEnum):
-    """Which of the four cutover tiers a routing change acted at (§7 principle 2)."""
-
-    L7 = "l7"
-    MESH = "mesh"
-    ANYCAST = "anycast"
-    DNS = "dns"
 
 
 class Event(Base):

@@ -7,7 +7,8 @@ from datetime import datetime
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from controlplane.event.models import Event, RoutingTier
+from contract.routing_tier import RoutingTier
+from controlplane.event.models import Event
 
 
 @dataclass(frozen=True)

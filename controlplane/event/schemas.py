@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from controlplane.event.models import RoutingTier
+from contract.routing_tier import RoutingTier
 
 
 class EventRead(BaseModel):

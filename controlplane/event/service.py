@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from common.clock import Clock
 from controlplane.event import repository
-from controlplane.event.models import Event, RoutingTier
+from controlplane.event.models import Event
+from contract.routing_tier import RoutingTier
 from controlplane.event.repository import EventFilter
 from controlplane.event.schemas import EventRead
 from common.errors import error_body

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from contract.capacity import PlanInputs, PlanRecord
+from contract.pool_plan import PlanInputs, PlanRecord
 from controlplane.auth.dependencies import Viewer
 from controlplane.pool_plan import service
 

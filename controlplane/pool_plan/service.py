@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from common.logs import get_logger
-from contract.capacity import PlanError, PlanInputs, PlanRecord, plan_record
+from contract.pool_plan import PlanInputs, PlanRecord
 from controlplane.errors import InvalidInput
+from warm_pool.capacity import PlanError, plan_record
 
 log = get_logger(__name__)
 

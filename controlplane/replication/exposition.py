@@ -39,29 +39,28 @@ is read once, a few hundred at a time, not at every scrape); likewise at most
 and a store that does not answer costs one timeout per TTL. Probes run under
 one lock, so concurrent scrapes never probe twice.
 
-Bounded time. The reads run on a thread of their own and a scrape waits for
-them at most `budget` (5 s): past it the page answers with `…_scrape_ok 0`
-and the request metrics; no second read starts while that one still holds
-the thread. So `/metrics` keeps answering while the database or a store is
-silent.
+Bounded time (controlplane/bounded_scrape.py). The reads run on a thread of
+their own and a scrape waits for them at most `budget` (5 s): past it the page
+answers with `…_scrape_ok 0` and the request metrics; no second read starts
+while that one still holds the thread. So `/metrics` keeps answering while the
+database or a store is silent.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-from sqlalchemy.exc import SQLAlchemyError
 
 from common.clock import Clock
 from common.logs import get_logger
 from contract.kv_checkpoint import KVCheckpointError, KVCheckpointStore, redact_kv_store_url
+from controlplane.bounded_scrape import BoundedCollector
 from controlplane.db import session_scope
 from controlplane.replication import flows, repository, service, session_records
 from controlplane.replication.config import ReplicationSettings
@@ -105,13 +104,14 @@ class _PolicyRow:
     dead_letters: dict[str, int]
 
 
-class ReplicationCollector:
+class ReplicationCollector(BoundedCollector):
     """A prometheus_client collector: registered on the app's registry by create_app."""
 
     def __init__(self, session_factory: Any, *, clock: Clock, s3_endpoint_url: str | None,
                  probe_ttl: timedelta = timedelta(seconds=30), max_reads: int = 256, age_cache_size: int = 100_000,
                  budget: timedelta = timedelta(seconds=5),
                  open_store: Callable[[str], KVCheckpointStore] | None = None) -> None:
+        super().__init__(PREFIX, budget=budget)
         self.session_factory = session_factory
         self.clock = clock
         self.probe_ttl = probe_ttl.total_seconds()
@@ -121,15 +121,9 @@ class ReplicationCollector:
         self._probes: dict[tuple[int, int], StoreProbe] = {}
         self._lock = threading.Lock()
         self.probes_taken = 0  # how many times the stores were listed: the cost a test can count
-        self.budget = budget.total_seconds()
-        # One thread for the reads, so a scrape can stop waiting on a silent database or store.
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replication-metrics")
-        self._flight_lock = threading.Lock()
-        self._in_flight: concurrent.futures.Future[list[Metric]] | None = None
 
-    def describe(self) -> Iterable[Metric]:
-        """No families up front: registering must not read the database (nothing is done at build time)."""
-        return []
+    def read(self) -> list[Metric]:
+        return self._families(self._rows())
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -192,38 +186,6 @@ class ReplicationCollector:
                           invalid_records=len(records.invalid))
 
     # -- exposition ---------------------------------------------------------------------------------
-
-    def collect(self) -> Iterator[Metric]:
-        """At most `budget` seconds: past it, only `scrape_ok 0`, and the page answers without the rest.
-
-        One read at a time: a scrape during a read that is still going (a silent database, a store that
-        does not answer) waits on that one rather than starting another, so at most one thread is held;
-        a scrape after it ended starts a fresh one (a late result is never served with stale ages).
-        """
-        with self._flight_lock:
-            if self._in_flight is None or self._in_flight.done():
-                self._in_flight = self._executor.submit(self._gather)
-            future = self._in_flight
-        try:
-            families = future.result(timeout=self.budget)
-        except Exception as exc:  # noqa: BLE001 - past the budget, or a bug: the page must still answer
-            log.warning("replication metrics: not read", error=type(exc).__name__, budget_seconds=self.budget)
-            failed = GaugeMetricFamily(PREFIX + "scrape_ok", "1: the database answered this scrape")
-            failed.add_metric([], 0)
-            yield failed
-            return
-        yield from families
-
-    def _gather(self) -> list[Metric]:
-        scrape_ok = GaugeMetricFamily(PREFIX + "scrape_ok", "1: the database answered this scrape")
-        try:
-            rows = self._rows()
-        except SQLAlchemyError as exc:
-            log.warning("replication metrics: the database did not answer", error=type(exc).__name__)
-            scrape_ok.add_metric([], 0)
-            return [scrape_ok]
-        scrape_ok.add_metric([], 1)
-        return [scrape_ok, *self._families(rows)]
 
     def _families(self, rows: list[_PolicyRow]) -> list[Metric]:
         def gauge(name: str, text: str, labels: list[str] | None = None) -> GaugeMetricFamily:

@@ -32,7 +32,7 @@ def _check_store_parts(url: str) -> None:
 
 
 class ReplicationMode(StrEnum):
-    """How much KV a session class keeps across a region loss (seed §6, principle 4)."""
+    """How much KV a session class keeps across a region loss: replication is chosen per session class."""
 
     REBUILDABLE = "rebuildable"  # no KV replication: system prompts, short contexts; re-prefill is cheap
     INTERACTIVE = "interactive"  # a checkpoint every N turns or T seconds; replicated every T seconds

@@ -38,7 +38,7 @@ def export(model: Annotated[str, typer.Option(help="model name (as the catalog a
     text = read_only(settings, lambda session: slo_export.render(
         service.build(session, model=model, clock=SystemClock(),
                       gateway_stale_after=settings.gateway_report_stale_after,
-                      agent_stale_after=settings.agent_report_stale_after), fmt))  # type: ignore[arg-type]
+                      agent_stale_after=settings.agent_report_stale_after, dns=service.dns_ttls(settings)), fmt))  # type: ignore[arg-type]
     if output is None:
         typer.echo(text, nl=False)
     else:

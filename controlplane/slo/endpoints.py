@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from controlplane.auth.dependencies import Viewer
@@ -18,11 +18,12 @@ router = APIRouter(tags=["slo"])
 
 @router.get("/slo/{model}", response_model=SloDocument,
             responses={200: {"content": {"text/markdown": {}, "text/html": {}}}})
-def slo_document(model: NamePath, session: DbSession, _: Viewer, clock: ClockDep, settings: SettingsDep,
-                 format: Annotated[export.Format, Query()] = "json") -> Any:
+def slo_document(model: NamePath, request: Request, session: DbSession, _: Viewer, clock: ClockDep,
+                 settings: SettingsDep, format: Annotated[export.Format, Query()] = "json") -> Any:
     document = service.build(session, model=model, clock=clock,
                              gateway_stale_after=settings.gateway_report_stale_after,
-                             agent_stale_after=settings.agent_report_stale_after)
+                             agent_stale_after=settings.agent_report_stale_after,
+                             dns=request.app.state.dns_ttls)
     if format == "json":
         return document
     return Response(export.render(document, format), media_type=export.MEDIA_TYPES[format])

@@ -1,6 +1,6 @@
 """Build a model's SLO document from its drill definitions (targets) and drill runs (evidence).
 
-No figure without evidence (seed §7 principle 5, issue 14): for each target
+No figure without evidence (issue 14): for each target
 the latest ended run of a drill that declares it decides the status:
 
     never ran                        unverified ("never drilled")
@@ -38,6 +38,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from common.clock import Clock
+from controlplane.config import ControlPlaneSettings
 from controlplane.drill import repository as drill_repository
 from controlplane.drill.models import DrillDefinition, DrillRun
 from controlplane.drill.service import DEFAULT_CADENCE
@@ -91,10 +92,25 @@ NO_CONTEXT_MEASURED = ("no drill measured it: a drill measures RPO_context only 
                        "the fault, on gateways that say what the engine restored")
 
 
+def dns_ttls(settings: ControlPlaneSettings) -> triple_text.DnsTtls | None:
+    """The TTLs of the records the dns tier moves, from the drivers file: read once, at start-up (the app factory,
+    a CLI command), as the drivers themselves are."""
+    if settings.cutover_drivers_file is None:
+        return None
+    from cutover.drivers_file import load
+
+    dns = load(settings.cutover_drivers_file).dns
+    if dns is None:
+        return None
+    return triple_text.DnsTtls(dns.ttl_s, dns.internal_ttl_s if dns.internal_name else None)
+
+
 def build(session: Session, *, model: str, clock: Clock,
           cadence: dict[DrillScope, timedelta] | None = None,
-          gateway_stale_after: timedelta, agent_stale_after: timedelta) -> SloDocument:
-    """`*_stale_after`: the control plane's report staleness settings (a stale report is no evidence).
+          gateway_stale_after: timedelta, agent_stale_after: timedelta,
+          dns: triple_text.DnsTtls | None) -> SloDocument:
+    """`*_stale_after`: the control plane's report staleness settings (a stale report is no evidence); `dns`: the
+    dns tier's record TTLs (`dns_ttls`), None where no dns tier is configured.
 
     Required, not defaulted: a default here would be a second copy of the settings' that drifts.
     """
@@ -115,7 +131,7 @@ def build(session: Session, *, model: str, clock: Clock,
     engine = triple_text.engine_evidence(runs)
     promise = triple_text.continuation(engine)
     policies = triple_text.declared_rpo_context(replication_repository.list_policies(session, model=model))
-    texts = {"W": WEIGHTS_TEXT, "K": triple_text.kv_texts(runs, policies),
+    texts = {"W": WEIGHTS_TEXT, "K": triple_text.kv_texts(runs, policies, dns),
              "C": triple_text.configuration_texts(promise)}
     triple = [TripleEntry(dimension=dim, name=name, lost=texts[dim][0], kept=texts[dim][1],  # type: ignore[arg-type]
                           recovery=texts[dim][2], figures=[figures[m] for m in metrics])

@@ -22,14 +22,20 @@ processor `lifeline_vllm` is loaded). Now each sentence is built from:
   said to be unverified;
 - **the replication policies** of the model: the RPO_context each declares
   per session class (`controlplane/replication`), which bounds the session
-  context a region loss may cost.
+  context a region loss may cost;
+- **the dns tier's record TTLs** (the drivers file's `[dns]`): a region's
+  clients reach the standby only once their resolvers' cached answer
+  expires, the external record's TTL after the cutover; the region's own
+  services follow within the internal record's, and keep resolving for that
+  long through a DNS outage.
 
-Pure: the caller reads the runs and the policies.
+Pure: the caller reads the runs, the policies and the drivers file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controlplane.drill.states import DrillRunState, DrillScope
@@ -54,12 +60,33 @@ def _count(value: Any) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
-def streams_in_flight(scope: DrillScope, run: Any | None) -> str:
+@dataclass(frozen=True)
+class DnsTtls:
+    """The dns tier's records: how long resolvers may keep the lost region's answer after a cutover."""
+
+    external_s: int
+    internal_s: int | None = None  # None: no internal record managed
+
+
+def dns_recovery(dns: DnsTtls | None) -> str:
+    """How long after the dns cutover clients reach the standby (no "; ": it separates the scopes)."""
+    if dns is None:
+        return (", though no dns tier is configured here, so how long resolvers keep the lost region's answer is "
+                "unknown to this control plane")
+    text = (f", which clients reach once their resolvers' cached answer expires, within {dns.external_s} s of the "
+            "cutover (the external record's TTL)")
+    if dns.internal_s is not None:
+        text += (f", and the region's own services, which resolve the internal record, within {dns.internal_s} s "
+                 "(its TTL, which also keeps them resolving that long through a DNS outage)")
+    return text
+
+
+def streams_in_flight(scope: DrillScope, run: Any | None, dns: DnsTtls | None = None) -> str:
     """What happened to the streams in flight when `scope` failed: the run's figures, or the design, unverified."""
     if scope == DrillScope.REGION:
         design = ("streams in flight at the region's gateways end with the region (the gateways and the "
                   "committed-token log they would resume from are in it): service recovery only, new requests "
-                  "are served by the standby after the dns cutover")
+                  "are served by the standby after the dns cutover" + dns_recovery(dns))
     else:
         design = (f"streams in flight on the lost {'instances' if scope == DrillScope.ZONE else 'instance'} "
                   "continue on another from prompt ‖ committed tokens, and the client sees a gap, not a loss")
@@ -129,7 +156,8 @@ def declared_rpo_context(policies: Sequence[Any]) -> list[RpoContextPolicy]:
     return out
 
 
-def kv_texts(runs: Sequence[Any], policies: Sequence[RpoContextPolicy]) -> tuple[str, str, str]:
+def kv_texts(runs: Sequence[Any], policies: Sequence[RpoContextPolicy], dns: DnsTtls | None = None
+             ) -> tuple[str, str, str]:
     """K: (lost, kept, recovery)."""
     by_scope = latest_by_scope(runs)
     classes = "; ".join(f"{p.session_class}: {p.declared}" for p in policies) or (
@@ -138,7 +166,7 @@ def kv_texts(runs: Sequence[Any], policies: Sequence[RpoContextPolicy]) -> tuple
             "there, and session context the policies did not replicate")
     kept = (f"committed tokens (the region's token log: the continuation prefills prompt ‖ committed again); "
             f"across regions, replicated session context per class — {classes}")
-    recovery = "; ".join(streams_in_flight(scope, by_scope.get(scope)) for scope in SCOPES)
+    recovery = "; ".join(streams_in_flight(scope, by_scope.get(scope), dns) for scope in SCOPES)
     return lost, kept, recovery
 
 

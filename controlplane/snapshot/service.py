@@ -1,6 +1,6 @@
 """Assemble the routing snapshot gateways and agents apply: a `contract.snapshot.RoutingSnapshot`.
 
-The snapshot domain sits above topology and the catalog and only reads
+The snapshot domain sits above topology, the catalog and mesh routes and only reads
 them; they advance the version (`controlplane.routing_version`) in the
 same transaction as every change. `build` reads the version *first*:
 content read afterwards can only be as new or newer than the version it
@@ -35,7 +35,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract.identity import weights_digest
-from contract.mesh import MeshRoute
 from contract.snapshot import (
     AliasEntry,
     ClusterEntry,
@@ -47,6 +46,7 @@ from contract.snapshot import (
     VersionEntry,
     etag_for,
 )
+from controlplane.mesh_route import service as mesh_route
 from controlplane.replication import service as replication
 from controlplane.routing_version import service as routing_version
 from controlplane.topology.models import ClusterState, InstanceEjection, ServingCluster
@@ -123,16 +123,9 @@ def build_snapshot(session: Session) -> RoutingSnapshot:
         ejected_clusters=[c.name for c in clusters if c.state == ClusterState.EJECTED],
         ejections=[EjectionEntry(region=e.region, instance_id=e.instance_id, generation=e.generation,
                                  reason=e.reason) for e in ejections],
-        mesh_routes=_mesh_routes(session),
+        mesh_routes=mesh_route.snapshot_routes(session),
         replication_policies=_replication_policies(session),
     )
-
-
-def _mesh_routes(session: Session) -> list[MeshRoute]:
-    """The mesh tier's version/cohort splits (cutover/mesh.py owns them; it bumps the version on each write)."""
-    from cutover.mesh import snapshot_routes
-
-    return snapshot_routes(session)
 
 
 def _replication_policies(session: Session) -> list[ReplicationPolicyEntry]:

@@ -4,7 +4,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.event.models import RoutingTier
+from contract.routing_tier import RoutingTier
 from controlplane.topology.models import ClusterState
 from controlplane.types import Name, Reason, Text
 

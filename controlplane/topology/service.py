@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from common.clock import Clock
 from controlplane.errors import InvalidInput
 from controlplane.event import service as event_service
-from controlplane.event.models import RoutingTier
+from contract.routing_tier import RoutingTier
 from controlplane.routing_version import service as routing_version
 from controlplane.topology import repository
 from controlplane.topology.errors import (

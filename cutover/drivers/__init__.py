@@ -1,1 +1,1 @@
-"""Cutover drivers, one module per routing system; the interface is `cutover.driver`."""
+"""Every cutover tier's driver, one module each, behind one protocol (`cutover.drivers.base`, which maps them)."""

@@ -1,24 +1,42 @@
-"""The dns tier: move a region's record on an authoritative server.
+"""The dns tier: move a region's records on an authoritative server.
 
-Region faults are cut over here (30 s – 5 min). The seed's dual TTL: the
-external record clients resolve is short (60 s) so a cutover takes effect
-within a minute of the write; the internal one is long (600 s) so a DNS
-outage does not take the region's own services down with it. A cutover
-moves the short-TTL record; `Verification.client_cache_ttl_s` is the TTL of
-the answer it replaced, the time resolvers may keep serving the old region.
+Region faults are cut over here (30 s – 5 min). The seed's dual TTL (§4),
+one `DnsTarget` with two names:
+
+- `name`, the external record clients resolve, short TTL (`ttl_s`, 60 s):
+  a cutover takes effect for clients within a minute of the write.
+  `Verification.client_cache_ttl_s` is the TTL of the answer it replaced,
+  the time resolvers may keep serving the old region: the cutover's figure.
+- `internal_name` (optional), the record the region's own services
+  resolve, long TTL (`internal_ttl_s`, 600 s): a DNS outage leaves their
+  resolution working for up to 600 s after their last answer.
+
+A region cutover repoints the internal record too, in the same UPDATE
+(Route 53: change batch), which the server applies all or nothing. Left
+alone, it would send every internal caller to the region that is out for
+as long as the cutover lasts, with no bound; moved, internal callers follow
+within its TTL, reported as `Verification.internal_cache_ttl_s`: they may
+keep the previous answer up to 600 s after the cutover. That is the
+internal recovery time and is not the cutover's: the external record's
+60 s is what clients see. Neither "out" nor "in" deletes the internal
+record (every region's answer is non-empty), so it stays resolvable through
+a DNS outage that starts during a cutover. Both records are read back from
+the server, TTL included, before a step verifies; rollback restores both
+as recorded.
 
 Two drivers, one `DnsState`:
 
 - `Rfc2136Driver`: RFC 2136 UPDATE signed with TSIG (dnspython) over TCP to
-  the primary, read back with a UDP query to the same authoritative server.
-  Replace is one UPDATE (delete the RRset, add the new one) and idempotent,
-  so it is retried when the server cannot be reached; BADSIG/BADKEY,
-  NOTAUTH and REFUSED are refusals and are not. Measured on BIND 9.18 on
-  loopback: the answer changes ~1 ms after the UPDATE's reply.
+  the primary, read back with a UDP query per name to the same
+  authoritative server. Replace is one UPDATE (delete each RRset, add the
+  new one) and idempotent, so it is retried when the server cannot be
+  reached; BADSIG/BADKEY, NOTAUTH and REFUSED are refusals and are not.
+  Measured on BIND 9.18 on loopback: the answer changes ~1 ms after the
+  UPDATE's reply.
 - `Route53Driver`: `ChangeResourceRecordSets` UPSERT through boto3, read back
   through `ListResourceRecordSets`. Route 53 answers PENDING until every
   authoritative server has the change; until `GetChange` says INSYNC the
-  driver reports the record it replaced, so `verify` waits for INSYNC.
+  driver reports the records it replaced, so `verify` waits for INSYNC.
   Tested against moto's server (an emulator: no DNS server behind it).
 """
 
@@ -41,17 +59,15 @@ import dns.tsigkeyring
 import dns.update
 
 from common.clock import Clock
-from controlplane.event.models import RoutingTier
-from cutover.driver import (
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import (
+    DnsRecordSet,
     DnsState,
     DnsTarget,
     DriverRejected,
     DriverUnavailable,
 )
 from cutover.drivers.polling import PollingDriver, retry_unavailable
-
-EXTERNAL_TTL_S = 60
-INTERNAL_TTL_S = 600
 
 
 class _DnsPolling(PollingDriver[DnsState]):
@@ -66,6 +82,14 @@ class _DnsPolling(PollingDriver[DnsState]):
         if replaced is not None and replaced.values and replaced.values != expected.values:
             return replaced.ttl_s
         return expected.ttl_s
+
+    def internal_cache_ttl_s(self, expected: DnsState) -> int | None:
+        if expected.internal_values is None:
+            return None  # the target has no internal record
+        replaced = self._replaced.get(expected.target)
+        if replaced is not None and replaced.internal_values and replaced.internal_values != expected.internal_values:
+            return replaced.internal_ttl_s
+        return expected.internal_ttl_s
 
 
 class Rfc2136Driver(_DnsPolling):
@@ -84,7 +108,12 @@ class Rfc2136Driver(_DnsPolling):
 
     @retry_unavailable()
     def observe(self, target: DnsTarget) -> tuple[DnsState, str]:  # type: ignore[override]
-        query = dns.message.make_query(target.name, target.rdtype)
+        answers = [self._query(name, target.rdtype) for name in target.names()]
+        return (DnsState.from_record_sets(target, [record_set for record_set, _ in answers]),
+                " | ".join(evidence for _, evidence in answers))
+
+    def _query(self, name: str, rdtype: str) -> tuple[DnsRecordSet, str]:
+        query = dns.message.make_query(name, rdtype)
         query.flags &= ~dns.flags.RD  # an authoritative answer, not a resolver's
         try:
             answer = dns.query.udp(query, self.server, port=self.port, timeout=self.io_timeout_s)
@@ -93,17 +122,15 @@ class Rfc2136Driver(_DnsPolling):
         rcode = answer.rcode()
         if rcode not in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
             raise DriverRejected(f"{self.server}:{self.port} answered {dns.rcode.to_text(rcode)} "
-                                 f"for {target.name} {target.rdtype}")
-        rrset = answer.get_rrset(answer.answer, dns.name.from_text(target.name), dns.rdataclass.IN,
-                                 dns.rdatatype.from_text(target.rdtype))
+                                 f"for {name} {rdtype}")
+        rrset = answer.get_rrset(answer.answer, dns.name.from_text(name), dns.rdataclass.IN,
+                                 dns.rdatatype.from_text(rdtype))
         aa = "aa" if answer.flags & dns.flags.AA else "not-aa"
         if rrset is None:
-            state = DnsState(target=target, values=(), ttl_s=0)
-            evidence = f"@{self.server}:{self.port} {target.name} {target.rdtype}: {dns.rcode.to_text(rcode)} ({aa})"
-        else:
-            state = DnsState(target=target, values=tuple(sorted(r.to_text() for r in rrset)), ttl_s=rrset.ttl)
-            evidence = f"@{self.server}:{self.port} ({aa}) " + rrset.to_text().replace("\n", "; ")
-        return state, evidence
+            return (DnsRecordSet(name, (), 0),
+                    f"@{self.server}:{self.port} {name} {rdtype}: {dns.rcode.to_text(rcode)} ({aa})")
+        return (DnsRecordSet(name, tuple(sorted(r.to_text() for r in rrset)), rrset.ttl),
+                f"@{self.server}:{self.port} ({aa}) " + rrset.to_text().replace("\n", "; "))
 
     def _write(self, desired: DnsState) -> None:  # type: ignore[override]
         replaced = self.read_state(desired.target)
@@ -115,10 +142,11 @@ class Rfc2136Driver(_DnsPolling):
         target = desired.target
         update = dns.update.Update(target.zone, keyring=self.keyring, keyname=self.key_name,
                                    keyalgorithm=self.key_algorithm)
-        if desired.values:
-            update.replace(target.name, desired.ttl_s, target.rdtype, *desired.values)
-        else:
-            update.delete(target.name, target.rdtype)
+        for record_set in desired.record_sets():  # one UPDATE: the server applies all of it or none
+            if record_set.values:
+                update.replace(record_set.name, record_set.ttl_s, target.rdtype, *record_set.values)
+            else:
+                update.delete(record_set.name, target.rdtype)
         try:
             response = dns.query.tcp(update, self.server, port=self.port, timeout=self.io_timeout_s)
         except dns.tsig.PeerError as exc:  # BADSIG, BADKEY, BADTIME: the server refused our key
@@ -165,13 +193,20 @@ class Route53Driver(_DnsPolling):
             self._zone_ids[zone] = zones[0]["Id"].rsplit("/", 1)[-1]
         return self._zone_ids[zone]
 
-    def _record_set(self, target: DnsTarget) -> dict[str, Any] | None:
+    def _record_set(self, target: DnsTarget, name: str) -> dict[str, Any] | None:
         page = self._call("list_resource_record_sets", HostedZoneId=self._zone_id(target.zone),
-                          StartRecordName=target.name, StartRecordType=target.rdtype, MaxItems="1")
+                          StartRecordName=name, StartRecordType=target.rdtype, MaxItems="1")
         for record_set in page["ResourceRecordSets"]:
-            if record_set["Name"] == target.name and record_set["Type"] == target.rdtype:
+            if record_set["Name"] == name and record_set["Type"] == target.rdtype:
                 return record_set
         return None
+
+    @staticmethod
+    def _read_back(name: str, record_set: dict[str, Any] | None) -> DnsRecordSet:
+        if record_set is None:
+            return DnsRecordSet(name, (), 0)
+        return DnsRecordSet(name, tuple(sorted(r["Value"] for r in record_set.get("ResourceRecords", []))),
+                            int(record_set.get("TTL", 0)))
 
     @retry_unavailable()
     def observe(self, target: DnsTarget) -> tuple[DnsState, str]:  # type: ignore[override]
@@ -182,29 +217,28 @@ class Route53Driver(_DnsPolling):
                 replaced = self._replaced[target]
                 return replaced, f"route53 change {change_id} {status}: authoritative servers still serve {replaced.values}"
             del self._pending[target]
-        record_set = self._record_set(target)
-        if record_set is None:
-            return DnsState(target=target, values=(), ttl_s=0), f"route53 {target.name} {target.rdtype}: no record set"
-        values = tuple(sorted(r["Value"] for r in record_set.get("ResourceRecords", [])))
-        state = DnsState(target=target, values=values, ttl_s=int(record_set.get("TTL", 0)))
-        return state, f"route53 {target.name} {record_set.get('TTL')} {target.rdtype} {' '.join(values)} (INSYNC)"
+        found = [self._read_back(name, self._record_set(target, name)) for name in target.names()]
+        evidence = " | ".join(f"route53 {r.name} {r.ttl_s} {target.rdtype} {' '.join(r.values)} (INSYNC)" if r.values
+                              else f"route53 {r.name} {target.rdtype}: no record set" for r in found)
+        return DnsState.from_record_sets(target, found), evidence
 
     @retry_unavailable()
     def _write(self, desired: DnsState) -> None:  # type: ignore[override]
         target = desired.target
-        current = self._record_set(target)
-        self._replaced[target] = DnsState(
-            target=target, values=tuple(sorted(r["Value"] for r in (current or {}).get("ResourceRecords", []))),
-            ttl_s=int((current or {}).get("TTL", 0)))
-        if desired.values:
-            change = {"Action": "UPSERT", "ResourceRecordSet": {
-                "Name": target.name, "Type": target.rdtype, "TTL": desired.ttl_s,
-                "ResourceRecords": [{"Value": v} for v in desired.values]}}
-        elif current is not None:
-            change = {"Action": "DELETE", "ResourceRecordSet": current}
-        else:
+        current = {name: self._record_set(target, name) for name in target.names()}
+        self._replaced[target] = DnsState.from_record_sets(
+            target, [self._read_back(name, record_set) for name, record_set in current.items()])
+        changes: list[dict[str, Any]] = []
+        for record_set in desired.record_sets():  # one change batch: Route 53 applies all of it or none
+            if record_set.values:
+                changes.append({"Action": "UPSERT", "ResourceRecordSet": {
+                    "Name": record_set.name, "Type": target.rdtype, "TTL": record_set.ttl_s,
+                    "ResourceRecords": [{"Value": v} for v in record_set.values]}})
+            elif current[record_set.name] is not None:
+                changes.append({"Action": "DELETE", "ResourceRecordSet": current[record_set.name]})
+        if not changes:
             return  # already absent
         info = self._call("change_resource_record_sets", HostedZoneId=self._zone_id(target.zone),
-                          ChangeBatch={"Comment": "lifeline cutover", "Changes": [change]})["ChangeInfo"]
+                          ChangeBatch={"Comment": "lifeline cutover", "Changes": changes})["ChangeInfo"]
         if info["Status"] != "INSYNC":
             self._pending[target] = info["Id"]

@@ -26,14 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.clock import Clock
-from controlplane.event.models import RoutingTier
-from cutover.driver import (
-    DriverRejected,
-    DriverUnavailable,
-    L7AdminState,
-    L7State,
-    L7Target,
-)
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import DriverRejected, DriverUnavailable, L7AdminState, L7State, L7Target
 from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 _MAINT_FLAGS = 0x01 | 0x02 | 0x04 | 0x20 | 0x40

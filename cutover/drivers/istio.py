@@ -40,13 +40,8 @@ from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from common.clock import Clock
-from controlplane.event.models import RoutingTier
-from cutover.driver import (
-    DriverRejected,
-    DriverUnavailable,
-    MeshState,
-    MeshTarget,
-)
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import DriverRejected, DriverUnavailable, MeshState, MeshTarget
 from cutover.drivers.polling import PollingDriver, retry_unavailable
 
 GROUP = "networking.istio.io"

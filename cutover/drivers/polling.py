@@ -2,7 +2,7 @@
 
 A driver (cutover/drivers/*.py) implements `observe(target) -> (state,
 evidence)` — one read of the real system — and `_write(desired)`;
-`PollingDriver` turns them into the `cutover.driver.TierDriver` interface:
+`PollingDriver` turns them into the `cutover.drivers.base.TierDriver` interface:
 `verify` polls until the system shows the expected state or the timeout
 passes (raising `VerificationFailed` with the last observation), and
 reports the time to effect from this driver's last `apply` of that target.
@@ -18,8 +18,8 @@ from typing import ClassVar, Generic
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from common.clock import Clock, SystemClock
-from controlplane.event.models import RoutingTier
-from cutover.driver import (
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import (
     AnycastState,
     DnsState,
     DriverUnavailable,
@@ -69,6 +69,10 @@ class PollingDriver(Generic[S]):
         """How long clients may still hold the state `expected` replaced (DNS TTLs); None elsewhere."""
         return None
 
+    def internal_cache_ttl_s(self, expected: S) -> int | None:
+        """The same for the long-TTL internal record, where the target has one (DNS); None elsewhere."""
+        return None
+
     # -- the interface
     def read_state(self, target: Target) -> S:
         return self.observe(target)[0]
@@ -95,6 +99,7 @@ class PollingDriver(Generic[S]):
                     evidence=evidence, polls=polls, time_to_effect_s=max(0.0, now - origin),
                     measured_from=measured_from,
                     client_cache_ttl_s=self.client_cache_ttl_s(expected),
+                    internal_cache_ttl_s=self.internal_cache_ttl_s(expected),
                 )
                 if matched:
                     return verification

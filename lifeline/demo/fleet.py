@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from common import oneshot_http
 from lifeline.daemons import DaemonMissing, RedisNode
 from lifeline.demo import sessions
 from lifeline.processes import LEASE_TOKEN, ControlPlaneProcess, GatewayProcess, free_port, wait_for_http_ok
@@ -92,7 +93,7 @@ class PoolEngine:
 
     def faults(self, **faults: Any) -> dict[str, Any]:
         """Set the engine's injected faults (`--enable-fault-admin`, POST /admin/faults); the new fault set."""
-        response = httpx.post(f"{self.url}/admin/faults", json=faults, timeout=10)
+        response = oneshot_http.post(f"{self.url}/admin/faults", json=faults, timeout=10)
         response.raise_for_status()
         return response.json()
 
@@ -229,8 +230,8 @@ class DemoFleet:
                                                 *demand, "--json"))
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = httpx.request(method, f"{self.controlplane.url}/api/v1{path}", timeout=60,
-                                 headers={"Authorization": f"Bearer {self.operator_token}"}, **kwargs)
+        response = oneshot_http.request(method, f"{self.controlplane.url}/api/v1{path}", timeout=60,
+                                        headers={"Authorization": f"Bearer {self.operator_token}"}, **kwargs)
         if response.is_error:
             raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:500]}")
         return response
@@ -422,7 +423,7 @@ def r_serving(region: Region) -> int:
 
 def _routable(gateway: GatewayProcess) -> int:
     try:
-        return int(httpx.get(f"{gateway.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
+        return int(oneshot_http.get(f"{gateway.url}/healthz/ready", timeout=1.0).json().get("routable_endpoints", {})
                    .get(MODEL, 0))
     except (httpx.HTTPError, ValueError):
         return 0

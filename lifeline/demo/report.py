@@ -25,11 +25,16 @@ def row_cells(row: Row) -> list[str]:
             count(row.requests_lost), ", ".join(row.tiers) or "—", "yes" if row.ok else "NO"]
 
 
+def plain_table(rows: list[Row]) -> str:
+    """The summary as a Markdown table, one line per row: what the demo prints when its output is not a terminal
+    (a file, a pipe, CI), where a boxed table is cut to 80 columns and every cell wraps."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row_cells(row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def markdown(rows: list[Row], *, header: list[str]) -> str:
-    lines = ["# Lifeline demo report", "", *header, "", "| " + " | ".join(COLUMNS) + " |",
-             "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(row)) + " |")
+    lines = ["# Lifeline demo report", "", *header, "", plain_table(rows)]
     lines += ["", "## What each scenario showed", ""]
     lines += [f"- **{row.scenario}**: {_plain(row.line)}" for row in rows]
     notes = [f"- {row.note}" for row in rows if row.note]

@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from controlplane.event.dataplane import is_wrong_output_verdict
 from lifeline.demo.fleet import MODEL, STEP_STALL_BOUND_S, DemoFleet
 from lifeline.demo.scenarios import (
     EVENT_FLUSH_S,
@@ -172,8 +173,7 @@ def bad_canary(ctx: Context, deployment: CanaryDeployment) -> Row:
     ended = time.monotonic()
 
     def verdict_seen() -> list[dict[str, Any]] | None:
-        found = [e for e in events_since(fleet, first) if e["kind"].endswith("probe.verdict")
-                 and engine.instance_id in str(e) and (e.get("after") or {}).get("verdict") == "wrong_output"]
+        found = [e for e in events_since(fleet, first) if is_wrong_output_verdict(e, engine.instance_id)]
         return found or None
 
     try:

@@ -21,6 +21,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from common import oneshot_http
 from controlplane.drill.measure import RTO_LATENCY_WINDOW_S, since_fault
 from controlplane.event.dataplane import ACTOR_PREFIXES
 from lifeline.demo import report as report_files
@@ -65,7 +66,9 @@ VLLM_MAX_TOKENS = 512
 VLLM_SKIPPED = {
     "hang": "the decode-loop stall is a reference-engine fault hook (/admin/faults); stock vLLM has none",
     "corrupt": "in-memory weight corruption is a reference-engine fault hook; stock vLLM has none",
-    "drill": "the demo's instance drill injects `hang`, a reference-engine hook (drills on vLLM take kill and stop)",
+    "drill": "the demo's instance drill injects `hang`, a reference-engine hook; drills on vLLM take sigkill, "
+             "sigstop and bad_version, run on a fleet file (tests/e2e/vllm/test_drill_vllm.py), not on the demo's "
+             "pool, whose agent replaces a stopped vLLM by a third one this machine cannot hold",
     "zone": "needs capacity in a second zone to take over: the two vLLM servers this machine holds serve in one",
     "canary": "the bad version runs on a third vLLM server: more than this machine holds",
     "region": "needs a second region's vLLMs (more than this machine holds), and its session continues from a "
@@ -215,7 +218,10 @@ def run_demo(workdir: Path, *, max_tokens: int, kill_after: int, quick: bool, ou
                                "l7 only (" + ("a vLLM demo" if vllm else "--quick") + " starts no DNS or BGP daemons)")]
         written = report_files.write(workdir / "reports", rows=rows, header=header, events=all_events,
                                      traffic=flows, began=began, slo=slo)
-        console.print(_summary(rows))
+        if console.is_terminal:
+            console.print(_summary(rows))
+        else:
+            console.print(report_files.plain_table(rows), soft_wrap=True, markup=False)
         for row in rows:
             if row.note:
                 console.print(f"[yellow]seen[/]: {row.note}")
@@ -546,6 +552,6 @@ def region_loss(fleet: DemoFleet, lost: Region, standby: Region, tiers: RealTier
 
 def gateway_up(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz/live", timeout=1).status_code == 200
+        return oneshot_http.get(f"{url}/healthz/live", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False

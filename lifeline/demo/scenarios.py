@@ -25,6 +25,8 @@ from typing import Any, Self
 
 import httpx
 
+from common import oneshot_http
+from controlplane.event.dataplane import is_wrong_output_verdict
 from lifeline.demo.fleet import (
     CANARY_JITTER,
     CANARY_PER_INSTANCE_PER_S,
@@ -419,8 +421,7 @@ def corrupted_weights(ctx: Context) -> Row:
     layout = fleet.wait_pool(region)
 
     def judged() -> list[dict[str, Any]]:
-        return [e for e in events_since(fleet, first) if e["kind"].endswith("probe.verdict")
-                and victim.instance_id in str(e) and "wrong_output" in str(e)]
+        return [e for e in events_since(fleet, first) if is_wrong_output_verdict(e, victim.instance_id)]
 
     # The agent ships its events in batches, and on a loaded machine the batch with the verdict can land after
     # the pool is whole again: wait for it (bounded) before judging the row on the system's own record.
@@ -529,7 +530,7 @@ def _wait_live_503(engine: PoolEngine, *, timeout: float) -> tuple[float | None,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if (response := httpx.get(f"{engine.url}/healthz/live", timeout=2)).status_code == 503:
+            if (response := oneshot_http.get(f"{engine.url}/healthz/live", timeout=2)).status_code == 503:
                 return time.monotonic(), response
         except httpx.HTTPError:
             pass

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionStore
 from engine.settings import EngineSettings
@@ -111,7 +110,7 @@ def _messages(answers: list[str]) -> list[dict[str, str]]:
 def _turn(url: str, answers: list[str], headers: dict[str, str]) -> dict[str, Any]:
     body = {"model": "tiny", "messages": _messages(answers), "max_tokens": ANSWER_TOKENS, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    response = oneshot_http.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     if response.status_code != 200:
         raise RuntimeError(f"a session turn at {url}: {response.status_code} {response.text[:300]}")
     return response.json()

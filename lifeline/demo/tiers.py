@@ -3,7 +3,7 @@
 The daemons are `lifeline.daemons`' (the same helpers the cutover driver
 tests start), on spare loopback ports in the work dir. The served control
 plane drives them through `LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE`
-(cutover/driver_config.py), which this module writes. A daemon that is not
+(cutover/drivers_file.py), which this module writes. A daemon that is not
 installed is not installed here either: its tier is then *recorded only*
 (the control plane's cutover step changes nothing and says so), and
 `notes` says which ran for real and which did not, and why.
@@ -79,7 +79,7 @@ class GatewayHaproxy(DaemonProcess):
 
     def admin_state(self, server: str) -> str:
         """ready | drain | maint, as the runtime API shows it now."""
-        from cutover.driver import L7Target
+        from cutover.drivers.base import L7Target
         from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
 
         state, _ = HaproxyDriver(HaproxyRuntimeApi(self.socket_path)).observe(L7Target(backend=HAPROXY_BACKEND,
@@ -136,7 +136,8 @@ class RealTiers:
         except DaemonMissing as exc:
             self.haproxy = None
             self.notes["l7"] += f"; HAProxy recorded only: {_first_line(exc)}"
-        self.notes["mesh"] = "recorded only: no Istio here (Kubernetes is not run by the demo)"
+        self.notes["mesh"] = ("real: mesh routes in the control plane's snapshot, applied by each region's gateway; "
+                              "no Istio here (Kubernetes is not run by the demo)")
         path = self.workdir / "cutover-drivers.toml"
         path.write_text("\n".join(sections) + "\n")
         return path
@@ -191,8 +192,8 @@ class RealTiers:
 
     # -- anycast -----------------------------------------------------------------------------
     def _start_anycast(self) -> str:
-        from cutover.driver import AnycastState, AnycastTarget
         from cutover.drivers.anycast import AnycastDriver, ExaBgpApi
+        from cutover.drivers.base import AnycastState, AnycastTarget
 
         peers = {zone: BgpPeer(zone.replace("-", "_"), f"127.0.0.{i + 2}", 65002 + i)
                  for i, (_, zone) in enumerate(self.anycast_zones)}

@@ -30,7 +30,7 @@ while True:
     print("locked", flush=True)
     time.sleep(0.8)  # a slow write transaction, as a loaded API's can be
     db.execute("COMMIT")
-    time.sleep(0.01)
+    time.sleep(0.05)  # the gap between two writes, in which the pause takes the lock
 """
 
 
@@ -59,17 +59,12 @@ def test_the_api_is_paused_between_writes_and_the_database_stays_writable(tmp_pa
         assert writer.stdout is not None and writer.stdout.readline().strip() == "locked"  # mid-transaction now
         pause = QuiescedPause(Handle(writer.pid), sqlite_path(f"sqlite:///{database}"))
         assert pause.url == "http://127.0.0.1:1" and pause.pid == writer.pid  # the drill reads these through it
-        started = time.monotonic()
         pause.pause()
-        waited = time.monotonic() - started
-        assert 0.05 < waited < 5  # it waited for the writer's commit before stopping it
         assert _stopped(writer.pid)
-        other = sqlite3.connect(database, timeout=2, isolation_level=None)
-        began = time.monotonic()
-        other.execute("BEGIN IMMEDIATE")  # the stopped writer holds no write lock
+        other = sqlite3.connect(database, timeout=0, isolation_level=None)  # no busy wait: a held lock raises
+        other.execute("BEGIN IMMEDIATE")  # the writer was stopped after its commit: it holds no write lock
         other.execute("INSERT INTO t VALUES (0)")
         other.execute("COMMIT")
-        assert time.monotonic() - began < 1
         other.close()
         pause.resume()
         assert writer.stdout.readline().strip() == "locked"  # it carries on after SIGCONT

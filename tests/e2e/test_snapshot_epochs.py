@@ -32,6 +32,7 @@ import httpx
 import pytest
 
 from bench.snapshot_propagation import MODEL, SnapshotFleet, answer, wait_answer
+from common import oneshot_http
 from lifeline.processes import built_model
 
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
@@ -56,8 +57,8 @@ class SwitchingAddress:
                 if self.path.startswith("/api/v1/snapshot"):
                     address.seen_if_none_match.append((upstream, self.headers.get("If-None-Match")))
                 try:
-                    response = httpx.request(self.command, upstream + self.path, content=body, headers=headers,
-                                             timeout=10)
+                    response = oneshot_http.request(self.command, upstream + self.path, content=body, headers=headers,
+                                                    timeout=10)
                 except httpx.TransportError:
                     self.send_response(502)
                     self.send_header("Content-Length", "0")

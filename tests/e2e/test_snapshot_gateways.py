@@ -33,6 +33,7 @@ import httpx
 import pytest
 
 from bench.snapshot_propagation import MODEL, REGION, SnapshotFleet, answer, wait_answer
+from common import oneshot_http
 from lifeline.processes import built_model
 
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
@@ -53,8 +54,8 @@ class SnapshotRewritingProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 try:
-                    upstream = httpx.request(self.command, proxy.upstream + self.path, content=body, headers=headers,
-                                             timeout=10)
+                    upstream = oneshot_http.request(self.command, proxy.upstream + self.path, content=body, headers=headers,
+                                                    timeout=10)
                 except httpx.TransportError:
                     self.send_response(502)  # the control plane is down: the gateway sees no usable answer
                     self.send_header("Content-Length", "0")
@@ -244,7 +245,7 @@ def test_an_operators_ejection_removes_the_instance_at_both_gateways(fleet, refe
     try:
         for gateway in fleet.gateways:
             canary = f"{gateway.url}/v1/completions"
-            refused = _until(lambda canary=canary: (r := httpx.post(canary, json={  # type: ignore[misc]
+            refused = _until(lambda canary=canary: (r := oneshot_http.post(canary, json={  # type: ignore[misc]
                 "model": f"{MODEL}:canary", "prompt": "x", "max_tokens": 2}, timeout=10)).status_code == 503 and r,
                 what=f"{gateway.replica_id} stops routing to eng-1")
             assert refused.json()["error"]["type"] == "no_healthy_endpoint"  # type: ignore[union-attr]
@@ -263,8 +264,8 @@ def test_a_gateways_own_ejection_is_an_l7_event(fleet, reference):
     wait_answer(gateway.url, f"{MODEL}:canary", reference[SEED1])
     victim = next(e for e in fleet.engines if e.instance_id == "eng-1")
     victim.kill(signal.SIGKILL)  # its lease is still live for up to a TTL: the gateway finds out by connecting
-    httpx.post(f"{gateway.url}/v1/completions", json={"model": f"{MODEL}:canary", "prompt": "x", "max_tokens": 2},
-               timeout=30)
+    oneshot_http.post(f"{gateway.url}/v1/completions", json={"model": f"{MODEL}:canary", "prompt": "x", "max_tokens": 2},
+                      timeout=30)
     event = _until(lambda: next((e for e in _l7_events(fleet, "instance.suppressed")
                                  if e["scope"].endswith("instance:eng-1")), None),
                    what="the gateway's ejection of eng-1 reaches the control plane's event log")

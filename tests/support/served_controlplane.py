@@ -53,15 +53,16 @@ def serve_in_thread(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
 
 
 @contextmanager
-def served_controlplane(workdir: Path) -> Iterator[ControlPlane]:
-    """The control plane on a free port with a token per role, migrated to head; stopped on exit."""
+def served_controlplane(workdir: Path, **settings_: Any) -> Iterator[ControlPlane]:
+    """The control plane on a free port with a token per role, migrated to head; stopped on exit. `settings_` are
+    ControlPlaneSettings fields (an alert routes file, a drivers file)."""
     url = f"sqlite:///{workdir / 'controlplane.sqlite3'}"
     upgrade(url)
-    settings = ControlPlaneSettings(database_url=url, data_dir=workdir, artifact_roots=[workdir])
+    settings = ControlPlaneSettings(database_url=url, data_dir=workdir, artifact_roots=[workdir], **settings_)
     factory = build_session_factory(build_engine(url))
     tokens = {}
     with session_scope(factory) as session:
-        for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.GATEWAY):
+        for role in Role:
             _, tokens[role.value] = auth_service.create_token(session, name=f"test-{role.value}", role=role,
                                                               created_by="test", clock=SystemClock())
     app = create_app(settings)

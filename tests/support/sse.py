@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import httpx
 from httpx_sse import connect_sse
 
+from common import oneshot_http
+
 
 @dataclass
 class StreamResult:
@@ -62,4 +64,4 @@ def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_c
 
 
 def complete(base_url: str, body: dict, *, timeout: float = 60.0) -> httpx.Response:
-    return httpx.post(f"{base_url}/v1/completions", json={**body, "stream": False}, timeout=timeout)
+    return oneshot_http.post(f"{base_url}/v1/completions", json={**body, "stream": False}, timeout=timeout)

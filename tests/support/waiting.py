@@ -26,7 +26,7 @@ async def until(condition: Callable[[], Any | Awaitable[Any]], what: str, timeou
     raise AssertionError(f"never: {what}")
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.02) -> Any:
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.05) -> Any:
     """`until` for synchronous tests: poll `condition` until it returns something truthy; that value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

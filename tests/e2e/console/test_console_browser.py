@@ -36,6 +36,7 @@ import httpx
 import pytest
 import redis
 
+from common import oneshot_http
 from lifeline.processes import (
     LEASE_TOKEN,
     ControlPlaneProcess,
@@ -261,7 +262,7 @@ def completion(gateway: GatewayProcess) -> tuple[int, ...] | None:
     body = {"model": "tiny", "prompt": "The console promoted the alias, so the gateway", "max_tokens": 4,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     try:
-        response = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
+        response = oneshot_http.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
     except httpx.TransportError:
         return None
     return tuple(response.json()["choices"][0]["token_ids"]) if response.status_code == 200 else None

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from bench.snapshot_propagation import MODEL, PROMPT, REGION, SnapshotFleet, answer
+from common import oneshot_http
 from lifeline.processes import built_model
 
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
@@ -48,8 +48,8 @@ def reference(fleet: SnapshotFleet) -> dict[str, tuple[int, ...]]:
 def _ask(fleet: SnapshotFleet, model: str = MODEL, **headers: str) -> tuple[int, ...] | None:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
-    response = httpx.post(f"{fleet.gateways[0].url}/v1/completions", json=body, timeout=30,
-                          headers={k.replace("_", "-"): v for k, v in headers.items()})
+    response = oneshot_http.post(f"{fleet.gateways[0].url}/v1/completions", json=body, timeout=30,
+                                 headers={k.replace("_", "-"): v for k, v in headers.items()})
     return tuple(response.json()["choices"][0]["token_ids"]) if response.status_code == 200 else None
 
 

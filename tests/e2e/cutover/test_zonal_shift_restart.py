@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from common import oneshot_http
 from lifeline.processes import ControlPlaneProcess
 from tests.integration.cutover.conftest import AnycastLab, anycast_lab  # noqa: F401 - fixture
 
@@ -87,11 +87,11 @@ def test_zonal_shift_withdraws_at_bird_survives_sigkill_and_expires_in_the_resta
         ("POST", "/clusters", {"name": "c-a", "region": "eu", "zone": "zone-a", "model": "m"}),
         ("POST", "/clusters", {"name": "c-b", "region": "eu", "zone": "zone-b", "model": "m"}),
     ):
-        assert httpx.request(method, api + path, json=body, headers=headers, timeout=30).status_code == 201
+        assert oneshot_http.request(method, api + path, json=body, headers=headers, timeout=30).status_code == 201
     a_hop, b_hop = anycast_lab.targets["zone-a"].next_hop, anycast_lab.targets["zone-b"].next_hop
     assert [hop for hop, _ in _paths(anycast_lab)] == sorted([a_hop, b_hop])
 
-    started = httpx.post(f"{api}/zonal-shifts", headers=headers, timeout=60, json={
+    started = oneshot_http.post(f"{api}/zonal-shifts", headers=headers, timeout=60, json={
         "region": "eu", "zone": "zone-a", "expires_in": EXPIRES_IN_S, "reason": "zone-a packet loss"})
     assert started.status_code == 201, started.text
     shift = started.json()
@@ -116,11 +116,11 @@ def test_zonal_shift_withdraws_at_bird_survives_sigkill_and_expires_in_the_resta
     assert (ended["end_reason"], ended["ended_by"]) == ("expired", "controlplane:zonal-shift-expiry")
     assert sorted(hop for hop, _ in _paths(anycast_lab)) == sorted([a_hop, b_hop])
 
-    cutover = httpx.get(f"{api}/cutovers/{shift['cutover_id']}", headers=headers, timeout=30).json()
+    cutover = oneshot_http.get(f"{api}/cutovers/{shift['cutover_id']}", headers=headers, timeout=30).json()
     assert cutover["state"] == "rolled_back"
     assert [(s["tier"], s["status"]) for s in cutover["steps"]] == [("l7", "reverted"), ("anycast", "reverted")]
-    events = httpx.get(f"{api}/events", params={"scope": "region:eu/zone:zone-a"}, headers=headers,
-                       timeout=30).json()
+    events = oneshot_http.get(f"{api}/events", params={"scope": "region:eu/zone:zone-a"}, headers=headers,
+                              timeout=30).json()
     kinds = [e["kind"] for e in events]
     assert kinds.count("zonal_shift.start") == 1 and kinds.count("zonal_shift.expired") == 1
     reverts = [e for e in events if e["kind"] == "cutover.rollback_step"]

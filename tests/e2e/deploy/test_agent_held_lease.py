@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.waiting import wait_for as until
@@ -62,7 +63,7 @@ class Stack:
 
     def routable(self) -> int:
         try:
-            body = httpx.get(f"{self.gateway.url}/healthz/ready", timeout=1.0).json()
+            body = oneshot_http.get(f"{self.gateway.url}/healthz/ready", timeout=1.0).json()
         except httpx.TransportError:
             return -1
         return body.get("routable_endpoints", {}).get("tiny", 0)
@@ -107,7 +108,7 @@ def test_engine_without_a_lease_client_is_routed_by_the_agents_lease_and_leaves_
     until(lambda: stack.agent_alive() and stack.leased() == {"vllm-standin"}, "the agent registers the engine's lease")
     stack.gateway.wait_routable("tiny", 1)
 
-    answer = httpx.post(f"{stack.gateway.url}/v1/completions", timeout=60, json={
+    answer = oneshot_http.post(f"{stack.gateway.url}/v1/completions", timeout=60, json={
         "model": "tiny", "prompt": "The agent holds this lease", "max_tokens": 4, "temperature": 0.0})
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"]
@@ -142,4 +143,4 @@ def test_engine_leaves_routing_within_the_ttl_when_the_agent_holding_its_lease_d
     assert LEASE_TTL_S - 2 * PROBE_INTERVAL_S <= unrouted_s <= LEASE_TTL_S + GATEWAY_REFRESH_S + 0.4, (
         f"gateway stopped routing {unrouted_s:.2f} s after the agent died")
     assert not stack.leased()
-    assert httpx.get(f"{engine.url}/healthz/ready", timeout=5).status_code == 200  # the engine itself is fine
+    assert oneshot_http.get(f"{engine.url}/healthz/ready", timeout=5).status_code == 200  # the engine itself is fine

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 from tests.support.served_controlplane import ControlPlane, served_controlplane
 
@@ -134,7 +134,7 @@ def fleet(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def faults(url: str) -> dict[str, Any]:
-    return httpx.get(url + "/admin/faults", timeout=5).json()
+    return oneshot_http.get(url + "/admin/faults", timeout=5).json()
 
 
 @dataclass

@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import pytest
 
 from common.clock import SystemClock
+from common import oneshot_http
 from controlplane.db import session_scope
 from controlplane.drill import service
 from controlplane.drill.runner import DrillRunner, HttpEventReader
@@ -57,13 +57,13 @@ def test_gateways_serve_on_the_last_good_snapshot_while_the_control_plane_is_sil
     assert report["routing_tiers_in_order"] == []  # nothing had to act: the data plane rode it out
     # The same process, running again (SIGCONT, not a restart) and answering.
     assert fleet_cp.process.pid == cp_pid and fleet_cp.process.poll() is None
-    assert httpx.get(f"{fleet_cp.url}/healthz/ready", timeout=5).status_code == 200
+    assert oneshot_http.get(f"{fleet_cp.url}/healthz/ready", timeout=5).status_code == 200
     with session_scope(controlplane.factory) as session:
         run = service.get_run_or_raise(session, run_id=run_id)
         assert (run.state, run.fault_target) == ("passed", "controlplane:local")
     # The fleet's own SLO document, from its catalog and this gateway's live report: one region, no standby.
-    slo = httpx.get(f"{fleet_cp.url}/api/v1/slo/tiny", timeout=10,
-                    headers={"Authorization": f"Bearer {snapshot_fleet.viewer_token}"}).json()
+    slo = oneshot_http.get(f"{fleet_cp.url}/api/v1/slo/tiny", timeout=10,
+                           headers={"Authorization": f"Bearer {snapshot_fleet.viewer_token}"}).json()
     weight = next(f for e in slo["triple"] for f in e["figures"] if f["metric"] == "rpo_weight_versions")
     assert weight["status"] == "unverified" and "there is no standby" in weight["why"], weight
 
@@ -102,7 +102,7 @@ def test_an_operator_abort_mid_outage_resumes_the_control_plane(controlplane, sn
     assert result.report["aborted"] == "aborted by an operator: customer escalation"
     assert result.report["measured"]["controlplane_down_s"] < 60  # cleared at the abort, not after 120 s
     assert _state(pid) != "T"
-    assert httpx.get(f"{snapshot_fleet.snap.cp_url}/healthz/ready", timeout=10).status_code == 200
+    assert oneshot_http.get(f"{snapshot_fleet.snap.cp_url}/healthz/ready", timeout=10).status_code == 200
 
 
 def test_a_control_plane_that_does_not_answer_before_the_drill_is_refused_untouched(

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from common.clock import SystemClock
+from common import oneshot_http
 from controlplane.db import session_scope
 from controlplane.drill import service
 from controlplane.drill.errors import OutsideBlastRadius
@@ -52,7 +53,7 @@ def runner(controlplane, fleet, tmp_path: Path) -> InstanceDrillRunner:
 
 
 def slo_figures(controlplane) -> dict[str, dict]:
-    response = httpx.get(f"{controlplane.url}/api/v1/slo/tiny", headers=controlplane.headers("viewer"), timeout=10)
+    response = oneshot_http.get(f"{controlplane.url}/api/v1/slo/tiny", headers=controlplane.headers("viewer"), timeout=10)
     assert response.status_code == 200, response.text
     return {f["metric"]: f for entry in response.json()["triple"] for f in entry["figures"]}
 
@@ -84,8 +85,8 @@ def test_slo_export_goes_from_unverified_to_measured_after_a_drill_run_through_t
         assert (after[metric]["status"], after[metric]["run_id"]) == ("measured", run["id"]), after[metric]
         assert after[metric]["measured"] == run["report"]["measured"][metric]
     assert after["rpo_context_tokens"]["status"] == "unverified"  # an instance drill does not measure it
-    markdown = httpx.get(f"{controlplane.url}/api/v1/slo/tiny", params={"format": "md"},
-                         headers=controlplane.headers("viewer"), timeout=10).text
+    markdown = oneshot_http.get(f"{controlplane.url}/api/v1/slo/tiny", params={"format": "md"},
+                                headers=controlplane.headers("viewer"), timeout=10).text
     assert f"(run {run['id']}, weekly-kill v1)" in markdown
 
 

@@ -47,6 +47,7 @@ import httpx
 import pytest
 
 from common.clock import SystemClock
+from common import oneshot_http
 from controlplane.app import create_app
 from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
@@ -61,7 +62,7 @@ from controlplane.drill.tiers import AnycastObserver, DnsObserver, HttpCutovers
 from controlplane.schema import upgrade
 from controlplane.topology import service as topology
 from controlplane.topology.schemas import ClusterCreate
-from cutover.driver import AnycastState, AnycastTarget
+from cutover.drivers.base import AnycastState, AnycastTarget
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
 from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker
 from controlplane.replication import service as replication_service
@@ -548,8 +549,8 @@ def test_region_drill_measures_rpo_context_of_multi_turn_sessions_resumed_at_the
     assert (verdict["target"], verdict["met"]) == (BLOCK - 1, True)
 
     # The SLO document shows RPO_context as verified by this run.
-    response = httpx.get(f"{lab.url}/api/v1/slo/tiny", headers={"Authorization": f"Bearer {lab.tokens['viewer']}"},
-                         timeout=10)
+    response = oneshot_http.get(f"{lab.url}/api/v1/slo/tiny", headers={"Authorization": f"Bearer {lab.tokens['viewer']}"},
+                                timeout=10)
     assert response.status_code == 200, response.text
     figure = next(f for e in response.json()["triple"] for f in e["figures"] if f["metric"] == "rpo_context_tokens")
     assert (figure["status"], figure["run_id"], figure["measured"]) == ("measured", run_id, worst), figure

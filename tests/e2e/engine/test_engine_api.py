@@ -7,9 +7,9 @@ import json
 import re
 import time
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from contract.sampling import Sampling, identify_request, sampling_from_answer
 from tests.support.sse import complete, stream_completion
 
@@ -68,7 +68,7 @@ def test_sixteen_concurrent_streams_match_their_solo_runs(engine) -> None:
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(stream_completion, engine.url, _body(prompt=p, max_tokens=20)) for p in prompts]
         # The event loop stays responsive while the decode loop is busy.
-        assert httpx.get(f"{engine.url}/healthz/live", timeout=5).status_code == 200
+        assert oneshot_http.get(f"{engine.url}/healthz/live", timeout=5).status_code == 200
         results = [f.result() for f in futures]
     assert all(r.done and len(r.token_ids) == 20 for r in results)
     assert [r.token_ids for r in results[:4]] == solo
@@ -77,12 +77,12 @@ def test_sixteen_concurrent_streams_match_their_solo_runs(engine) -> None:
 def test_chat_completion_applies_the_chat_template(engine) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Is the canary healthy?"}],
             "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
-    response = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=30).json()
+    response = oneshot_http.post(f"{engine.url}/v1/chat/completions", json=body, timeout=30).json()
     assert response["object"] == "chat.completion"
     assert response["choices"][0]["message"]["role"] == "assistant"
     assert len(response["choices"][0]["token_ids"]) == 8
     start_id = response["prompt_token_ids"][0]
-    models = httpx.get(f"{engine.url}/v1/models").json()
+    models = oneshot_http.get(f"{engine.url}/v1/models").json()
     assert models["data"][0]["id"] == MODEL
     plain = complete(engine.url, {"model": MODEL, "prompt": "<|im_start|>", "max_tokens": 1}).json()
     assert plain["usage"]["prompt_tokens"] == 1 and start_id == complete(
@@ -115,7 +115,7 @@ def test_stop_string_ends_the_stream_without_emitting_it(engine) -> None:
     ],
 )
 def test_bad_input_gets_openai_style_400_and_engine_keeps_serving(engine, body: dict, param: str) -> None:
-    response = httpx.post(f"{engine.url}/v1/completions", json=body, timeout=10)
+    response = oneshot_http.post(f"{engine.url}/v1/completions", json=body, timeout=10)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "BadRequestError" and error["code"] == 400
@@ -125,14 +125,14 @@ def test_bad_input_gets_openai_style_400_and_engine_keeps_serving(engine, body: 
 
 def test_malformed_json_gets_400(engine) -> None:
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
-        response = httpx.post(f"{engine.url}/v1/completions", content=raw,
-                              headers={"content-type": "application/json"}, timeout=10)
+        response = oneshot_http.post(f"{engine.url}/v1/completions", content=raw,
+                                     headers={"content-type": "application/json"}, timeout=10)
         assert response.status_code == 400
         assert response.json()["error"]["type"] == "BadRequestError"
 
 
 def _metric(engine, name: str, labels: str = "") -> float:
-    text = httpx.get(f"{engine.url}/metrics", timeout=5).text
+    text = oneshot_http.get(f"{engine.url}/metrics", timeout=5).text
     match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name}{labels} missing from /metrics"
     return float(match.group(1))
@@ -148,7 +148,7 @@ def test_metrics_count_tokens_and_requests(engine) -> None:
 
 
 def test_client_disconnect_stops_generation_within_a_step(engine) -> None:
-    aborted = _metric(engine, "lifeline_engine_requests_total", '{outcome="aborted"}') if "aborted" in httpx.get(f"{engine.url}/metrics").text else 0.0
+    aborted = _metric(engine, "lifeline_engine_requests_total", '{outcome="aborted"}') if "aborted" in oneshot_http.get(f"{engine.url}/metrics").text else 0.0
     partial = stream_completion(engine.url, _body(max_tokens=3000), max_chunks=3)
     assert len(partial.token_ids) == 3
     deadline = time.monotonic() + 10
@@ -180,23 +180,23 @@ def test_caller_request_id_gets_the_prefix_once(engine, path: str, caller_id: st
     if "chat" in path:
         body = {**{k: v for k, v in body.items() if k != "prompt"}, "messages": [{"role": "user", "content": "hi"}]}
     for stream in (False, True):
-        response = httpx.post(f"{engine.url}{path}", json={**body, "stream": stream},
-                              headers={"X-Request-Id": caller_id}, timeout=30)
+        response = oneshot_http.post(f"{engine.url}{path}", json={**body, "stream": stream},
+                                     headers={"X-Request-Id": caller_id}, timeout=30)
         first = response.json() if not stream else json.loads(response.text.split("data: ", 2)[1])
         assert first["id"] == expected
     assert f'"request_id": "{expected}"' in engine.logs()
 
 
 def test_bad_caller_request_id_is_refused(engine) -> None:
-    bad = httpx.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
-                     headers={"X-Request-Id": "two words"}, timeout=30)
+    bad = oneshot_http.post(f"{engine.url}/v1/completions", json=_body(max_tokens=2),
+                            headers={"X-Request-Id": "two words"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Request-Id"
 
 
 def test_the_engine_answers_the_sampler_question_as_lifelines_vllm_sampler_does(engine) -> None:
     """contract/sampling.py: the agent asks every engine before its first lease; this one is position-keyed."""
-    answer = httpx.post(f"{engine.url}/v1/completions", json=identify_request(MODEL), timeout=10)
+    answer = oneshot_http.post(f"{engine.url}/v1/completions", json=identify_request(MODEL), timeout=10)
     assert sampling_from_answer(answer.status_code, answer.text) is Sampling.POSITION_KEYED, answer.text
-    other = httpx.post(f"{engine.url}/v1/completions", timeout=10,
-                       json={**identify_request(MODEL), "vllm_xargs": {"unrelated": 1}})
+    other = oneshot_http.post(f"{engine.url}/v1/completions", timeout=10,
+                              json={**identify_request(MODEL), "vllm_xargs": {"unrelated": 1}})
     assert other.status_code == 200, other.text  # like vLLM, other extra arguments change nothing

@@ -11,6 +11,7 @@ import uuid
 import httpx
 from httpx_sse import connect_sse
 
+from common import oneshot_http
 from contract.identity import DRAINING_ERROR_TYPE
 from contract.lease import RedisLeaseReader
 from tests.support.sse import complete
@@ -63,7 +64,7 @@ def test_sigterm_steps_down_first_lets_short_requests_finish_and_ends_the_rest(e
         "--drain-unroute-wait", "0.5", "--drain-timeout", "3"])
     _wait_for(lambda: reader.list_instances("local"), "the lease")
     long_reference = complete(engine.url, {**BODY, "max_tokens": 60}).json()["choices"][0]["token_ids"]
-    httpx.post(f"{engine.url}/admin/faults", json={"token_delay_ms": 100}).raise_for_status()
+    oneshot_http.post(f"{engine.url}/admin/faults", json={"token_delay_ms": 100}).raise_for_status()
 
     long = StreamReader(engine.url, {**BODY, "max_tokens": 60})  # ~6 s: outlives the drain timeout
     short = StreamReader(engine.url, {**BODY, "max_tokens": 8})  # ~1 s: finishes inside it
@@ -72,7 +73,7 @@ def test_sigterm_steps_down_first_lets_short_requests_finish_and_ends_the_rest(e
         assert stream.first_token.wait(30)
     engine.process.send_signal(signal.SIGTERM)
 
-    ready = _wait_for(lambda: (r := httpx.get(f"{engine.url}/healthz/ready", timeout=5)).status_code == 503 and r,
+    ready = _wait_for(lambda: (r := oneshot_http.get(f"{engine.url}/healthz/ready", timeout=5)).status_code == 503 and r,
                       "not ready")
     assert ready.json()["engine_status"] == "draining"
     _wait_for(lambda: not reader.list_instances("local"), "the lease to be released")

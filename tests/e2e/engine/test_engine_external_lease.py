@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import threading
 
-import httpx
-
+from common import oneshot_http
 from lifeline.processes import LEASE_TOKEN, GatewayProcess, free_port, gateway_config
 from tests.support.sse import stream_completion
 
@@ -37,7 +36,7 @@ class ExternalHolder:
         self._renewer.start()
 
     def register(self) -> int:
-        response = httpx.post(f"{self.gateway_url}/lifeline/v1/leases", json=self.registration, headers=AUTH, timeout=5)
+        response = oneshot_http.post(f"{self.gateway_url}/lifeline/v1/leases", json=self.registration, headers=AUTH, timeout=5)
         response.raise_for_status()
         with self._lock:
             self.generation = int(response.json()["generation"])
@@ -46,16 +45,16 @@ class ExternalHolder:
     def release(self) -> None:
         with self._lock:
             generation, self.generation = self.generation, None
-        httpx.delete(f"{self.gateway_url}/lifeline/v1/leases/{self.registration['instance_id']}",
-                     params={"generation": generation}, headers=AUTH, timeout=5).raise_for_status()
+        oneshot_http.delete(f"{self.gateway_url}/lifeline/v1/leases/{self.registration['instance_id']}",
+                            params={"generation": generation}, headers=AUTH, timeout=5).raise_for_status()
 
     def _renew_until_stopped(self) -> None:
         while not self._stop.wait(0.4):
             with self._lock:
                 generation = self.generation
                 if generation is not None:
-                    httpx.put(f"{self.gateway_url}/lifeline/v1/leases/{self.registration['instance_id']}",
-                              json={"generation": generation}, headers=AUTH, timeout=5)
+                    oneshot_http.put(f"{self.gateway_url}/lifeline/v1/leases/{self.registration['instance_id']}",
+                                     json={"generation": generation}, headers=AUTH, timeout=5)
 
     def close(self) -> None:
         self._stop.set()
@@ -65,9 +64,9 @@ class ExternalHolder:
 def test_leaseless_engine_is_served_under_every_generation_its_holder_registers(engine_factory, tiny_model,
                                                                                   tmp_path) -> None:
     engine = engine_factory("leased-by-agent", extra_args=["--region", "local"])
-    expected = httpx.post(f"{engine.url}/v1/completions", json={**BODY, "model": tiny_model.name},
-                          timeout=60).json()["choices"][0]["token_ids"]
-    assert httpx.get(f"{engine.url}/healthz/generation").json()["generation"] == 1  # its boot counter
+    expected = oneshot_http.post(f"{engine.url}/v1/completions", json={**BODY, "model": tiny_model.name},
+                                 timeout=60).json()["choices"][0]["token_ids"]
+    assert oneshot_http.get(f"{engine.url}/healthz/generation").json()["generation"] == 1  # its boot counter
     gateway = GatewayProcess(gateway_config(tiny_model, registry={"state_dir": str(tmp_path / "gw-state")}),
                              free_port(), tmp_path / "gw")
     gateway.start()

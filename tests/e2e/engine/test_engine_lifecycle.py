@@ -12,6 +12,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from common import oneshot_http
 from contract.identity import EngineIdentity, weights_digest
 from tests.support.sse import complete, stream_completion
 
@@ -21,7 +22,7 @@ BODY = {"model": "tiny-seed0", "prompt": "Cut over the primary region", "max_tok
 
 def _status(url: str, path: str) -> int | None:
     try:
-        return httpx.get(f"{url}{path}", timeout=2).status_code
+        return oneshot_http.get(f"{url}{path}", timeout=2).status_code
     except httpx.TransportError:
         return None
 
@@ -35,7 +36,7 @@ def _catalog_digest(model_dir) -> str:
 
 def test_sigkill_and_restart_bumps_boot_generation(engine_factory) -> None:
     engine = engine_factory("gen-engine")
-    first = httpx.get(f"{engine.url}/healthz/generation").json()
+    first = oneshot_http.get(f"{engine.url}/healthz/generation").json()
     assert first["instance_id"] == "gen-engine" and first["generation"] == 1
     assert EngineIdentity.model_validate(first).weights_digest == _catalog_digest(engine.model)
     response = complete(engine.url, BODY)
@@ -46,7 +47,7 @@ def test_sigkill_and_restart_bumps_boot_generation(engine_factory) -> None:
     assert _status(engine.url, "/healthz/live") is None
     engine.start()
     engine.wait_ready()
-    second = httpx.get(f"{engine.url}/healthz/generation").json()
+    second = oneshot_http.get(f"{engine.url}/healthz/generation").json()
     assert second["generation"] == 2
     assert second["weights_digest"] == first["weights_digest"]
     assert complete(engine.url, BODY).json()["choices"][0]["token_ids"] == response.json()["choices"][0]["token_ids"]
@@ -90,7 +91,7 @@ def test_hang_keeps_the_socket_open_and_health_green(engine_factory) -> None:
     assert engine.process.poll() is None
     assert _status(engine.url, "/healthz/ready") == 200
     assert _status(engine.url, "/healthz/live") == 200  # one stream stopped sending; the decode loop still steps
-    metrics = httpx.get(f"{engine.url}/metrics").text
+    metrics = oneshot_http.get(f"{engine.url}/metrics").text
     assert 'lifeline_engine_faults_injected_total{fault="hang"}' in metrics
 
 
@@ -103,16 +104,16 @@ def test_fail_next_requests_then_recover(engine_factory) -> None:
 def test_corrupted_weights_change_output_while_health_stays_green(engine_factory) -> None:
     engine = engine_factory("corrupt-engine", extra_args=["--enable-fault-admin"])
     healthy = complete(engine.url, BODY).json()["choices"][0]["token_ids"]
-    httpx.post(f"{engine.url}/admin/faults", json={"corrupt_weights": True}).raise_for_status()
+    oneshot_http.post(f"{engine.url}/admin/faults", json={"corrupt_weights": True}).raise_for_status()
     corrupted = complete(engine.url, BODY).json()["choices"][0]["token_ids"]
     assert corrupted != healthy
     assert _status(engine.url, "/healthz/ready") == 200
-    assert 'lifeline_engine_faults_injected_total{fault="corrupt_weights"} 1.0' in httpx.get(f"{engine.url}/metrics").text
+    assert 'lifeline_engine_faults_injected_total{fault="corrupt_weights"} 1.0' in oneshot_http.get(f"{engine.url}/metrics").text
 
 
 def test_token_delay_slows_one_stream_not_the_server(engine_factory) -> None:
     engine = engine_factory("delay-engine", extra_args=["--enable-fault-admin"])
-    httpx.post(f"{engine.url}/admin/faults", json={"token_delay_ms": 200}).raise_for_status()
+    oneshot_http.post(f"{engine.url}/admin/faults", json={"token_delay_ms": 200}).raise_for_status()
     chunks: list[dict] = []
     worker = threading.Thread(target=lambda: chunks.extend(stream_completion(engine.url, {**BODY, "max_tokens": 10}).chunks))
     worker.start()
@@ -120,14 +121,14 @@ def test_token_delay_slows_one_stream_not_the_server(engine_factory) -> None:
     assert _status(engine.url, "/healthz/ready") == 200  # answered mid-stream
     worker.join(timeout=30)
     assert len(chunks) == 10
-    faults = httpx.get(f"{engine.url}/admin/faults").json()
+    faults = oneshot_http.get(f"{engine.url}/admin/faults").json()
     assert faults["token_delay_ms"] == 200
 
 
 def test_fault_admin_is_off_unless_enabled_and_rejects_bad_input(engine_factory) -> None:
     plain = engine_factory("no-admin")
-    assert httpx.post(f"{plain.url}/admin/faults", json={"exit_after_tokens": 0}).status_code == 404
+    assert oneshot_http.post(f"{plain.url}/admin/faults", json={"exit_after_tokens": 0}).status_code == 404
     admin = engine_factory("admin", extra_args=["--enable-fault-admin"])
-    bad = httpx.post(f"{admin.url}/admin/faults", json={"token_delay_ms": -5})
+    bad = oneshot_http.post(f"{admin.url}/admin/faults", json={"token_delay_ms": -5})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "token_delay_ms"
-    assert httpx.get(f"{admin.url}/admin/faults").json()["token_delay_ms"] == 0
+    assert oneshot_http.get(f"{admin.url}/admin/faults").json()["token_delay_ms"] == 0

@@ -7,6 +7,7 @@ import time
 
 import httpx
 
+from common import oneshot_http
 from tests.support.sse import StreamResult, complete, stream_completion
 
 BOUND_S = 1.0
@@ -15,7 +16,7 @@ BODY = {"model": "tiny-seed0", "prompt": "Cut over the primary region", "max_tok
 
 
 def _live(url: str) -> httpx.Response:
-    return httpx.get(f"{url}/healthz/live", timeout=5)
+    return oneshot_http.get(f"{url}/healthz/live", timeout=5)
 
 
 def _wait_for_live_status(url: str, status: int, seen: list[int]) -> httpx.Response:
@@ -45,11 +46,11 @@ def test_stalled_decode_step_turns_liveness_off_then_on_when_it_resumes(engine_f
     stalled = _wait_for_live_status(engine.url, 503, seen)
     assert stalled.json()["error"]["type"] == "decode_loop_stalled"
     assert f"{BOUND_S:g} s bound" in stalled.json()["error"]["message"]
-    assert httpx.get(f"{engine.url}/healthz/ready").status_code == 200  # the process answers; it cannot generate
+    assert oneshot_http.get(f"{engine.url}/healthz/ready").status_code == 200  # the process answers; it cannot generate
     assert streamer.is_alive() and not results  # the stream is stuck with the loop
-    assert 'lifeline_engine_faults_injected_total{fault="stall_step"} 1.0' in httpx.get(f"{engine.url}/metrics").text
+    assert 'lifeline_engine_faults_injected_total{fault="stall_step"} 1.0' in oneshot_http.get(f"{engine.url}/metrics").text
 
-    httpx.post(f"{engine.url}/admin/faults", json={}).raise_for_status()  # the step finishes
+    oneshot_http.post(f"{engine.url}/admin/faults", json={}).raise_for_status()  # the step finishes
     resumed = _wait_for_live_status(engine.url, 200, seen)
     assert resumed.json()["status"] == "live"
     streamer.join(timeout=60)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-import httpx
+from common import oneshot_http
 from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape_metric
 from tests.support.sse import StreamResult, stream_completion
 from tests.support.waiting import wait_for
@@ -57,7 +57,7 @@ class Fill:
 def test_a_full_queue_refuses_at_once_with_retry_after_and_the_requests_it_took_finish_whole(engine_factory) -> None:
     url = engine_factory("full", extra_args=FULL).url
     streams = Fill(url)
-    refused = httpx.post(f"{url}/v1/completions", json=BODY, timeout=10)
+    refused = oneshot_http.post(f"{url}/v1/completions", json=BODY, timeout=10)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "engine_overloaded"
@@ -86,11 +86,11 @@ def test_behind_the_gateway_a_full_engine_sends_the_client_elsewhere_or_a_429(en
         assert streams.finished_whole()
 
         free.kill()  # now the full engine is the only one
-        wait_for(lambda: httpx.get(f"{gateway.url}/healthz/ready", timeout=5).json()["routable_endpoints"]["tiny"]
+        wait_for(lambda: oneshot_http.get(f"{gateway.url}/healthz/ready", timeout=5).json()["routable_endpoints"]["tiny"]
                  == 1, "only the full engine routable")
         streams = Fill(full.url)
-        refused = httpx.post(f"{gateway.url}/v1/completions", json={**BODY, "model": "tiny", "stream": True},
-                             headers=pinned, timeout=30)
+        refused = oneshot_http.post(f"{gateway.url}/v1/completions", json={**BODY, "model": "tiny", "stream": True},
+                                    headers=pinned, timeout=30)
         assert refused.status_code == 429, refused.text
         assert refused.json()["error"]["type"] == "overloaded" and float(refused.headers["retry-after"]) >= 1
         assert streams.finished_whole()

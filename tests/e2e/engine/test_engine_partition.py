@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from tests.support.sse import complete
 
@@ -103,7 +103,7 @@ def _wait_for(predicate, what: str, timeout: float = 30.0):  # noqa: ANN001, ANN
 
 
 def _ready(url: str) -> dict:
-    response = httpx.get(f"{url}/healthz/ready", timeout=5)
+    response = oneshot_http.get(f"{url}/healthz/ready", timeout=5)
     return {"code": response.status_code, **response.json()}
 
 
@@ -121,7 +121,7 @@ def test_partitioned_engine_refuses_requests_then_returns_under_a_new_generation
     registry_seen = _ready(engine.url)["lease_registry"]
     assert (registry_seen["mode"], registry_seen["role"], registry_seen["address"]) == (
         "single", "master", f"127.0.0.1:{proxy.port}")
-    assert httpx.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"] == first
+    assert oneshot_http.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"] == first
     reference = complete(engine.url, BODY).json()["choices"][0]["token_ids"]
 
     proxy.sever()
@@ -134,13 +134,13 @@ def test_partitioned_engine_refuses_requests_then_returns_under_a_new_generation
     assert refused.status_code == 503
     assert refused.json()["error"]["type"] == "ServiceUnavailableError"
     assert refused.headers["Retry-After"] == "1"
-    assert httpx.get(f"{engine.url}/healthz/live", timeout=5).status_code == 200
+    assert oneshot_http.get(f"{engine.url}/healthz/live", timeout=5).status_code == 200
 
     proxy.restore()
     _wait_for(lambda: _ready(engine.url)["code"] == 200, "the engine to be ready again")
     second = _wait_for(live_generation, "a new registration")
     assert second > first
-    identity = httpx.get(f"{engine.url}/healthz/generation", timeout=5).json()
+    identity = oneshot_http.get(f"{engine.url}/healthz/generation", timeout=5).json()
     assert identity["generation"] == second and identity["boot_generation"] == 1
     again = complete(engine.url, BODY)
     assert again.headers["X-Lifeline-Generation"] == str(second)

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from common import oneshot_http
 from lifeline.processes import built_model, free_port
 from lifeline.processes import EngineProcess
 from lifeline.processes import GatewayProcess
@@ -138,6 +139,6 @@ def resume(url: str, request_id: str, last_event_id: int | None, *, timeout: flo
 def direct_tokens(engine_url: str, model: Path, body: dict) -> list[int]:
     """The unfaulted run, straight from an engine."""
     payload = {**body, "model": model.name, "stream": False, "return_token_ids": True}
-    response = httpx.post(f"{engine_url}/v1/completions", json=payload, timeout=120)
+    response = oneshot_http.post(f"{engine_url}/v1/completions", json=payload, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]["token_ids"]

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from common import oneshot_http
 from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, stream
 
@@ -126,7 +127,7 @@ def test_one_transient_500_per_engine_does_not_empty_the_fleet(cluster_factory):
     expected = direct_tokens(c.engines[0].url, c.model, {**GREEDY, "max_tokens": 8})  # its one 500 is spent
     for result in results:
         assert result.error is None and result.token_ids == expected
-    ready = httpx.get(f"{c.gateway.url}/healthz/ready", timeout=5).json()
+    ready = oneshot_http.get(f"{c.gateway.url}/healthz/ready", timeout=5).json()
     assert ready["routable_endpoints"]["tiny"] == 2
 
 
@@ -150,7 +151,7 @@ def test_delete_ends_an_attached_client_with_a_typed_event(cluster):
             events.append((sse.id, sse.event, sse.data))
             if len(events) == 3:
                 rid = json.loads(events[0][2])["lifeline"]["request_id"]
-                assert httpx.delete(f"{cluster.gateway.url}/v1/streams/{rid}", timeout=10).json()["cancelled"]
+                assert oneshot_http.delete(f"{cluster.gateway.url}/v1/streams/{rid}", timeout=10).json()["cancelled"]
     assert events[-1][1] == "error"
     assert json.loads(events[-1][2])["error"]["type"] == "cancelled"
     assert [int(e[0]) for e in events] == list(range(len(events)))
@@ -195,13 +196,13 @@ def test_a_huge_prompt_does_not_stall_streams_or_lease_renewals(cluster, expecte
     streamer = threading.Thread(target=stream_meanwhile)
     streamer.start()
     huge = {"model": "tiny", "prompt": "the standby region takes over " * 120_000, "max_tokens": 4}
-    response = httpx.post(f"{cluster.gateway.url}/v1/completions", json=huge, timeout=120)
+    response = oneshot_http.post(f"{cluster.gateway.url}/v1/completions", json=huge, timeout=120)
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"  # over the context
     streamer.join(timeout=120)
     result = outcome["result"]
     assert result.error is None and result.token_ids == expected["greedy"]
     assert set(result.epochs) == {0}  # never migrated: no stall
     assert cluster.gateway.leases()["steady"] == generation  # renewals kept going
-    too_big = httpx.post(f"{cluster.gateway.url}/v1/completions", content=b"x" * (10 * 1024 * 1024),
-                         headers={"content-type": "application/json"}, timeout=60)
+    too_big = oneshot_http.post(f"{cluster.gateway.url}/v1/completions", content=b"x" * (10 * 1024 * 1024),
+                                headers={"content-type": "application/json"}, timeout=60)
     assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "request_too_large"

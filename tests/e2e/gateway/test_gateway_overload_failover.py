@@ -15,6 +15,7 @@ import pytest
 import redis
 from httpx_sse import connect_sse
 
+from common import oneshot_http
 from lifeline.processes import gateway_config, scrape_metric
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, resume, stream
 from tests.support.waiting import wait_for
@@ -33,7 +34,7 @@ def test_burst_of_ten_times_capacity_gets_429_without_retry_amplification(cluste
     engine_before = _engine_requests(c.engines[0].url)
 
     def one(_: int) -> httpx.Response:
-        return httpx.post(f"{gw.url}/v1/completions", json=BODY, timeout=60)
+        return oneshot_http.post(f"{gw.url}/v1/completions", json=BODY, timeout=60)
 
     with ThreadPoolExecutor(max_workers=10 * capacity) as pool:
         responses = list(pool.map(one, range(10 * capacity)))
@@ -98,9 +99,9 @@ def test_gateway_replica_killed_mid_stream_client_resumes_on_another(cluster_fac
 def test_resume_of_unknown_stream_is_404(cluster_factory):
     c = cluster_factory()
     gw = c.start_gateway(gateway_config(c.model))
-    response = httpx.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "3"})
+    response = oneshot_http.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "3"})
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
-    bad = httpx.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "x"})
+    bad = oneshot_http.get(f"{gw.url}/v1/streams/cmpl-nope", headers={"Last-Event-ID": "x"})
     # the cursor is checked before the stream is looked up: a garbage one is the client's error, named
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
 

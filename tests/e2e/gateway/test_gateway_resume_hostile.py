@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
 import pytest
 import redis
 
+from common import oneshot_http
 from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import resume, stream
 
@@ -43,7 +43,7 @@ def test_garbage_resume_cursors_are_a_400_and_leave_the_stream_resumable(cluster
 
     first = stream(url, BODY, stop_after=3)  # then hang up: the stream is detached, resumable
     for cursor in ("-5", "99999999999999999999", "18446744073709551615", "1_0"):
-        response = httpx.get(f"{url}/v1/streams/{first.request_id}", headers={"Last-Event-ID": cursor}, timeout=60)
+        response = oneshot_http.get(f"{url}/v1/streams/{first.request_id}", headers={"Last-Event-ID": cursor}, timeout=60)
         assert response.status_code == 400, (cursor, response.text)
         assert response.json()["error"]["param"] == "Last-Event-ID"
     rest = resume(url, first.request_id, first.seqs[-1])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import signal
 import time
 
-import httpx
 import openai
 import pytest
 
+from common import oneshot_http
 from tests.e2e.gateway.conftest import direct_tokens, resume, stream
 from lifeline.processes import LEASE_TOKEN, gateway_config, scrape_metric
 
@@ -43,19 +43,19 @@ def test_restarted_engine_gets_new_generation_and_old_one_is_rejected(cluster, e
     a.start()
     a.wait_ready()
     new = gw.wait_generation_above("eng-a", old)
-    assert httpx.get(f"{a.url}/healthz/generation").json()["generation"] == new
+    assert oneshot_http.get(f"{a.url}/healthz/generation").json()["generation"] == new
     # A renewal carrying the old generation (a late message from the dead process) is refused.
-    late = httpx.put(f"{gw.url}/lifeline/v1/leases/eng-a", json={"generation": old}, headers={"Authorization": f"Bearer {LEASE_TOKEN}"})
+    late = oneshot_http.put(f"{gw.url}/lifeline/v1/leases/eng-a", json={"generation": old}, headers={"Authorization": f"Bearer {LEASE_TOKEN}"})
     assert late.status_code == 409 and late.json()["error"]["type"] == "stale_generation"
     # The new generation is routed to.
     result = stream(gw.url, BODY, {"X-Lifeline-Prefer-Instance": "eng-a"})
     assert result.token_ids == expected and result.epochs[-1] == 0
-    assert httpx.get(f"{a.url}/v1/models").headers["x-lifeline-generation"] == str(new)
+    assert oneshot_http.get(f"{a.url}/v1/models").headers["x-lifeline-generation"] == str(new)
 
 
 def test_lease_endpoint_requires_the_token(cluster):
     gw = cluster.gateway
-    response = httpx.post(f"{gw.url}/lifeline/v1/leases", json={"instance_id": "x", "url": "http://127.0.0.1:1", "version": cluster.model.name})
+    response = oneshot_http.post(f"{gw.url}/lifeline/v1/leases", json={"instance_id": "x", "url": "http://127.0.0.1:1", "version": cluster.model.name})
     assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
     assert "x" not in gw.leases()
 
@@ -95,8 +95,8 @@ def test_client_disconnect_stops_engine_generation(cluster):
 
 def test_openai_client_works_unchanged(cluster, expected):
     client = openai.OpenAI(base_url=f"{cluster.gateway.url}/v1", api_key="unused", max_retries=0)
-    text = httpx.post(f"{cluster.engines[0].url}/v1/completions",
-                      json={**BODY, "model": cluster.model.name}, timeout=60).json()["choices"][0]["text"]
+    text = oneshot_http.post(f"{cluster.engines[0].url}/v1/completions",
+                             json={**BODY, "model": cluster.model.name}, timeout=60).json()["choices"][0]["text"]
     kwargs = {"model": "tiny", "prompt": BODY["prompt"], "max_tokens": 32, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
     completion = client.completions.create(**kwargs)
     assert completion.choices[0].text == text and completion.usage.completion_tokens == 32
@@ -125,7 +125,7 @@ def test_all_engines_dead_ends_with_typed_error(cluster_factory):
     assert result.error["type"] == "no_healthy_endpoint"  # not deadline_exceeded: it ended well before
     assert result.seqs == list(range(len(result.seqs)))
     # New requests are refused up front with 503 and Retry-After while nothing is routable.
-    refused = httpx.post(f"{c.gateway.url}/v1/completions", json=BODY, timeout=30)
+    refused = oneshot_http.post(f"{c.gateway.url}/v1/completions", json=BODY, timeout=30)
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "no_healthy_endpoint"
     assert "retry-after" in refused.headers
 

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from contract.standby import StandbyPrime
 from engine.standby import StandbyEngine
 from holder.process import HolderProcess
@@ -104,7 +104,7 @@ def fleet_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 def completion_tokens(engine_url: str, prompt: str | list[int], max_tokens: int, **extra: Any) -> list[int]:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True, **extra}
-    response = httpx.post(f"{engine_url}/v1/completions", json=body, timeout=120)
+    response = oneshot_http.post(f"{engine_url}/v1/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]["token_ids"]
 
@@ -114,7 +114,7 @@ def kill_mid_stream(engine: EngineProcess, prompt: str, max_tokens: int, *, afte
     committed: list[int] = []
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "return_token_ids": True}
-    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
+    with oneshot_http.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
@@ -126,13 +126,13 @@ def kill_mid_stream(engine: EngineProcess, prompt: str, max_tokens: int, *, afte
 
 def prompt_ids(engine_url: str, prompt: str) -> list[int]:
     body = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
-    response = httpx.post(f"{engine_url}/v1/completions", json=body, timeout=120)
+    response = oneshot_http.post(f"{engine_url}/v1/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]["prompt_token_ids"]
 
 
 def weights_origin(engine: EngineProcess) -> dict[str, Any]:
-    return httpx.get(f"{engine.url}/healthz/weights", timeout=5).json()
+    return oneshot_http.get(f"{engine.url}/healthz/weights", timeout=5).json()
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:

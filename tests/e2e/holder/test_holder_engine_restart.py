@@ -13,8 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 
-import httpx
-
+from common import oneshot_http
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
 from tests.e2e.holder.conftest import (
@@ -37,7 +36,7 @@ def test_engine_killed_mid_stream_reattaches_and_continues_token_identically(fle
     assert (first["source"], first["region_id"], first["takeover"]) == ("holder", 1, False)
     expected = completion_tokens(engine.url, PROMPT, MAX_TOKENS)
     ids = prompt_ids(engine.url, PROMPT)
-    generation = httpx.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"]
+    generation = oneshot_http.get(f"{engine.url}/healthz/generation", timeout=5).json()["generation"]
 
     # Mid-stream: read 9 tokens of a streamed request, then SIGKILL the engine.
     committed = kill_mid_stream(engine, PROMPT, MAX_TOKENS, after=9)
@@ -51,7 +50,7 @@ def test_engine_killed_mid_stream_reattaches_and_continues_token_identically(fle
     restarted = fleet.start_engine("engine-a", ["--holder", holder.url])
     origin = weights_origin(restarted)
     assert (origin["source"], origin["region_id"], origin["takeover"]) == ("holder", 1, True)
-    assert httpx.get(f"{restarted.url}/healthz/generation", timeout=5).json()["generation"] == generation + 1
+    assert oneshot_http.get(f"{restarted.url}/healthz/generation", timeout=5).json()["generation"] == generation + 1
     tenant = holder.tenant("engine-a")
     assert (tenant["generation"], tenant["state"], tenant["frozen"], tenant["takeovers"]) == \
         (generation + 1, "attached", False, 1)
@@ -62,7 +61,7 @@ def test_engine_killed_mid_stream_reattaches_and_continues_token_identically(fle
 
 
 def _set_faults(url: str, **faults: int) -> dict:
-    response = httpx.post(f"{url}/admin/faults", json=faults, timeout=5)
+    response = oneshot_http.post(f"{url}/admin/faults", json=faults, timeout=5)
     response.raise_for_status()
     return response.json()
 
@@ -84,7 +83,7 @@ def test_stream_behind_a_gateway_continues_on_the_restarted_engine(fleet_factory
         greedy = {"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
                   "return_token_ids": True}
         expected = direct_tokens(survivor.url, fleet.model, greedy)
-        sent = httpx.get(f"{survivor.url}/admin/faults", timeout=5).json()["tokens_sent"]
+        sent = oneshot_http.get(f"{survivor.url}/admin/faults", timeout=5).json()["tokens_sent"]
         _set_faults(survivor.url, hang_after_tokens=sent + 6)
         victim_generation = gateway.leases()["victim"]
 
@@ -100,7 +99,7 @@ def test_stream_behind_a_gateway_continues_on_the_restarted_engine(fleet_factory
         thread.start()
         victim.process.wait(timeout=60)
         assert victim.process.returncode == 137  # the fault killed it after 5 tokens
-        wait_for(lambda: httpx.get(f"{survivor.url}/admin/faults", timeout=5).json()["tokens_sent"] == sent + 6,
+        wait_for(lambda: oneshot_http.get(f"{survivor.url}/admin/faults", timeout=5).json()["tokens_sent"] == sent + 6,
                  "the survivor to hang after 6 tokens")
 
         restarted = fleet.start_engine("victim", attached)

@@ -14,6 +14,7 @@ import threading
 
 import httpx
 
+from common import oneshot_http
 from lifeline.processes import scrape_metric
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, wait_for, weights_origin
 
@@ -98,7 +99,7 @@ def test_a_tenant_that_shuts_down_cleanly_releases_its_lease(fleet_factory):
     assert engine.process.returncode == 0
     tenant = holder.tenant("engine-a")
     assert (tenant["state"], tenant["frozen"]) == ("released", False)
-    assert httpx.get(f"{holder.url}/healthz/ready", timeout=5).status_code == 200
+    assert oneshot_http.get(f"{holder.url}/healthz/ready", timeout=5).status_code == 200
 
 
 def test_every_acknowledged_attach_survives_a_holder_killed_mid_write(fleet_factory):

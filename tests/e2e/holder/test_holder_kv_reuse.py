@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import signal
 
-import httpx
-
+from common import oneshot_http
 from lifeline.processes import scrape_metric
 from tests.e2e.holder.conftest import completion_tokens, prompt_ids, wait_for, weights_origin
 
@@ -42,7 +41,7 @@ def test_restarted_engine_reuses_committed_kv_blocks_and_never_a_corrupt_one(fle
     body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "return_token_ids": True}
     vouched_blocks = (len(ids) + KILL_AFTER - 1) // BLOCK  # positions whose KV exists once 9 tokens are out
-    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
+    with oneshot_http.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from common import oneshot_http
 from contract.standby import StandbyPrime
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, wait_for
 from warm_pool.driver import LocalDriver
@@ -44,7 +45,7 @@ class DriverEngine:
 
 def ready(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz/ready", timeout=1).status_code == 200
+        return oneshot_http.get(f"{url}/healthz/ready", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -92,7 +93,7 @@ def test_driver_restarts_a_killed_holder_engine_from_its_standby_and_the_stream_
         assert replacement.process.pid == standby_pid  # the standby became the engine: no new interpreter
         assert driver.processes["r1-z1-2"].from_standby is True
         assert driver.standbys == []
-        origin = httpx.get(f"{replacement.url}/healthz/weights", timeout=5).json()
+        origin = oneshot_http.get(f"{replacement.url}/healthz/weights", timeout=5).json()
         assert (origin["source"], origin["primed"], origin["prime_miss_reason"]) == ("holder", True, None)
         assert "weights mapped from the holder" in (driver.state_dir / "r1-z1-2" / "engine.log").read_text()
         assert committed + completion_tokens(replacement.url, ids + committed, MAX_TOKENS - len(committed)) == expected

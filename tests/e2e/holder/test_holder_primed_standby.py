@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import signal
 
-import httpx
-
+from common import oneshot_http
 from contract.standby import StandbyPrime
 from lifeline.processes import free_port, scrape_metric
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, weights_origin
@@ -29,7 +28,7 @@ MAX_TOKENS = 24
 
 
 def generation_of(url: str) -> int:
-    return httpx.get(f"{url}/healthz/generation", timeout=5).json()["generation"]
+    return oneshot_http.get(f"{url}/healthz/generation", timeout=5).json()["generation"]
 
 
 def self_test_lines(log: str) -> list[dict]:

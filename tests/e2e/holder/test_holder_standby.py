@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import signal
 
-import httpx
-
+from common import oneshot_http
 from tests.e2e.holder.conftest import PROMPT, completion_tokens, kill_mid_stream, prompt_ids, weights_origin
 
 MAX_TOKENS = 24
 
 
 def generation_of(url: str) -> int:
-    return httpx.get(f"{url}/healthz/generation", timeout=5).json()["generation"]
+    return oneshot_http.get(f"{url}/healthz/generation", timeout=5).json()["generation"]
 
 
 def test_standby_takes_over_a_killed_stream_token_identically_and_again_when_killed_itself(fleet_factory):

@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from lifeline.processes import EngineProcess, scrape_metric
 
 PROMPT = ("Every region keeps a warm pool; when one zone is lost the gateway moves each stream to another "
@@ -18,7 +18,7 @@ PROMPT = ("Every region keeps a warm pool; when one zone is lost the gateway mov
 def completion(engine: EngineProcess, prompt: str | list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True, **extra}
-    response = httpx.post(f"{engine.url}/v1/completions", json=body, timeout=120)
+    response = oneshot_http.post(f"{engine.url}/v1/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]
 
@@ -36,7 +36,7 @@ def metric(engine: EngineProcess, name: str, labels: dict[str, str] | None = Non
 
 
 def kv_summary(engine: EngineProcess) -> dict[str, Any]:
-    response = httpx.get(f"{engine.url}/admin/kv", timeout=10)
+    response = oneshot_http.get(f"{engine.url}/admin/kv", timeout=10)
     response.raise_for_status()
     return response.json()
 

@@ -16,10 +16,10 @@ import json
 import signal
 import uuid
 
-import httpx
 import pytest
 import redis
 
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from tests.e2e.kv.conftest import PROMPT, log_records, metric, prompt_ids, tokens
 from tests.e2e.holder.conftest import fleet_factory, wait_for, weights_origin  # noqa: F401 - fleet_factory: a fixture
@@ -52,8 +52,8 @@ def stream_then_kill(engine, checkpoint_blocks: int | None) -> list[int]:
     body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "return_token_ids": True}
     committed: list[int] = []
-    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60,
-                      headers={"X-Request-Id": "kv-failover-1"}) as response:
+    with oneshot_http.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60,
+                             headers={"X-Request-Id": "kv-failover-1"}) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 committed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
@@ -98,8 +98,8 @@ def test_survivor_continues_token_identically_and_imports_instead_of_prefilling(
 
     continuation = ids + committed
     prefilled_before = metric(survivor, "vllm:prompt_tokens_total")
-    response = httpx.post(f"{survivor.url}/v1/completions", timeout=120, headers={"X-Request-Id": "kv-failover-1"},
-                          json={"prompt": continuation, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
+    response = oneshot_http.post(f"{survivor.url}/v1/completions", timeout=120, headers={"X-Request-Id": "kv-failover-1"},
+                                 json={"prompt": continuation, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
                                 "ignore_eos": True, "return_token_ids": True})
     response.raise_for_status()
     rest = response.json()["choices"][0]["token_ids"]
@@ -139,8 +139,8 @@ def test_a_survivor_with_a_holder_imports_into_the_holders_pool(fleet_factory, u
     assert committed == expected[:KILL_AFTER]
 
     committed_before = holder.state()["kv"]["committed"]
-    response = httpx.post(f"{survivor.url}/v1/completions", timeout=120,
-                          json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
+    response = oneshot_http.post(f"{survivor.url}/v1/completions", timeout=120,
+                                 json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
                                 "ignore_eos": True, "return_token_ids": True})
     response.raise_for_status()
     assert committed + response.json()["choices"][0]["token_ids"] == expected
@@ -168,8 +168,8 @@ def test_the_store_may_be_a_directory_or_s3(engine_factory, undisturbed, tmp_pat
     survivor = engine_factory("kv-survivor", extra_args=shared)
     checkpoint_blocks = (len(ids) + 2 * EVERY - 1) // BLOCK
     committed = stream_then_kill(victim, checkpoint_blocks)
-    response = httpx.post(f"{survivor.url}/v1/completions", timeout=120,
-                          json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
+    response = oneshot_http.post(f"{survivor.url}/v1/completions", timeout=120,
+                                 json={"prompt": ids + committed, "max_tokens": MAX_TOKENS - KILL_AFTER, "temperature": 0.0,
                                 "ignore_eos": True, "return_token_ids": True})
     response.raise_for_status()
     assert committed + response.json()["choices"][0]["token_ids"] == expected

@@ -12,6 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from common import oneshot_http
 from lifeline.processes import built_model
 from tests.e2e.kv.conftest import PROMPT, kv_summary, log_records, metric, prompt_ids, tokens
 
@@ -32,12 +33,12 @@ def engines(module_engine_factory):
 
 
 def export(engine, token_ids: list[int]) -> httpx.Response:
-    return httpx.post(f"{engine.url}/admin/kv/export", json={"token_ids": token_ids}, timeout=60)
+    return oneshot_http.post(f"{engine.url}/admin/kv/export", json={"token_ids": token_ids}, timeout=60)
 
 
 def import_(engine, bundle: bytes) -> httpx.Response:
-    return httpx.post(f"{engine.url}/admin/kv/import", content=bundle, timeout=60,
-                      headers={"content-type": "application/octet-stream"})
+    return oneshot_http.post(f"{engine.url}/admin/kv/import", content=bundle, timeout=60,
+                             headers={"content-type": "application/octet-stream"})
 
 
 def test_exported_blocks_let_another_engine_prefill_only_the_tail(engines):
@@ -100,7 +101,7 @@ def test_a_corrupt_bundle_a_huge_one_and_an_unknown_prefix_are_refused_typed(eng
 
     unknown = export(source, [7] * 40)
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "kv_blocks_absent"
-    bad = httpx.post(f"{source.url}/admin/kv/export", json={"token_ids": []}, timeout=10)
+    bad = oneshot_http.post(f"{source.url}/admin/kv/export", json={"token_ids": []}, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
 
 
@@ -108,10 +109,10 @@ def test_a_checkpoint_of_token_ids_outside_the_vocabulary_is_refused_and_writes_
     store = tmp_path / "kv"
     engine = engine_factory("kv-checkpointer", extra_args=[*ADMIN, "--kv-checkpoint-store", f"file://{store}"])
     for bad in (10**9, -1):  # past the embedding; and a negative id, which would index it from its end
-        response = httpx.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 20 + [bad] * 12},
-                              timeout=30)
+        response = oneshot_http.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 20 + [bad] * 12},
+                                     timeout=30)
         assert (response.status_code, response.json()["error"]["param"]) == (400, "token_ids"), bad
         assert "outside the vocabulary" in response.json()["error"]["message"]
     assert not store.exists() or not any(store.rglob("*"))
-    written = httpx.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 32}, timeout=30)
+    written = oneshot_http.post(f"{engine.url}/admin/kv/checkpoint", json={"token_ids": [1] * 32}, timeout=30)
     assert written.status_code == 200, written.text

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common import oneshot_http
 from common.redis_url import redis_client
 from contract.lease import RedisLeaseReader
 from lifeline.daemons import RedisSentinelLab
@@ -108,7 +109,7 @@ def _clients(stack: Stack, n: int = CLIENTS):
 
 
 def _post(stack: Stack) -> httpx.Response:
-    return httpx.post(f"{stack.gateway.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
+    return oneshot_http.post(f"{stack.gateway.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
 
 
 def _wait_answering(stack: Stack, within: float = 60.0) -> httpx.Response:
@@ -153,7 +154,7 @@ def test_primary_sigkill_under_eight_streams_every_stream_identical_no_generatio
     assert _wait_answering(stack).status_code == 200
     new = stack.lab.wait_settled()  # on a loaded machine Sentinel may retry the election on another replica
     assert new != old
-    ready = httpx.get(f"{stack.gateway.url}/healthz/ready", timeout=10).json()
+    ready = oneshot_http.get(f"{stack.gateway.url}/healthz/ready", timeout=10).json()
     assert ready["redis"]["token_log"]["address"] == f"127.0.0.1:{new}"
     assert ready["redis"]["token_log"]["role"] == "master"
     seen = watch.stop()
@@ -197,7 +198,7 @@ def test_silent_redis_sigstop_times_out_instead_of_hanging(stack: Stack) -> None
         refused = _post(stack)  # bounded by the 1 s socket timeout, not by httpx's 30 s
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "token_log_unavailable"
-        ready = httpx.get(f"{stack.gateway.url}/healthz/ready", timeout=10).json()
+        ready = oneshot_http.get(f"{stack.gateway.url}/healthz/ready", timeout=10).json()
         assert ready["redis"]["token_log"]["reachable"] is False
         time.sleep(3.0)
     finally:
@@ -223,25 +224,25 @@ def test_silent_lease_registry_gateway_fails_static_then_refuses_with_a_typed_50
         for node in nodes:
             node.pause()
         try:
-            inside = httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
+            inside = oneshot_http.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
             assert inside.status_code == 200, inside.text  # routed on the last view
             refused = None
             deadline = time.monotonic() + 60
             while refused is None:
                 assert time.monotonic() < deadline, "the fail-static window never closed"
-                response = httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
+                response = oneshot_http.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30)
                 if response.status_code == 503 and response.json()["error"]["type"] == "lease_registry_unavailable":
                     refused = response
                 time.sleep(0.2)
             assert refused.headers.get("Retry-After")
-            ready = httpx.get(f"{gw.url}/healthz/ready", timeout=10)
+            ready = oneshot_http.get(f"{gw.url}/healthz/ready", timeout=10)
             assert ready.status_code == 503 and ready.json()["lease_view"]["mode"] == "refusing"
             assert gw.metric("lifeline_gateway_lease_registry_refused_total") >= 1
         finally:
             for node in nodes:
                 node.resume()
         deadline = time.monotonic() + 60
-        while httpx.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30).status_code != 200:
+        while oneshot_http.post(f"{gw.url}/v1/completions", json={**BODY, "max_tokens": 4}, timeout=30).status_code != 200:
             assert time.monotonic() < deadline, "the gateway never admitted again after the registry returned"
             time.sleep(0.2)
     finally:

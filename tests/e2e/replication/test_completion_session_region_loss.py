@@ -28,9 +28,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import httpx
 from tokenizers import Tokenizer
 
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionRecord, SessionStore
 from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape_metric
@@ -53,7 +53,7 @@ FOLLOW_UPS = [" Next,", " To be sure, we measured", " If that fails too,"]
 
 
 def complete(url: str, prompt: list[int], headers: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
-    response = httpx.post(f"{url}/v1/completions", headers=headers or {}, timeout=120, json={
+    response = oneshot_http.post(f"{url}/v1/completions", headers=headers or {}, timeout=120, json={
         "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
         "return_token_ids": True, **extra})
     assert response.status_code == 200, response.text

@@ -16,10 +16,10 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-import httpx
 from fastapi.testclient import TestClient
 
 from common.clock import SystemClock
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, block_object_checksum, open_kv_store, verify_manifest
 from controlplane.app import create_app
 from controlplane.auth import service as auth_service
@@ -99,8 +99,8 @@ def test_an_engines_checkpoints_are_replicated_to_redis_and_s3_and_imported_at_t
     # The standby region's engine reads only its own store, and imports the replicated checkpoint.
     standby = engine_factory("kv-standby", extra_args=["--kv-checkpoint-store", redis_url])
     continuation = ids + expected[:20]
-    response = httpx.post(f"{standby.url}/v1/completions", timeout=120,
-                          json={"prompt": continuation, "max_tokens": 12, "temperature": 0.0, "ignore_eos": True,
+    response = oneshot_http.post(f"{standby.url}/v1/completions", timeout=120,
+                                 json={"prompt": continuation, "max_tokens": 12, "temperature": 0.0, "ignore_eos": True,
                                 "return_token_ids": True})
     response.raise_for_status()
     assert expected[:20] + response.json()["choices"][0]["token_ids"] == expected

@@ -26,8 +26,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-import httpx
-
+from common import oneshot_http
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from contract.session import SessionRecord, SessionStore
 from lifeline.processes import GatewayProcess, free_port, gateway_config
@@ -57,7 +56,7 @@ def body(messages: list[dict[str, str]]) -> dict[str, Any]:
 
 def ask(url: str, messages: list[dict[str, str]], headers: dict[str, str] | None = None,
         path: str = "/v1/chat/completions", **extra: Any) -> dict[str, Any]:
-    response = httpx.post(url + path, json={**body(messages), **extra}, headers=headers or {}, timeout=120)
+    response = oneshot_http.post(url + path, json={**body(messages), **extra}, headers=headers or {}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
 

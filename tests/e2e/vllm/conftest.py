@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from lifeline.vllm import VllmProcess
@@ -49,12 +50,20 @@ class VllmStack:
 
     def routable(self) -> int:
         try:
-            body = httpx.get(f"{self.gateway.url}/healthz/ready", timeout=2.0).json()
+            body = oneshot_http.get(f"{self.gateway.url}/healthz/ready", timeout=2.0).json()
         except (httpx.TransportError, ValueError):
             return -1
         return int(body.get("routable_endpoints", {}).get(SERVED, 0))
 
     def wait_all_routable(self, timeout: float = 300.0) -> None:
+        """Until every server is up and routable; one a failed test left dead is started again first, so
+        a test starts from a whole stack whatever the one before it did."""
+        for thread in self.restarts.values():
+            thread.join(timeout)
+        self.restarts.clear()
+        for instance_id, server in self.servers.items():
+            if not server.alive():
+                self.restart_in_background(instance_id)
         for thread in self.restarts.values():
             thread.join(timeout)
         self.restarts.clear()

@@ -12,8 +12,8 @@ every request reaches the real server.
 from __future__ import annotations
 
 import asyncio
-import json
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from common import oneshot_http
 from common.clock import SystemClock
 from contract.canary import CanaryRecord
 from contract.lease import Lease, RedisLeaseRegistry
@@ -57,7 +58,7 @@ def vllm(module_vllm_factory) -> VllmProcess:
 @pytest.fixture(scope="module")
 def canary(vllm: VllmProcess) -> CanaryRecord:
     """Recorded from the real vLLM through /v1/completions alone: it has no /healthz/generation."""
-    assert httpx.get(f"{vllm.url}/healthz/generation", timeout=5).status_code == 404
+    assert oneshot_http.get(f"{vllm.url}/healthz/generation", timeout=5).status_code == 404
     version, record = asyncio.run(record_canary(vllm.url, PROMPT, max_tokens=6, max_ttft_s=30.0))
     assert version == "tiny"  # the one model its /v1/models lists: its --served-model-name, the version
     return record

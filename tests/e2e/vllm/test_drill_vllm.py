@@ -20,7 +20,9 @@ come back token-identical (Lifeline's sampler is loaded in vLLM).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -38,6 +40,7 @@ import psutil
 import pytest
 import yaml
 
+from common import oneshot_http
 from common.clock import SystemClock
 from common.vllm_processes import engine_processes
 from controlplane.db import session_scope
@@ -47,10 +50,11 @@ from controlplane.drill.fleet import FileFleet, FleetFile
 from controlplane.drill.runner import HttpEventReader, InstanceDrillRunner
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunState
-from lifeline.processes import EngineProcess, GatewayProcess, free_port, gateway_config
+from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config
 from lifeline.vllm import VllmProcess, vllm_environment
 from tests.support.served_controlplane import ControlPlane, served_controlplane
 from tests.support.waiting import wait_for
+from warm_pool.probe import record_canary
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-vllm-drill"
@@ -58,6 +62,7 @@ SERVED = "tiny"
 # Long enough that the fault lands mid-stream however fast this machine's vLLM decodes (CI's finished 160-token
 # streams before the stop took, so the drill measured only streams that started after it).
 TRAFFIC = {"requests": 4, "concurrency": 2, "max_tokens": 400, "fault_after_tokens": 6}
+CANARY_PROMPT = [11, 12, 13, 14, 15, 16]
 
 
 @dataclass
@@ -97,9 +102,14 @@ def drill_fleet(module_vllm_factory: Any, tiny_model: Path,
         stack.callback(survivor.kill)
         survivor.wait_ready()
         prefix = f"test-{uuid.uuid4().hex[:8]}"
+        # The canary the agent holds every engine to: recorded from the victim, through /v1/completions alone
+        _, canary = asyncio.run(record_canary(victim.url, CANARY_PROMPT, max_tokens=6, max_ttft_s=30.0))
+        (workdir / "canaries.json").write_text(json.dumps({SERVED: canary.model_dump(mode="json")}))
         config = workdir / "agent.yaml"
         config.write_text(yaml.safe_dump({
             "registry_prefix": prefix, "lease_ttl": 5.0, "probe_interval": 0.25, "probe_timeout": 3.0,
+            "canary_file": str(workdir / "canaries.json"), "controlplane_url": controlplane.url,
+            "controlplane_token": controlplane.tokens["agent"],
             "renew_leases_for": [
                 {"url": victim.url, "instance_id": "victim", "version": SERVED, "zone": "z1"},
                 {"url": survivor.url, "instance_id": "survivor", "version": SERVED, "zone": "z2"}]}))
@@ -119,7 +129,10 @@ def drill_fleet(module_vllm_factory: Any, tiny_model: Path,
         fleet = FileFleet(FleetFile.model_validate({
             "gateway_url": gateway.url, "region": REGION, "ready_timeout_s": 300, "instances": {
                 "victim": {"url": victim.url, "served_model": SERVED, "zone": "z1", "engine": "vllm",
-                           "pid_file": str(pid_file), "restart": restart_command(victim, pid_file)},
+                           "pid_file": str(pid_file), "restart": restart_command(victim, pid_file),
+                           "bad_version": restart_command(VllmProcess(
+                               model=built_model("tiny", 1), port=victim.port, served_model_name=SERVED,
+                               log_path=workdir / "victim-bad-version.log", shutdown_timeout=1.0), pid_file)},
                 "survivor": {"url": survivor.url, "served_model": SERVED, "zone": "z2"}}}))
         gateway.wait_live()
         drill = DrillFleet(controlplane, fleet, gateway, pid_file, workdir)
@@ -134,13 +147,15 @@ def _kill_group(pid_file: Path) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def define(drill: DrillFleet, fault: str, **traffic: Any) -> int:
+TARGETS = {"request_rto_s": 60.0, "token_rpo_tokens": 0, "rto_quality_s": 300.0}
+
+
+def define(drill: DrillFleet, fault: str, targets: dict[str, Any] = TARGETS, **traffic: Any) -> int:
     spec = DrillSpec.model_validate({
         "name": f"vllm-{fault}-{uuid.uuid4().hex[:6]}", "model": SERVED, "scope": "instance", "fault": fault,
         "blast_radius": {"region": REGION, "instances": ["victim"], "max_instances": 1},
         "stop_conditions": {"max_error_rate": 0.5},
-        "targets": {"request_rto_s": 60.0, "token_rpo_tokens": 0, "rto_quality_s": 300.0},
-        "traffic": {**TRAFFIC, **traffic}})
+        "targets": targets, "traffic": {**TRAFFIC, **traffic}})
     with session_scope(drill.controlplane.factory) as session:
         definition = service.define(session, spec=spec, actor="test", clock=SystemClock())
         return service.create_run(session, definition=definition, trigger="manual", actor="test",
@@ -192,7 +207,7 @@ def test_a_sigstop_drill_stops_vllms_engine_core_while_its_api_answers_and_sigco
         while not done.is_set():
             state = core.status()
             try:
-                health = httpx.get(f"{url}/health", timeout=2.0).status_code
+                health = oneshot_http.get(f"{url}/health", timeout=2.0).status_code
             except httpx.HTTPError:
                 health = 0
             seen.append((state, health))
@@ -213,6 +228,29 @@ def test_a_sigstop_drill_stops_vllms_engine_core_while_its_api_answers_and_sigco
     drill_fleet.wait_both_routable()
 
 
+def test_a_bad_version_drill_on_vllm_measures_the_canary_catching_other_weights_under_the_same_name(
+        drill_fleet: DrillFleet) -> None:
+    """The victim started again from tiny-seed1's weights, still serving `tiny`: healthy, ready and fast. The
+    agent's canary refuses it the lease; the drill reads that verdict back from the event log, counts what was
+    served wrong, and redeploys the right version."""
+    drill_fleet.wait_both_routable()
+    before = drill_fleet.victim_pid()
+    # No request RTO target: the streams move at the redeploy's kill, before the wrong build is up (the stamp)
+    targets = {"token_rpo_tokens": 0, "rto_quality_s": 300.0}
+    outcome = runner(drill_fleet).run(define(drill_fleet, "bad_version", targets, fault_duration_s=4.0))
+    report = outcome.report
+    assert outcome.state == DrillRunState.PASSED, report["follow_ups"]
+    measured = report["measured"]
+    assert measured["canary_detection_s"] is not None and 0 <= measured["canary_detection_s"] < 10
+    verdict = report["fault_details"]["verdict"]
+    assert verdict["actor"].startswith("agent:") and "canary" in verdict["reason"]
+    # the admission canary judged it before any lease: nothing was served from the wrong weights
+    assert (measured["wrong_answers"], measured["token_rpo_tokens"], measured["requests_lost"]) == (0, 0, 0)
+    assert measured["rto_quality_s"] is not None  # the right version back, answering the undisturbed tokens
+    assert drill_fleet.victim_pid() != before
+    drill_fleet.wait_both_routable()
+
+
 @pytest.mark.parametrize(("fault", "traffic", "says"), [
     ("hang", {}, "a decode hang"),
     ("sigkill", {"token_delay_ms": 40.0}, "token_delay_ms=40"),
@@ -227,5 +265,5 @@ def test_what_needs_the_fault_admin_is_refused_before_the_vllm_is_touched(
         run = service.get_run_or_raise(session, run_id=run_id)
         assert run.state == "aborted" and run.abort_reason.startswith("refused") and run.started_at is None
     assert drill_fleet.victim_pid() == pid
-    assert wait_for(lambda: httpx.get(drill_fleet.fleet.engine_url("victim") + "/health", timeout=5).status_code
+    assert wait_for(lambda: oneshot_http.get(drill_fleet.fleet.engine_url("victim") + "/health", timeout=5).status_code
                     == 200, "the untouched vLLM answers")

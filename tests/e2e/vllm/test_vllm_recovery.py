@@ -1,7 +1,7 @@
 """Streams through the gateway survive a real vLLM's death, token-identically: greedy and seeded, both APIs.
 
-Each round pins four streams to one vLLM (greedy and seeded, completions
-and chat), kills that vLLM once the first of them has a few tokens (the
+Each round pins five streams to one vLLM (greedy and seeded, completions
+and chat, and a chat turn with tools and a tool call in its history), kills that vLLM once the first of them has a few tokens (the
 others may have fewer, or none yet: a kill before the first token), checks
 each stream against the same request run undisturbed: the exact token ids,
 each sequence number once, ended by the model (`length`), and moved
@@ -25,16 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from common import oneshot_http
 from contract.sampling import Sampling, identify_request, sampling_from_answer
 from tests.e2e.vllm.conftest import REGION, SERVED, VllmStack, stream, until
 from tests.support.sse import StreamResult
 
 MAX_TOKENS = 200
 LONG_TOKENS = 1000
-ROUNDS_PER_SIGNAL = 5  # x 4 streams per round
+# Each round restarts a vLLM (~40 s of CPU), so rounds are few: three per signal, each killing at a different
+# point (6, 15, 24 tokens into the first stream), both engines victims, x 5 streams per round.
+ROUNDS_PER_SIGNAL = 3
 SPARE_ROUNDS = 2  # more rounds, only while too few have moved streams
 # Rounds that must have moved a stream. A SIGKILL moves every stream in flight. A SIGTERM lets vLLM drain: a
 # stream may finish whole on the dying server (seen in 1 to 3 rounds of 5 on two cores), which is the drain
@@ -49,6 +51,18 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
                                              "temperature": 0.0}),
     "chat-seeded": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a drill, step by step"}],
                                              "temperature": 1.0, "top_k": 40, "seed": 11}),
+    # An agent's turn: tools offered, a call and its result in the history; rendered by the model's template
+    # into the prompt vLLM gets, and resumed like any other stream (tests/unit/gateway/test_gateway_tool_calls.py
+    # has the call parsing and its replay)
+    "chat-tools": ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "is the standby region warm?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "pool_status", "arguments": '{"region": "us-east"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"serving": 2, "warm": 1}'}],
+        "tools": [{"type": "function", "function": {"name": "pool_status", "description": "a region's warm pool",
+                                                    "parameters": {"type": "object", "properties": {
+                                                        "region": {"type": "string"}}}}}],
+        "temperature": 0.0}),
 }
 
 
@@ -75,7 +89,7 @@ def undisturbed(vllm_stack: VllmStack) -> dict[str, list[int]]:
 
 def test_both_vllms_answer_that_they_sample_position_keyed(vllm_stack: VllmStack) -> None:
     for server in vllm_stack.servers.values():
-        answer = httpx.post(f"{server.url}/v1/completions", json=identify_request(SERVED), timeout=30)
+        answer = oneshot_http.post(f"{server.url}/v1/completions", json=identify_request(SERVED), timeout=30)
         assert sampling_from_answer(answer.status_code, answer.text) is Sampling.POSITION_KEYED, answer.text
 
 
@@ -89,7 +103,7 @@ def test_vllm_with_the_sampler_draws_what_the_reference_engine_draws(
                      {"temperature": 1.2, "top_k": 50, "seed": 11}):
         outputs = []
         for url, model in ((vllm.url, SERVED), (reference.url, tiny_model.name)):
-            answer = httpx.post(f"{url}/v1/completions", timeout=60, json={
+            answer = oneshot_http.post(f"{url}/v1/completions", timeout=60, json={
                 "model": model, "prompt": prompt, "max_tokens": 48, "return_token_ids": True, **sampling})
             assert answer.status_code == 200, answer.text
             outputs.append(answer.json()["choices"][0]["token_ids"])
@@ -97,7 +111,7 @@ def test_vllm_with_the_sampler_draws_what_the_reference_engine_draws(
 
 
 def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: int) -> dict[str, StreamResult]:
-    """Four streams pinned to `victim`; `sig` to it once one has `kill_after` tokens; every stream's result."""
+    """Every request's stream pinned to `victim`; `sig` to it once one has `kill_after` tokens; every result."""
     progress = {name: 0 for name in REQUESTS}
     all_started = threading.Event()
     fired = threading.Event()
@@ -127,7 +141,7 @@ def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: in
     return results
 
 
-@pytest.mark.timeout(1200)  # five to seven restarts of a vLLM, 20-60 s each on two busy cores
+@pytest.mark.timeout(900)  # three to five restarts of a vLLM, 20-60 s each on two busy cores
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         vllm_stack: VllmStack, undisturbed: dict[str, list[int]], sig: signal.Signals) -> None:

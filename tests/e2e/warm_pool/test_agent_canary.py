@@ -26,12 +26,15 @@ import httpx
 import pytest
 import yaml
 
+from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from lifeline.processes import free_port, scrape_metric, wait_for_http_ok
 from warm_pool.probe import record_canary
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-canary"
+# Another loopback address than the default 127.0.0.1: the agent's `--metrics-host` is honoured.
+METRICS_HOST = "127.0.0.2"
 
 
 def until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
@@ -58,7 +61,7 @@ class Standin:
         return f"http://127.0.0.1:{self.port}"
 
     def events(self) -> list[dict]:
-        return httpx.get(f"{self.url}/_standin/state", timeout=5).json()["events"]
+        return oneshot_http.get(f"{self.url}/_standin/state", timeout=5).json()["events"]
 
     def close(self) -> None:
         self.process.kill()
@@ -81,8 +84,8 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
     canary_file.write_text(json.dumps({version: record.model_dump(mode="json")}))
 
     # the snapshot names the version under alias prod with the catalog's weights digest (generation check)
-    identity = httpx.get(f"{healthy.url}/healthz/generation", timeout=5).json()
-    httpx.post(f"{standin.url}/_standin/snapshot", timeout=5, json={"version": 1, "models": {"tiny": {
+    identity = oneshot_http.get(f"{healthy.url}/healthz/generation", timeout=5).json()
+    oneshot_http.post(f"{standin.url}/_standin/snapshot", timeout=5, json={"version": 1, "models": {"tiny": {
         "aliases": {"prod": {"version": version, "revision": 1}},
         "versions": {version: {"version": version, "fingerprint": "f", "location": "/nowhere",
                                "weights_digest": identity["weights_digest"]}}}}}).raise_for_status()
@@ -99,7 +102,8 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
         agent = subprocess.Popen([
             sys.executable, "-m", "lifeline.cli", "agent", "serve", "--region", REGION, "--config", str(config),
             "--controlplane", standin.url, "--registry", REDIS_URL, "--canary-file", str(canary_file),
-            "--renew-leases-for", f"{healthy.url},{corrupt.url}", "--port", str(metrics_port)],
+            "--renew-leases-for", f"{healthy.url},{corrupt.url}", "--port", str(metrics_port),
+            "--metrics-host", METRICS_HOST],
             stdout=log, stderr=subprocess.STDOUT)
     reader = RedisLeaseReader.from_url(REDIS_URL, prefix=prefix)
     try:
@@ -108,6 +112,8 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
             return {lease.instance_id for lease in reader.list_instances(REGION)}
 
         until(lambda: leased() == {"wp-healthy"}, "the healthy engine holds a lease")
+        with pytest.raises(httpx.ConnectError):  # /metrics binds the address it was given, no other
+            oneshot_http.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
         assert json.loads(snapshot_cache.read_text())["version"] == 1  # the last good snapshot, on disk
 
         def verdict(instance_id: str, value: str) -> dict | None:
@@ -121,7 +127,7 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
         assert "wp-corrupt" not in leased()
 
         def agent_report() -> dict | None:  # PUT /api/v1/agents/{region}, from the agent's loop
-            report = httpx.get(f"{standin.url}/_standin/state", timeout=5).json()["agents"].get(REGION)
+            report = oneshot_http.get(f"{standin.url}/_standin/state", timeout=5).json()["agents"].get(REGION)
             instances = {i["instance_id"]: i for i in (report or {}).get("instances", [])}
             return instances if instances.get("wp-corrupt", {}).get("verdict") == "wrong_output" and \
                 instances.get("wp-healthy", {}).get("lease_held") else None
@@ -132,10 +138,10 @@ def test_canary_ejects_corrupted_weights_and_the_event_says_why(engine_factory, 
         assert reported["wp-healthy"]["lease_generation"] is not None
 
         # corrupt the serving one in memory: it keeps answering 200 on every health level
-        httpx.post(f"{healthy.url}/admin/faults", json={"corrupt_weights": True}, timeout=10).raise_for_status()
-        canaries_at_fault = scrape_metric(f"http://127.0.0.1:{metrics_port}/metrics",
+        oneshot_http.post(f"{healthy.url}/admin/faults", json={"corrupt_weights": True}, timeout=10).raise_for_status()
+        canaries_at_fault = scrape_metric(f"http://{METRICS_HOST}:{metrics_port}/metrics",
                                           "lifeline_agent_instance_canaries", {"instance": "wp-healthy"})
-        assert httpx.get(f"{healthy.url}/healthz/ready", timeout=5).status_code == 200
+        assert oneshot_http.get(f"{healthy.url}/healthz/ready", timeout=5).status_code == 200
         until(lambda: "wp-healthy" not in leased(), "the corrupted serving engine loses its lease")
         ejected = until(lambda: verdict("wp-healthy", "wrong_output"), "its verdict reaches the control plane")
         assert "canary: token" in ejected["reason"]

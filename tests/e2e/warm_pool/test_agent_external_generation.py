@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 import yaml
 
+from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from tests.support.sse import StreamResult, stream_completion
@@ -58,8 +58,8 @@ def test_agent_releases_and_registers_a_leaseless_engine_twice_without_stale_gen
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     engine = engine_factory("ext-gen", extra_args=["--enable-fault-admin", "--step-stall-bound", "1",
                                                     "--zone", "z1", "--region", REGION])
-    expected = httpx.post(f"{engine.url}/v1/completions", json={**BODY, "model": tiny_model.name},
-                          timeout=60).json()["choices"][0]["token_ids"]
+    expected = oneshot_http.post(f"{engine.url}/v1/completions", json={**BODY, "model": tiny_model.name},
+                                 timeout=60).json()["choices"][0]["token_ids"]
     gateway = GatewayProcess(gateway_config(tiny_model, region=REGION, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "ttl": 2.0, "token": "t"}),
         free_port(), tmp_path / "gw")
@@ -84,14 +84,14 @@ def test_agent_releases_and_registers_a_leaseless_engine_twice_without_stale_gen
 
     def stall_until_released() -> threading.Thread:
         """Wedge the decode loop under a direct request: liveness fails, the agent lets the lease go."""
-        httpx.post(f"{engine.url}/admin/faults", json={"stall_step_after_tokens": 0}, timeout=5).raise_for_status()
+        oneshot_http.post(f"{engine.url}/admin/faults", json={"stall_step_after_tokens": 0}, timeout=5).raise_for_status()
         stuck: list[StreamResult] = []
         request = threading.Thread(target=lambda: stuck.append(
             stream_completion(engine.url, {**BODY, "model": tiny_model.name})))
         request.start()
-        until(lambda: httpx.get(f"{engine.url}/healthz/live", timeout=5).status_code == 503, "liveness fails")
+        until(lambda: oneshot_http.get(f"{engine.url}/healthz/live", timeout=5).status_code == 503, "liveness fails")
         until(lambda: generation() is None, "the agent releases the stalled engine's lease")
-        httpx.post(f"{engine.url}/admin/faults", json={}, timeout=5).raise_for_status()
+        oneshot_http.post(f"{engine.url}/admin/faults", json={}, timeout=5).raise_for_status()
         return request
 
     try:

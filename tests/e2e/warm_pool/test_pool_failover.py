@@ -43,13 +43,13 @@ async def test_sigkill_serving_instance_promotes_warm_from_other_zone_and_backfi
         async def leased() -> set[str]:
             return {lease.instance_id for lease in await registry.live()}
 
-        async def layout() -> bool:  # the plan's: z1 serves, z2 waits warm (rebalanced if z2 loaded first)
-            return len(in_state(InstanceState.SERVING, "z1")) == 1 and len(in_state(InstanceState.WARM, "z2")) == 1
+        async def layout() -> bool:  # the plan's: z1 serves (its lease written), z2 waits warm and unleased
+            serving, warm = in_state(InstanceState.SERVING, "z1"), in_state(InstanceState.WARM, "z2")
+            return len(serving) == 1 and len(warm) == 1 and await leased() == set(serving)
 
-        await until(layout, "z1 serving and z2 warm")
+        await until(layout, "z1 serving and leased, z2 warm and not routable")
         [victim] = in_state(InstanceState.SERVING, "z1")
         [standby] = in_state(InstanceState.WARM, "z2")
-        assert await leased() == {victim}  # warm is loaded but not routable
 
         os.kill(driver.pid(victim), signal.SIGKILL)
 

@@ -22,13 +22,12 @@ from controlplane.auth.models import AuditRecord
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
-from cutover import flows
-from cutover import service as cutover_service
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import Cutover, CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover import flows, service as cutover_service
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.runtime import CutoverRuntime
 from tests.integration.console.conftest import csrf_of, sign_in
 from tests.integration.cutover.test_cutover_support import ScriptedDriver
 from tests.support.controlplane_testing import ON_SQLITE
@@ -44,7 +43,7 @@ class Running:
     def __init__(self, runtime: CutoverRuntime, scripted: ScriptedDriver) -> None:
         self.runtime, self.scripted = runtime, scripted
         with session_scope(runtime.factory) as session:
-            cutover, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[CutoverTier.ANYCAST, CutoverTier.L7],
+            cutover, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[RoutingTier.ANYCAST, RoutingTier.L7],
                                               target_state=TargetState.OUT, reason="eu degraded",
                                               mode=CutoverMode.MANUAL, actor="token:test-operator#2")
             self.id = cutover.id

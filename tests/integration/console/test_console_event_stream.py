@@ -8,11 +8,11 @@ import anyio
 from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
+from contract.routing_tier import RoutingTier
 from controlplane.auth import service as auth_service
 from controlplane.console.events import sse_frames
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
-from controlplane.event.models import RoutingTier
 from controlplane.event.repository import EventFilter
 from tests.integration.console.conftest import sign_in
 from tests.support.controlplane_testing import ON_SQLITE

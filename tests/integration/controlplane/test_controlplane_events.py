@@ -227,8 +227,8 @@ def test_export_stream_that_fails_midway_ends_with_a_typed_error_line(
 def test_anycast_events_are_stored_and_found_under_anycast(client: TestClient, as_role: Any, session_factory: Any,
                                                           clock: ManualClock) -> None:
     """Invariant 8 names the zone tier `anycast`; the log stores and filters it by that name (migration 0009)."""
+    from contract.routing_tier import RoutingTier
     from controlplane.event import service
-    from controlplane.event.models import RoutingTier
 
     with session_factory.begin() as session:
         service.record(session, kind="cutover.step", routing_tier=RoutingTier.ANYCAST, actor="operator:test",

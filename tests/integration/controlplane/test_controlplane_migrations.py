@@ -159,8 +159,9 @@ def test_epoch_rotate_gives_a_restored_database_a_new_epoch_and_an_event(
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_the_sigstop_fault_comes_with_its_migration_and_existing_runs_keep_their_definition(
-        backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fault", "before"), [("sigstop", "0019"), ("bad_version", "0020")])
+def test_a_new_fault_comes_with_its_migration_and_existing_runs_keep_their_definition(
+        backend: str, fault: str, before: str, tmp_path: Path) -> None:
     from sqlalchemy.exc import IntegrityError
 
     from common.clock import SystemClock
@@ -168,35 +169,35 @@ def test_the_sigstop_fault_comes_with_its_migration_and_existing_runs_keep_their
     from controlplane.drill import service
     from controlplane.drill.schemas import DrillSpec
 
-    def define(fault: str) -> int:
-        spec = DrillSpec.model_validate({"name": f"drill-{fault}", "model": "tiny", "scope": "instance",
-                                         "fault": fault, "blast_radius": {"region": "local", "instances": ["v"]}})
+    def define(kind: str) -> int:
+        spec = DrillSpec.model_validate({"name": f"drill-{kind}", "model": "tiny", "scope": "instance",
+                                         "fault": kind, "blast_radius": {"region": "local", "instances": ["v"]}})
         with session_scope(factory) as session:
             definition = service.define(session, spec=spec, actor="test", clock=SystemClock())
             return service.create_run(session, definition=definition, trigger="manual", actor="test",
                                       clock=SystemClock()).id
 
     with throwaway_database(backend, tmp_path) as url:
-        upgrade(url, "0019")
+        upgrade(url, before)
         engine = build_engine(url)
         factory = build_session_factory(engine)
         try:
             with pytest.raises(IntegrityError):
-                define("sigstop")
+                define(fault)
             kill_run = define("sigkill")  # a run whose definition the upgrade rebuilds under it
             upgrade(url)
-            define("sigstop")
+            define(fault)
             with session_scope(factory) as session:
                 assert service.get_run_or_raise(session, run_id=kill_run).definition.fault == "sigkill"
-            with pytest.raises(RuntimeError, match="inject sigstop"):
-                downgrade(url, "0019")
+            with pytest.raises(RuntimeError, match=f"inject {fault}"):
+                downgrade(url, before)
             with engine.begin() as conn:
                 conn.exec_driver_sql("DELETE FROM drill_runs WHERE definition_id IN "
-                                     "(SELECT id FROM drill_definitions WHERE fault = 'sigstop')")
-                conn.exec_driver_sql("DELETE FROM drill_definitions WHERE fault = 'sigstop'")
-            downgrade(url, "0019")
+                                     f"(SELECT id FROM drill_definitions WHERE fault = '{fault}')")
+                conn.exec_driver_sql(f"DELETE FROM drill_definitions WHERE fault = '{fault}'")
+            downgrade(url, before)
             with pytest.raises(IntegrityError):
-                define("sigstop")
+                define(fault)
             with session_scope(factory) as session:
                 assert service.get_run_or_raise(session, run_id=kill_run).definition.fault == "sigkill"
         finally:

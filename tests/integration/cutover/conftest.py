@@ -18,21 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from cutover.driver import AnycastState, AnycastTarget, L7Target
+from cutover.drivers.base import EXTERNAL_TTL_S, INTERNAL_TTL_S, AnycastState, AnycastTarget, L7Target
 from cutover.drivers.anycast import AnycastDriver, BirdRouteReader, ExaBgpApi
-from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S
 from cutover.drivers.haproxy import HaproxyDriver, HaproxyRuntimeApi
 from lifeline.daemons import BgpPeer, BindServer, BirdRouter, DnsRecord, ExaBgpSpeaker, HaproxyServer
 
-# The seed's dual TTL: the external record moves at cutover, the internal one does not.
+# The lab zone seeds the dual TTL's two records (`bind_server`), both answering region A: a cutover
+# moves the external one, and the internal one where the target (the drivers file) names it.
 REGION_A = "192.0.2.10"
 REGION_B = "198.51.100.10"
 
 
-def dns_drivers_table(bind: BindServer, directory: Path) -> str:
+def dns_drivers_table(bind: BindServer, directory: Path, *, internal: str = "") -> str:
     """The drivers file's `[dns]` table for the lab's BIND9 (eu and us fail over to each other).
 
     Writes the TSIG secret beside it, as an operator's secret file.
+    `internal` is added to the table as it is (`internal_name = …`).
     """
     secret = directory / "tsig.secret"
     secret.write_text(bind.key_secret)
@@ -40,6 +41,7 @@ def dns_drivers_table(bind: BindServer, directory: Path) -> str:
 [dns]
 zone = "{bind.zone}"
 name = "api.{bind.zone}"
+{internal}
 [dns.rfc2136]
 server = "{bind.host}"
 port = {bind.port}

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from cutover.driver import AnycastState, AnycastTarget, DriverRejected, DriverUnavailable, VerificationFailed
+from cutover.drivers.base import AnycastState, AnycastTarget, DriverRejected, DriverUnavailable, VerificationFailed
 from tests.integration.cutover.conftest import SERVICE_PREFIX, AnycastLab
 
 TIMEOUT = timedelta(seconds=10)

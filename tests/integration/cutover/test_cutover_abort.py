@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from common.clock import ManualClock
+from contract.routing_tier import RoutingTier
 from controlplane.db import session_scope
 from controlplane.topology import service as topology
 from cutover import flows
 from cutover import service as cutover_service
 from cutover.errors import InvalidTransition
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,
@@ -33,7 +33,7 @@ EU = Scope(ScopeKind.REGION, "eu", "eu")
 
 def _plan(runtime: CutoverRuntime) -> int:
     with session_scope(runtime.factory) as session:
-        cutover, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[CutoverTier.L7, CutoverTier.ANYCAST],
+        cutover, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[RoutingTier.L7, RoutingTier.ANYCAST],
                                           target_state=TargetState.OUT, reason="eu degraded",
                                           mode=CutoverMode.MANUAL, actor="op")
         return cutover.id

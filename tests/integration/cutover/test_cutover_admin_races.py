@@ -17,16 +17,17 @@ from typing import Any
 import pytest
 
 from common.clock import ManualClock
+from contract.routing_tier import RoutingTier
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
 from controlplane.topology import service as topology
 from cutover import flows
 from cutover import service as cutover_service
+from cutover.drivers.base import StepCheck
 from cutover.errors import InvalidTransition
-from cutover.models import Cutover, CutoverMode, CutoverTier, ScopeKind, TargetState
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope, StepCheck
+from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("topology_two_regions")
 EU = Scope(ScopeKind.REGION, "eu", "eu")
 
 
-def _plan(runtime: CutoverRuntime, tiers: list[CutoverTier]) -> int:  # noqa: F811
+def _plan(runtime: CutoverRuntime, tiers: list[RoutingTier]) -> int:  # noqa: F811
     with session_scope(runtime.factory) as session:
         cutover, _ = cutover_service.plan(session, runtime, scope=EU, tiers=tiers, target_state=TargetState.OUT,
                                           reason="eu degraded", mode=CutoverMode.MANUAL, actor="op")
@@ -74,7 +75,7 @@ def running(runtime: CutoverRuntime, cutover_id: int) -> Iterator[dict[str, Cuto
 
 def test_two_aborts_at_once_write_one_request_and_roll_back_once(
         runtime: CutoverRuntime, scripted: ScriptedDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    cutover_id = _plan(runtime, [CutoverTier.L7, CutoverTier.ANYCAST])  # l7 c-eu-a, l7 c-eu-b, anycast
+    cutover_id = _plan(runtime, [RoutingTier.L7, RoutingTier.ANYCAST])  # l7 c-eu-a, l7 c-eu-b, anycast
     # Each abort waits, after reading whether one was already requested, for the other to have read too:
     # if both can read before either writes, both write. The wait gives up after 2 s, once the other is
     # held off (by the cutover's row lock), so the test never hangs on the fix.
@@ -136,8 +137,8 @@ class FinalReadHeld(ScriptedDriver):
 def test_an_abort_that_lands_while_the_runner_verifies_rolls_back_rather_than_completing(
         runtime: CutoverRuntime) -> None:  # noqa: F811
     held = FinalReadHeld(targets={"region:eu": ["203.0.113.0/24"]})
-    runtime.drivers = [*[d for d in runtime.drivers if d.tier != CutoverTier.ANYCAST], held]
-    cutover_id = _plan(runtime, [CutoverTier.L7, CutoverTier.ANYCAST])
+    runtime.drivers = [*[d for d in runtime.drivers if d.tier != RoutingTier.ANYCAST], held]
+    cutover_id = _plan(runtime, [RoutingTier.L7, RoutingTier.ANYCAST])
     with running(runtime, cutover_id) as finished:
         try:
             assert held.in_final_read.wait(30)  # every step done; the runner re-reads them before completing
@@ -154,7 +155,7 @@ def test_an_abort_that_lands_while_the_runner_verifies_rolls_back_rather_than_co
 
 
 def test_an_abort_after_completion_is_refused_and_writes_nothing(runtime: CutoverRuntime) -> None:  # noqa: F811
-    cutover_id = _plan(runtime, [CutoverTier.L7])
+    cutover_id = _plan(runtime, [RoutingTier.L7])
     assert flows.execute(runtime, cutover_id=cutover_id, idempotency_key="k", actor="op").state == "completed"
     with pytest.raises(InvalidTransition, match="roll back a finished one"):
         flows.abort(runtime, cutover_id=cutover_id, actor="token:op#2", reason="too late")
@@ -164,7 +165,7 @@ def test_an_abort_after_completion_is_refused_and_writes_nothing(runtime: Cutove
 
 def test_the_stop_switch_flipped_mid_cutover_refuses_its_next_step_and_rolls_back_what_it_did(
         runtime: CutoverRuntime, scripted: ScriptedDriver, clock: ManualClock) -> None:  # noqa: F811
-    cutover_id = _plan(runtime, [CutoverTier.ANYCAST, CutoverTier.L7])  # anycast, then l7 c-eu-a, c-eu-b
+    cutover_id = _plan(runtime, [RoutingTier.ANYCAST, RoutingTier.L7])  # anycast, then l7 c-eu-a, c-eu-b
     scripted.block = threading.Event()
     with running(runtime, cutover_id) as finished:
         try:

@@ -13,7 +13,7 @@ from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from cutover.endpoints import router as cutover_router
-from cutover.service import CutoverRuntime
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,

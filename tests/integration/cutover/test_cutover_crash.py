@@ -23,11 +23,12 @@ from typing import Any
 import httpx
 import pytest
 
+from common import oneshot_http
 from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
 from controlplane.db import session_scope
 from cutover import service as cutover_service
-from lifeline.processes import free_port, wait_for_http_ok
+from lifeline.processes import free_port, scrape_metric, wait_for_http_ok
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     topology_two_regions,
 )
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PREFIX = "203.0.113.0/24"
 
 LAUNCHER = """
-import json, sys
+import dataclasses, json, sys
 from datetime import timedelta
 import uvicorn
 from controlplane.app import create_app
@@ -51,8 +52,10 @@ url, port, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 app = create_app(ControlPlaneSettings(database_url=url, port=port))
 if not any(getattr(r, "path", "") == "/api/v1/cutovers" for r in app.routes):
     app.include_router(router, prefix="/api/v1")
-app.state.cutover_drivers = [FileTierDriver(root, {"region:eu": [%r]})]
-app.state.cutover_policy = CutoverPolicy(claim_ttl=timedelta(seconds=1), min_wait=timedelta(0))
+runtime = app.state.cutover_runtime
+app.state.cutover_runtime = dataclasses.replace(
+    runtime, drivers=[*runtime.drivers, FileTierDriver(root, {"region:eu": [%r]})],
+    policy=CutoverPolicy(claim_ttl=timedelta(seconds=1), min_wait=timedelta(0)))
 uvicorn.run(app, host="127.0.0.1", port=port, log_config=None)
 """ % PREFIX
 
@@ -104,12 +107,12 @@ def kill_mid_step(processes: Any, operator: dict[str, str], tmp_path: Path, sess
     first = processes("first")
     plan = {"scope": {"kind": "region", "region": "eu"}, "tier": "anycast", "reason": "eu degraded",
             "step_timeout_s": 2}
-    cutover_id = httpx.post(f"{first.url}/api/v1/cutovers", json=plan, headers=operator, timeout=30).json()["id"]
+    cutover_id = oneshot_http.post(f"{first.url}/api/v1/cutovers", json=plan, headers=operator, timeout=30).json()["id"]
 
     def execute() -> None:
         try:
-            httpx.post(f"{first.url}/api/v1/cutovers/{cutover_id}/execute", json={"idempotency_key": "k1"},
-                       headers=operator, timeout=60)
+            oneshot_http.post(f"{first.url}/api/v1/cutovers/{cutover_id}/execute", json={"idempotency_key": "k1"},
+                              headers=operator, timeout=60)
         except httpx.HTTPError:
             pass  # the process is killed under it
 
@@ -136,7 +139,9 @@ def poll(call: Any, until: Any, *, what: str, timeout: float = 30.0) -> Any:
         response = call()
         if until(response):
             return response
-        assert time.monotonic() < deadline, f"{what}: last answer {response.status_code} {response.text}"
+        if time.monotonic() >= deadline:
+            shown = f"{response.status_code} {response.text}" if isinstance(response, httpx.Response) else response
+            raise AssertionError(f"{what}: last answer {shown}")
         time.sleep(0.25)
 
 
@@ -145,14 +150,24 @@ def test_execute_completes_a_cutover_whose_process_was_sigkilled_mid_step(
 ) -> None:
     cutover_id = kill_mid_step(processes, operator, tmp_path, session_factory)
     second = processes("second")
+
+    def cutovers(name: str, **labels: str) -> float:  # the new process's /metrics, read from the database
+        return scrape_metric(f"{second.url}/metrics", name, {"tier": "anycast", **labels})
+
+    # What LifelineCutoverUnclaimed reads: mid-way, and the dead runner's claim has lapsed.
+    poll(lambda: cutovers("lifeline_controlplane_cutovers_unclaimed"), lambda n: n == 1, what="unclaimed")
+    assert cutovers("lifeline_controlplane_cutovers", state="executing") == 1
     url = f"{second.url}/api/v1/cutovers/{cutover_id}/execute"
-    done = poll(lambda: httpx.post(url, json={"idempotency_key": "k1"}, headers=operator, timeout=30),
+    done = poll(lambda: oneshot_http.post(url, json={"idempotency_key": "k1"}, headers=operator, timeout=30),
                 lambda r: r.status_code == 200 and r.json()["state"] == "completed", what="resume")
     assert [s["status"] for s in done.json()["steps"]] == ["verified"]
-    events = httpx.get(f"{second.url}/api/v1/events", params={"scope": "region:eu"}, headers=operator).json()
+    assert cutovers("lifeline_controlplane_cutovers_unclaimed") == 0
+    assert (cutovers("lifeline_controlplane_cutovers", state="executing"),
+            cutovers("lifeline_controlplane_cutovers", state="completed")) == (0, 1)
+    events = oneshot_http.get(f"{second.url}/api/v1/events", params={"scope": "region:eu"}, headers=operator).json()
     kinds = [e["kind"] for e in events]
     assert kinds.count("cutover.resumed") == 1 and kinds.count("cutover.step") == 1
-    again = httpx.post(url, json={"idempotency_key": "k1"}, headers=operator, timeout=30).json()
+    again = oneshot_http.post(url, json={"idempotency_key": "k1"}, headers=operator, timeout=30).json()
     assert again["revision"] == done.json()["revision"]
 
 
@@ -162,11 +177,11 @@ def test_rollback_undoes_a_cutover_whose_process_was_sigkilled_mid_step(
     cutover_id = kill_mid_step(processes, operator, tmp_path, session_factory)
     second = processes("second")
     url = f"{second.url}/api/v1/cutovers/{cutover_id}/rollback"
-    back = poll(lambda: httpx.post(url, json={"reason": "abandon after crash"}, headers=operator, timeout=30),
+    back = poll(lambda: oneshot_http.post(url, json={"reason": "abandon after crash"}, headers=operator, timeout=30),
                 lambda r: r.status_code == 200, what="rollback")
     assert back.json()["state"] == "rolled_back"
     assert (tmp_path / PREFIX.replace("/", "_")).read_text() == "announced"
-    reverts = httpx.get(f"{second.url}/api/v1/events", params={"kind": "cutover.rollback_step"},
-                        headers=operator).json()
+    reverts = oneshot_http.get(f"{second.url}/api/v1/events", params={"kind": "cutover.rollback_step"},
+                               headers=operator).json()
     assert [(e["outcome"], e["reason"]) for e in reverts] == [("succeeded", "abandon after crash")]
     assert [s["status"] for s in back.json()["steps"]] == ["reverted"]

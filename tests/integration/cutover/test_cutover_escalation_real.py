@@ -2,7 +2,7 @@
 drains just that zone and the region's DNS record, read back from a real BIND9, stays where it was.
 
 The runtime's anycast and dns drivers are built from typed driver settings
-(`cutover.driver_config`, as the served control plane builds them) over a
+(`cutover.runtime.build_drivers`, as the served control plane builds them) over a
 real BIRD 2 observing two ExaBGP speakers and a real BIND9.
 """
 
@@ -22,13 +22,12 @@ from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
 from cutover import service as cutover_service
-from cutover.driver_config import CutoverDriversConfig, build_drivers
+from cutover.drivers_file import CutoverDriversConfig
+from cutover.runtime import CutoverRuntime, build_drivers
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import ScopeKind
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from cutover.models import Scope, ScopeKind
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures

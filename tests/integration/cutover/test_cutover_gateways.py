@@ -12,13 +12,12 @@ from contract.events import GatewayReport
 from controlplane.db import session_scope
 from controlplane.gateway_report import service as reports
 from controlplane.snapshot import service as snapshot_service
-from cutover import flows
-from cutover import service as cutover_service
-from cutover.l7 import ReportedGatewayVersions, SnapshotL7Driver
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover import flows, service as cutover_service
+from cutover.drivers.snapshot_l7 import ReportedGatewayVersions, SnapshotL7Driver
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     policy,
     read_factory,
@@ -75,7 +74,7 @@ def runtime(session_factory: Any, read_factory: Any, clock: ManualClock, policy:
 
 def plan(runtime: CutoverRuntime) -> int:
     with session_scope(runtime.factory) as session:
-        cutover, _ = cutover_service.plan(session, runtime, scope=EU_A, tiers=[CutoverTier.L7],
+        cutover, _ = cutover_service.plan(session, runtime, scope=EU_A, tiers=[RoutingTier.L7],
                                           target_state=TargetState.OUT, reason="eu-a", mode=CutoverMode.MANUAL,
                                           actor="op")
         return cutover.id

@@ -16,15 +16,14 @@ from common.clock import ManualClock
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
-from cutover import flows
-from cutover import service as cutover_service
+from cutover import flows, service as cutover_service
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,
@@ -42,7 +41,7 @@ def runtime(session_factory: Any, read_factory: Any, clock: ManualClock,  # noqa
             policy: CutoverPolicy) -> CutoverRuntime:  # noqa: F811
     snapshot = SnapshotL7Driver(session_factory, read_factory=read_factory, clock=clock, sleep=clock.advance,
                                 poll_interval_s=0.1)
-    haproxy = ScriptedDriver(CutoverTier.L7, "haproxy", targets={ENGINE.key: ["be/engine-7"]})
+    haproxy = ScriptedDriver(RoutingTier.L7, "haproxy", targets={ENGINE.key: ["be/engine-7"]})
     return CutoverRuntime(factory=session_factory, clock=clock, policy=policy, read_factory=read_factory,
                           drivers=[snapshot, haproxy])
 
@@ -55,7 +54,7 @@ def instance_events(runtime: CutoverRuntime) -> list[Any]:
 
 def test_every_event_of_an_instance_cutover_names_its_generation(runtime: CutoverRuntime) -> None:
     with session_scope(runtime.factory) as session:
-        cutover, _ = cutover_service.plan(session, runtime, scope=ENGINE, tiers=[CutoverTier.L7],
+        cutover, _ = cutover_service.plan(session, runtime, scope=ENGINE, tiers=[RoutingTier.L7],
                                           target_state=TargetState.OUT, reason="outlier", mode=CutoverMode.MANUAL,
                                           actor="op", generation=3)
         cutover_id = cutover.id
@@ -75,7 +74,7 @@ def test_every_event_of_an_instance_cutover_names_its_generation(runtime: Cutove
 def test_a_zone_cutover_has_no_generation_to_name(runtime: CutoverRuntime) -> None:
     with session_scope(runtime.factory) as session:
         cutover, _ = cutover_service.plan(session, runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"),
-                                          tiers=[CutoverTier.L7], target_state=TargetState.OUT, reason="zone",
+                                          tiers=[RoutingTier.L7], target_state=TargetState.OUT, reason="zone",
                                           mode=CutoverMode.MANUAL, actor="op", generation=3)
         assert cutover.generation is None
     with session_scope(runtime.reads) as session:

@@ -1,6 +1,6 @@
 """The mesh tier in Lifeline's gateways: mesh routes through the API and the snapshot, and a zone cut over.
 
-The served control plane's built-in mesh driver (cutover/mesh.py), on
+The served control plane's built-in mesh driver (cutover/drivers/snapshot_mesh.py), on
 SQLite and PostgreSQL; the snapshot each change produces is read back as
 the contract record gateways apply and checked with the gateway's own
 mesh functions (gateway/mesh.py).

@@ -19,7 +19,7 @@ from common.clock import ManualClock
 from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
-from cutover.driver_config import CutoverDriverConfigError
+from cutover.drivers_file import CutoverDriverConfigError
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture

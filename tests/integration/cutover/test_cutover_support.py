@@ -15,11 +15,12 @@ from common.clock import ManualClock
 from controlplane.db import build_session_factory, session_scope
 from controlplane.topology import service as topology
 from controlplane.topology.schemas import ClusterCreate
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import CutoverTier, TargetState
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from contract.routing_tier import RoutingTier
+from cutover.models import Scope, TargetState
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope, StepCheck
+from cutover.runtime import CutoverRuntime
+from cutover.drivers.base import StepCheck
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def read_factory(db_engine: Any) -> Any:
 class ScriptedDriver:
     """An in-memory tier (standing in for a routing system) whose verification and apply can be scripted."""
 
-    def __init__(self, tier: CutoverTier = CutoverTier.ANYCAST, name: str = "scripted", *,
+    def __init__(self, tier: RoutingTier = RoutingTier.ANYCAST, name: str = "scripted", *,
                  targets: dict[str, list[str]] | None = None) -> None:
         self.tier = tier
         self.name = name
@@ -114,7 +115,7 @@ class FileTierDriver:
     control-plane process.
     """
 
-    tier = CutoverTier.ANYCAST
+    tier = RoutingTier.ANYCAST
     name = "files"
 
     def __init__(self, root: str, scope_targets: dict[str, list[str]]) -> None:

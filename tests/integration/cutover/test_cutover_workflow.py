@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from common.clock import ManualClock
+from contract.routing_tier import RoutingTier
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
@@ -24,9 +25,8 @@ from cutover.errors import (
     ScopeBusy,
     TierNotConfigured,
 )
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     SimulatedCrash,
@@ -44,7 +44,7 @@ EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")
 US = Scope(ScopeKind.REGION, "us", "us")
 
 
-def plan(runtime: CutoverRuntime, scope: Scope = EU, tier: CutoverTier = CutoverTier.L7,
+def plan(runtime: CutoverRuntime, scope: Scope = EU, tier: RoutingTier = RoutingTier.L7,
          target: TargetState = TargetState.OUT, **kwargs: Any) -> int:
     with session_scope(runtime.factory) as session:
         cutover, _ = cutover_service.plan(
@@ -86,7 +86,7 @@ def test_plan_lists_every_step_and_changes_nothing(runtime: CutoverRuntime) -> N
 
 def test_plan_refuses_unconfigured_tiers_and_empty_scopes(runtime: CutoverRuntime) -> None:
     with pytest.raises(TierNotConfigured):
-        plan(runtime, tier=CutoverTier.DNS)
+        plan(runtime, tier=RoutingTier.DNS)
     with pytest.raises(NothingToCutOver):
         plan(runtime, scope=Scope(ScopeKind.INSTANCE, "eu", "engine-1"))  # l7 instance needs a generation
 
@@ -153,7 +153,7 @@ def test_a_rolled_back_cutover_no_longer_holds_its_region_out(runtime: CutoverRu
 
 def test_a_non_l7_cutover_counts_as_taking_its_scope_out(runtime: CutoverRuntime) -> None:
     """A DNS/anycast cutover leaves the clusters active; the assertion still sees the scope as out."""
-    anycast = plan(runtime, tier=CutoverTier.ANYCAST)
+    anycast = plan(runtime, tier=RoutingTier.ANYCAST)
     assert flows.execute(runtime, cutover_id=anycast, idempotency_key="a", actor="op").state == "completed"
     with pytest.raises(SafetyRuleViolation):
         flows.execute(runtime, cutover_id=plan(runtime, scope=US), idempotency_key="us", actor="op")
@@ -190,7 +190,7 @@ def test_cutovers_of_one_scope_wait_the_minimum_interval(runtime: CutoverRuntime
 
 
 def test_one_active_cutover_per_scope(runtime: CutoverRuntime, scripted: ScriptedDriver) -> None:
-    first = plan(runtime, scope=EU_A, tier=CutoverTier.ANYCAST)
+    first = plan(runtime, scope=EU_A, tier=RoutingTier.ANYCAST)
     second = plan(runtime, scope=EU_A)
     scripted.crash_on_apply = "203.0.113.1/32"
     with pytest.raises(SimulatedCrash):
@@ -204,7 +204,7 @@ def test_a_step_that_does_not_verify_rolls_back_what_was_done(
 ) -> None:
     scripted.scope_targets["region:eu"] = ["203.0.113.0/24", "198.51.100.0/24"]
     scripted.never_verify.add("198.51.100.0/24")
-    done = flows.execute(runtime, cutover_id=plan(runtime, tier=CutoverTier.ANYCAST), idempotency_key="k",
+    done = flows.execute(runtime, cutover_id=plan(runtime, tier=RoutingTier.ANYCAST), idempotency_key="k",
                          actor="op")
     assert done.state == "rolled_back"
     assert "did not verify" in (done.failure or "")
@@ -254,7 +254,7 @@ def test_a_crash_mid_step_is_resumed_by_execute_after_the_claim_lapses(
     runtime: CutoverRuntime, scripted: ScriptedDriver, clock: ManualClock
 ) -> None:
     scripted.scope_targets["region:eu"] = ["203.0.113.0/24", "198.51.100.0/24"]
-    cutover_id = plan(runtime, tier=CutoverTier.ANYCAST)
+    cutover_id = plan(runtime, tier=RoutingTier.ANYCAST)
     scripted.crash_on_apply = "198.51.100.0/24"
     with pytest.raises(SimulatedCrash):
         flows.execute(runtime, cutover_id=cutover_id, idempotency_key="k", actor="op")
@@ -278,7 +278,7 @@ def test_a_crash_mid_step_is_resumed_by_execute_after_the_claim_lapses(
 def test_a_crash_mid_step_is_undone_by_rollback_after_the_claim_lapses(
     runtime: CutoverRuntime, scripted: ScriptedDriver, clock: ManualClock
 ) -> None:
-    cutover_id = plan(runtime, tier=CutoverTier.ANYCAST)
+    cutover_id = plan(runtime, tier=RoutingTier.ANYCAST)
     scripted.never_verify.add("203.0.113.0/24")  # the write lands, then the process dies before verifying
     scripted.announced["203.0.113.0/24"] = True
     scripted.crash_on_apply = "203.0.113.0/24"

@@ -14,9 +14,9 @@ from controlplane.event.repository import EventFilter
 from controlplane.snapshot import service as snapshot_service
 from cutover import flows, zonal_shift
 from cutover.errors import InvalidExpiry, ZonalShiftActive, ZonalShiftEnded
-from cutover.l7 import SnapshotL7Driver
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
 from cutover.policy import aware
-from cutover.service import CutoverRuntime
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,

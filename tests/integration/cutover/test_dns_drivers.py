@@ -1,14 +1,25 @@
-"""The dns tier's drivers on a real BIND9 (RFC 2136 + TSIG) and on moto's Route 53 emulator."""
+"""The dns tier's drivers on a real BIND9 (RFC 2136 + TSIG) and on moto's Route 53 emulator.
+
+The lab zone holds the seed's dual TTL: `api` (external, 60 s) and
+`api.internal` (internal, 600 s). A target with only `name` moves the
+external record; one with `internal_name` as well moves both in one write.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
+import dns.message
+import dns.query
 import pytest
 
-from cutover.driver import (
+from common.clock import SystemClock
+from cutover.drivers.base import (
+    EXTERNAL_TTL_S,
+    INTERNAL_TTL_S,
     DnsState,
     DnsTarget,
     DriverRejected,
@@ -16,15 +27,26 @@ from cutover.driver import (
     VerificationFailed,
     parse_state,
 )
-from cutover.drivers.dns import EXTERNAL_TTL_S, INTERNAL_TTL_S, Rfc2136Driver, Route53Driver
+from cutover.runtime import build_drivers
+from cutover.drivers_file import load
+from cutover.drivers.dns import Rfc2136Driver, Route53Driver
+from cutover.models import Scope, ScopeKind, TargetState
 from lifeline.processes import free_port
-from tests.integration.cutover.conftest import REGION_A, REGION_B
+from tests.integration.cutover.conftest import REGION_A, REGION_B, dns_drivers_table
 from lifeline.daemons import MotoServer, BindServer
 
 ZONE = "lifeline.test."
 EXTERNAL = DnsTarget(zone=ZONE, name="api.lifeline.test.")
 INTERNAL = DnsTarget(zone=ZONE, name="api.internal.lifeline.test.")
+DUAL = DnsTarget(zone=ZONE, name=EXTERNAL.name, internal_name=INTERNAL.name)
 TIMEOUT = timedelta(seconds=5)
+
+
+def authoritative(server: BindServer, name: str) -> tuple[list[str], int]:
+    """The server's answer for `name` and its TTL, asked with a plain query (not through a driver)."""
+    response = dns.query.udp(dns.message.make_query(name, "A"), server.host, port=server.port, timeout=2)
+    (rrset,) = response.answer
+    return sorted(r.address for r in rrset), rrset.ttl
 
 
 def rfc2136(server: BindServer, **overrides: object) -> Rfc2136Driver:
@@ -53,7 +75,7 @@ def test_bind_region_cutover_flips_the_external_answer_and_restore_flips_it_back
     assert REGION_B in proof.evidence and "(aa)" in proof.evidence
     # Resolvers may hold the replaced answer for its TTL: the short external one.
     assert proof.client_cache_ttl_s == EXTERNAL_TTL_S
-    # The long-TTL internal record is not what a cutover moves.
+    # A target without internal_name leaves the long-TTL internal record alone.
     assert driver.read_state(INTERNAL).values == (REGION_A,)
     # A second driver (a restarted control plane) reads the same real state.
     assert rfc2136(bind_server).read_state(EXTERNAL) == after
@@ -61,6 +83,57 @@ def test_bind_region_cutover_flips_the_external_answer_and_restore_flips_it_back
     back = driver.restore(before, TIMEOUT)
     assert back.verified and back.observed == before
     assert rfc2136(bind_server).read_state(EXTERNAL) == before
+
+
+def test_bind_region_cutover_moves_both_dual_ttl_records_with_their_ttls_and_restore_brings_both_back(
+        bind_server: BindServer) -> None:
+    driver = rfc2136(bind_server)
+    before = driver.read_state(DUAL)
+    assert before == DnsState(target=DUAL, values=(REGION_A,), ttl_s=EXTERNAL_TTL_S,
+                              internal_values=(REGION_A,), internal_ttl_s=INTERNAL_TTL_S)
+    after = before.model_copy(update={"values": (REGION_B,), "internal_values": (REGION_B,)})
+
+    driver.apply(after)
+    proof = driver.verify(after, TIMEOUT)
+
+    assert proof.verified and proof.observed == after
+    # Clients may hold the replaced external answer 60 s; the region's own services the internal one 600 s.
+    assert (proof.client_cache_ttl_s, proof.internal_cache_ttl_s) == (EXTERNAL_TTL_S, INTERNAL_TTL_S)
+    assert f"{INTERNAL.name} {INTERNAL_TTL_S} IN A {REGION_B}" in proof.evidence
+    assert authoritative(bind_server, EXTERNAL.name) == ([REGION_B], EXTERNAL_TTL_S)
+    assert authoritative(bind_server, INTERNAL.name) == ([REGION_B], INTERNAL_TTL_S)
+
+    back = driver.restore(before, TIMEOUT)
+    assert back.verified and back.observed == before
+    assert authoritative(bind_server, EXTERNAL.name) == ([REGION_A], EXTERNAL_TTL_S)
+    assert authoritative(bind_server, INTERNAL.name) == ([REGION_A], INTERNAL_TTL_S)
+
+
+def test_bind_drivers_file_with_an_internal_name_moves_both_records_with_the_configured_ttls(
+        bind_server: BindServer, tmp_path: Path) -> None:
+    """The served path: the drivers file → the rfc2136 step driver → plan, apply, verify, roll back on BIND9."""
+    path = tmp_path / "drivers.toml"
+    path.write_text(dns_drivers_table(bind_server, tmp_path,
+                                      internal=f'internal_name = "{INTERNAL.name}"\ninternal_ttl_s = 900'))
+    (step_driver,) = build_drivers(load(path), clock=SystemClock())
+    (target,) = step_driver.targets(Scope(ScopeKind.REGION, "eu", "eu"))
+    before = step_driver.read_state(target)
+    out = step_driver.desired(before, TargetState.OUT)
+    assert (out["values"], out["ttl_s"], out["internal_values"], out["internal_ttl_s"]) == (
+        [REGION_B], EXTERNAL_TTL_S, [REGION_B], 900)
+
+    step_driver.apply(out)
+    check = step_driver.verify(out, TIMEOUT)
+    assert check.verified, check.evidence
+    assert (check.evidence["client_cache_ttl_s"], check.evidence["internal_cache_ttl_s"]) == (
+        EXTERNAL_TTL_S, INTERNAL_TTL_S)  # the replaced answers' TTLs, as seeded
+    assert authoritative(bind_server, EXTERNAL.name) == ([REGION_B], EXTERNAL_TTL_S)
+    assert authoritative(bind_server, INTERNAL.name) == ([REGION_B], 900)
+
+    step_driver.apply(before)  # rollback: the recorded before-state
+    assert step_driver.verify(before, TIMEOUT).verified
+    assert authoritative(bind_server, EXTERNAL.name) == ([REGION_A], EXTERNAL_TTL_S)
+    assert authoritative(bind_server, INTERNAL.name) == ([REGION_A], INTERNAL_TTL_S)
 
 
 def test_bind_apply_is_idempotent(bind_server: BindServer) -> None:
@@ -138,6 +211,26 @@ def test_route53_emulator_region_cutover_and_restore(route53_emulator: object) -
 
     assert driver.restore(before, TIMEOUT).observed == before
     assert Route53Driver(route53_emulator).read_state(EXTERNAL) == before
+
+
+def test_route53_emulator_moves_both_dual_ttl_record_sets_in_one_change_and_restores_both(
+        route53_emulator: object) -> None:
+    driver = Route53Driver(route53_emulator)
+    before = driver.read_state(DUAL)
+    assert before == DnsState(target=DUAL, values=(REGION_A,), ttl_s=EXTERNAL_TTL_S,
+                              internal_values=(REGION_A,), internal_ttl_s=INTERNAL_TTL_S)
+    after = before.model_copy(update={"values": (REGION_B,), "internal_values": (REGION_B,)})
+
+    driver.apply(after)
+    proof = driver.verify(after, TIMEOUT)
+    assert proof.verified and proof.observed == after
+    assert (proof.client_cache_ttl_s, proof.internal_cache_ttl_s) == (EXTERNAL_TTL_S, INTERNAL_TTL_S)
+    reader = Route53Driver(route53_emulator)
+    assert reader.read_state(EXTERNAL) == DnsState(target=EXTERNAL, values=(REGION_B,), ttl_s=EXTERNAL_TTL_S)
+    assert reader.read_state(INTERNAL) == DnsState(target=INTERNAL, values=(REGION_B,), ttl_s=INTERNAL_TTL_S)
+
+    assert driver.restore(before, TIMEOUT).observed == before
+    assert Route53Driver(route53_emulator).read_state(DUAL) == before
 
 
 def test_route53_emulator_unknown_zone_is_rejected(route53_emulator: object) -> None:

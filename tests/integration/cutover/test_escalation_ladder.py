@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from common.clock import ManualClock
+from contract.routing_tier import RoutingTier
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
 from cutover import service as cutover_service
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.models import CutoverTier, ScopeKind
+from cutover.models import Scope, ScopeKind
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
+from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
     policy,
@@ -39,10 +39,10 @@ EU = Scope(ScopeKind.REGION, "eu", "eu")
 
 def test_an_instance_fault_climbs_to_its_zone_holds_short_of_the_region_and_a_region_fault_moves_it(
         session_factory: Any, read_factory: Any, clock: ManualClock, policy: CutoverPolicy) -> None:  # noqa: F811
-    l7 = ScriptedDriver(CutoverTier.L7, "haproxy", targets={ENGINE.key: ["be/engine-7"],
+    l7 = ScriptedDriver(RoutingTier.L7, "haproxy", targets={ENGINE.key: ["be/engine-7"],
                                                             "region:eu/zone:eu-a": ["be/zone-eu-a"]})
-    anycast = ScriptedDriver(CutoverTier.ANYCAST, "exabgp", targets={"region:eu/zone:eu-a": ["203.0.113.10/32"]})
-    dns = ScriptedDriver(CutoverTier.DNS, "rfc2136", targets={"region:eu": ["api.lifeline.test."]})
+    anycast = ScriptedDriver(RoutingTier.ANYCAST, "exabgp", targets={"region:eu/zone:eu-a": ["203.0.113.10/32"]})
+    dns = ScriptedDriver(RoutingTier.DNS, "rfc2136", targets={"region:eu": ["api.lifeline.test."]})
     l7.never_verify |= {"be/engine-7", "be/zone-eu-a"}
     anycast.never_verify.add("203.0.113.10/32")
     runtime = CutoverRuntime(factory=session_factory, clock=clock, policy=policy, read_factory=read_factory,
@@ -51,8 +51,8 @@ def test_an_instance_fault_climbs_to_its_zone_holds_short_of_the_region_and_a_re
     decisions = escalate(runtime, fault, actor="op")
     assert [d.action for d in decisions] == [Action.CUT_OVER, Action.CUT_OVER, Action.CUT_OVER, Action.HOLD]
     assert [(d.tiers[0], d.scope.key) for d in decisions[:3]] == [  # type: ignore[union-attr]
-        (CutoverTier.L7, ENGINE.key), (CutoverTier.ANYCAST, "region:eu/zone:eu-a"),
-        (CutoverTier.L7, "region:eu/zone:eu-a")]
+        (RoutingTier.L7, ENGINE.key), (RoutingTier.ANYCAST, "region:eu/zone:eu-a"),
+        (RoutingTier.L7, "region:eu/zone:eu-a")]
     assert "a region move needs the evidence of a region fault" in decisions[3].reason
     assert dns.announced == {} and dns.applied == []  # the region was never touched for an instance fault
     with session_scope(runtime.factory) as session:
@@ -63,5 +63,5 @@ def test_an_instance_fault_climbs_to_its_zone_holds_short_of_the_region_and_a_re
 
     region = Fault("agent:eu:region:eu:1", EU, {"source": "agent probe", "zones_down": ["eu-a", "eu-b"]})
     decisions = escalate(runtime, region, actor="op")
-    assert [(d.action, d.tiers) for d in decisions] == [(Action.CUT_OVER, (CutoverTier.DNS,)), (Action.CONTAINED, ())]
+    assert [(d.action, d.tiers) for d in decisions] == [(Action.CUT_OVER, (RoutingTier.DNS,)), (Action.CONTAINED, ())]
     assert dns.announced == {"api.lifeline.test.": False}

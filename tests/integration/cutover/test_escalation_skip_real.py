@@ -2,7 +2,7 @@
 
 The runtime is the served plane's shape — the snapshot's l7 and mesh
 built in, a dns tier built from typed driver settings
-(`cutover.driver_config`) over a real BIND9, and no anycast table — so
+(`cutover.runtime.build_drivers`) over a real BIND9, and no anycast table — so
 the zone's anycast + mesh rung has nothing to change. The ladder skips it
 (one `cutover.escalation_skipped` event, no cutover) and drains just that
 zone at l7, in the snapshot; the region's record, read back from BIND,
@@ -27,20 +27,18 @@ from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
 from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
-from controlplane.topology import repository as topology_repository
-from controlplane.topology import service as topology_service
-from cutover import flows
-from cutover import service as cutover_service
+from controlplane.topology import repository as topology_repository, service as topology_service
+from cutover import flows, service as cutover_service
 from cutover.capacity import CapacityConfig
-from cutover.driver_config import CutoverDriversConfig, build_drivers
+from cutover.drivers_file import CutoverDriversConfig
+from cutover.runtime import CutoverRuntime, build_drivers
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from cutover.drivers.snapshot_mesh import SnapshotMeshDriver
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.l7 import SnapshotL7Driver
-from cutover.mesh import SnapshotMeshDriver
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
@@ -99,7 +97,7 @@ def bind_dns(bind_server: BindServer, tmp_path: Path) -> list[Any]:
         "regions": {"eu": {"answer": [REGION_A], "failover_to": "us"},
                     "us": {"answer": [REGION_B], "failover_to": "eu"}}}})
     drivers = build_drivers(config, clock=SystemClock())
-    assert [d.tier for d in drivers] == [CutoverTier.DNS]
+    assert [d.tier for d in drivers] == [RoutingTier.DNS]
     return drivers
 
 
@@ -127,8 +125,8 @@ def test_a_zone_anycast_and_mesh_cannot_act_on_is_drained_at_l7_and_the_region_r
     decisions = escalate(runtime, FAULT, actor="token:agent-eu#5")
     assert [d.action for d in decisions] == [Action.SKIPPED, Action.CUT_OVER, Action.CONTAINED]
     assert REGISTRY.get_sample_value("lifeline_cutover_escalation_decisions_total", skips) == skipped_before + 1
-    assert (decisions[0].tiers, decisions[0].scope) == ((CutoverTier.MESH,), EU_A)
-    assert (decisions[1].tiers, decisions[1].scope) == ((CutoverTier.L7,), EU_A)
+    assert (decisions[0].tiers, decisions[0].scope) == ((RoutingTier.MESH,), EU_A)
+    assert (decisions[1].tiers, decisions[1].scope) == ((RoutingTier.L7,), EU_A)
     assert _answer(bind_server) == [REGION_A]  # read back from the authoritative server: the region did not move
 
     (l7_cutover,) = _cutovers(runtime)  # the skipped rung made no cutover
@@ -168,7 +166,7 @@ def test_a_zone_no_zone_tier_can_act_on_holds_and_never_moves_the_region(
     fault = Fault("agent:eu:region:eu:zone:eu-c:1", Scope(ScopeKind.ZONE, "eu", "eu-c"), {"source": "agent probe"})
     decisions = escalate(runtime, fault, actor="agent")
     assert [(d.action, d.tiers) for d in decisions] == [
-        (Action.SKIPPED, (CutoverTier.MESH,)), (Action.SKIPPED, (CutoverTier.L7,)), (Action.HOLD, ())]
+        (Action.SKIPPED, (RoutingTier.MESH,)), (Action.SKIPPED, (RoutingTier.L7,)), (Action.HOLD, ())]
     assert "a region move needs the evidence of a region fault" in decisions[2].reason
     assert _answer(bind_server) == [REGION_A]
     assert _cutovers(runtime) == []
@@ -182,7 +180,7 @@ def test_a_region_fault_moves_the_real_dns_record(
         bind_dns: list[Any], bind_server: BindServer) -> None:
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
     decisions = escalate(runtime, REGION_FAULT, actor="token:agent-eu#5")
-    assert [(d.action, d.tiers) for d in decisions] == [(Action.CUT_OVER, (CutoverTier.DNS,)), (Action.CONTAINED, ())]
+    assert [(d.action, d.tiers) for d in decisions] == [(Action.CUT_OVER, (RoutingTier.DNS,)), (Action.CONTAINED, ())]
     assert _answer(bind_server) == [REGION_B]
     (dns_cutover,) = _cutovers(runtime)
     assert (dns_cutover.tier, dns_cutover.scope, dns_cutover.mode, dns_cutover.state) == (
@@ -212,7 +210,7 @@ def test_a_region_fault_waits_out_the_regions_last_cutover(
         bind_dns: list[Any], bind_server: BindServer) -> None:
     runtime = _runtime(session_factory, read_factory, clock, policy, bind_dns)
     with session_scope(runtime.factory) as session:  # an operator moved eu's record and moved it back just now
-        manual, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[CutoverTier.DNS],
+        manual, _ = cutover_service.plan(session, runtime, scope=EU, tiers=[RoutingTier.DNS],
                                          target_state=TargetState.OUT, reason="eu drill", mode=CutoverMode.MANUAL,
                                          actor="op")
     flows.execute(runtime, cutover_id=manual.id, idempotency_key="k", actor="op")

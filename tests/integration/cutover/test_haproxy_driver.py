@@ -7,7 +7,13 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from cutover.driver import DriverRejected, DriverUnavailable, L7State, L7Target, VerificationFailed
+from cutover.drivers.base import (
+    DriverRejected,
+    DriverUnavailable,
+    L7State,
+    L7Target,
+    VerificationFailed,
+)
 from tests.integration.cutover.conftest import HaproxyLab
 
 TIMEOUT = timedelta(seconds=5)

@@ -16,15 +16,15 @@ from kubernetes.client import ApiClient, Configuration
 
 from common.clock import ManualClock, SystemClock
 from controlplane.db import session_scope
-from cutover import flows
-from cutover import service as cutover_service
-from cutover.driver import DriverRejected, DriverUnavailable, MeshState, MeshTarget, VerificationFailed
+from cutover import flows, service as cutover_service
+from cutover.drivers.base import DriverRejected, DriverUnavailable, MeshState, MeshTarget, VerificationFailed
 from cutover.drivers.istio import IstioVirtualServiceDriver
 from cutover.errors import MeshNoDestinationLeft
-from cutover.l7 import SnapshotL7Driver
-from cutover.models import CutoverMode, CutoverTier, ScopeKind, TargetState
-from cutover.service import CutoverRuntime
-from cutover.tiers import Scope, TierDriverAdapter
+from cutover.drivers.snapshot_l7 import SnapshotL7Driver
+from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from contract.routing_tier import RoutingTier
+from cutover.runtime import CutoverRuntime
+from cutover.drivers.adapter import TierDriverAdapter
 from lifeline.kube_emulator import KubeApiEmulator
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     policy,
@@ -178,7 +178,7 @@ def mesh_runtime(session_factory: Any, read_factory: Any, clock: ManualClock, po
     l7 = SnapshotL7Driver(session_factory, read_factory=read_factory, clock=clock, sleep=clock.advance,
                           poll_interval_s=0.1)
     targets = {"region:eu/zone:eu-a": [_target("eu-a")], "region:eu/zone:eu-b": [_target("eu-b")]}
-    istio = TierDriverAdapter(driver, tier=CutoverTier.MESH, name="istio",
+    istio = TierDriverAdapter(driver, tier=RoutingTier.MESH, name="istio",
                               targets_for=lambda scope: targets.get(scope.key, []))
     return CutoverRuntime(factory=session_factory, clock=clock, drivers=[l7, istio], policy=policy)
 
@@ -188,7 +188,7 @@ def test_emulated_istio_mesh_cutover_of_a_zone_completes_and_rolls_back(
         mesh_runtime: CutoverRuntime, emulator: KubeApiEmulator) -> None:
     with session_scope(mesh_runtime.factory) as session:
         cutover, _ = cutover_service.plan(
-            session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[CutoverTier.MESH],
+            session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[RoutingTier.MESH],
             target_state=TargetState.OUT, reason="eu-a packet loss", mode=CutoverMode.MANUAL, actor="op")
         cutover_id = cutover.id
         assert [s.expected_after["weights"] for s in cutover.steps] == [{f"{HOST}/eu-a": 0, f"{HOST}/eu-b": 100}]
@@ -210,7 +210,7 @@ def test_emulated_istio_mesh_cutover_refuses_to_empty_a_route(
     driver.apply(_out(driver, _target("eu-b")))  # eu-b already out: eu-a is all that is left
     with session_scope(mesh_runtime.factory) as session, pytest.raises(MeshNoDestinationLeft):
         cutover_service.plan(
-            session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[CutoverTier.MESH],
+            session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[RoutingTier.MESH],
             target_state=TargetState.OUT, reason="eu-a", mode=CutoverMode.MANUAL, actor="op")
     assert _weights(emulator) == {"eu-a": 100, "eu-b": 0}
 
@@ -220,7 +220,8 @@ def test_emulated_istio_driver_built_from_the_drivers_file_reads_and_writes(
         emulator: KubeApiEmulator, tmp_path: Any, how: str) -> None:
     import yaml
 
-    from cutover.driver_config import CutoverDriversConfig, build_drivers
+    from cutover.drivers_file import CutoverDriversConfig
+    from cutover.runtime import build_drivers
 
     if how == "kubeconfig":
         kubeconfig = tmp_path / "kubeconfig"

@@ -37,9 +37,11 @@ OVERLAYS = ROOT / "deploy" / "overlays"
 KUBERNETES_VERSION = "1.33.0"
 REGIONS = {"us-east-1": "vllm", "eu-west-1": "vllm", "lab": "reference"}
 # Custom resources the manifests use; kubernetes_validate ships no CRD schemas.
-# None today: the HPA's Pods metric is served by prometheus-adapter through the
-# aggregated custom.metrics.k8s.io API, which needs no CRD in these manifests.
-KNOWN_CRDS: frozenset[tuple[str, str]] = frozenset()
+# The Prometheus Operator's, from deploy/monitoring: their fields are checked in
+# test_monitoring_rules.py. (The HPA's Pods metric is served by prometheus-adapter
+# through the aggregated custom.metrics.k8s.io API, which needs no CRD.)
+KNOWN_CRDS: frozenset[tuple[str, str]] = frozenset({("monitoring.coreos.com/v1", "PrometheusRule"),
+                                                    ("monitoring.coreos.com/v1", "ServiceMonitor")})
 CHECKOV_SKIPS = {
     # Tags are pinned per overlay (`images:`); digests are set at release with
     # `kustomize edit set image lifeline=…@sha256:…`, for images built elsewhere.

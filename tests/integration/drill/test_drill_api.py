@@ -167,3 +167,38 @@ def test_drill_events_name_what_they_faulted_and_an_instances_generation(client,
     assert (aborted["scope"], aborted["after"]["generation"]) == ("region:local/instance:victim", 4)
     shown = client.get(f"/api/v1/drills/runs/{instance_run['id']}", headers=as_role("viewer")).json()
     assert shown["fault_generation"] == 4
+
+
+def test_metrics_say_when_each_drill_last_passed_and_when_a_passing_run_is_due(client, as_role, session_factory,
+                                                                                clock):
+    """What LifelineDrillOverdue reads, from the database through the API's own /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def gauges() -> dict[tuple[str, str], float]:
+        page = client.get("/metrics").text
+        return {(sample.name.removeprefix("lifeline_controlplane_drill_"), sample.labels["drill"]): sample.value
+                for family in text_string_to_metric_families(page) for sample in family.samples
+                if sample.name.startswith("lifeline_controlplane_drill_") and "drill" in sample.labels}
+
+    day = 86400.0
+    define(client, as_role, INSTANCE)
+    define(client, as_role, ZONE)
+    defined = clock.wall()
+    seen = gauges()
+    assert seen[("cadence_seconds", "kill-one")] == 7 * day and seen[("cadence_seconds", "lose-zone-a")] == 30 * day
+    assert seen[("pass_due_timestamp_seconds", "kill-one")] == defined + 7 * day  # due from the definition on
+    assert ("last_passed_timestamp_seconds", "kill-one") not in seen  # never passed
+    clock.advance(timedelta(days=3))
+    run = request_run(client, as_role, "kill-one")
+    with session_scope(session_factory) as session:
+        started = service.start(session, run_id=run["id"], fault_target="victim", actor="t", clock=clock)
+        measuring = service.advance(session, run=started, event=DrillRunEvent.FAULT_CLEARED, clock=clock)
+        service.advance(session, run=measuring, event=DrillRunEvent.PASS, clock=clock)
+    passed = clock.wall()
+    clock.advance(timedelta(days=1))
+    define(client, as_role, {**INSTANCE, "targets": {"request_rto_s": 2.0}})  # a new version keeps the history
+    seen = gauges()
+    assert seen[("last_passed_timestamp_seconds", "kill-one")] == passed
+    assert seen[("pass_due_timestamp_seconds", "kill-one")] == passed + 7 * day
+    assert seen[("pass_due_timestamp_seconds", "lose-zone-a")] == defined + 30 * day
+    assert client.get("/metrics").text.count("lifeline_controlplane_drill_scrape_ok 1.0") == 1

@@ -39,6 +39,21 @@ def figures(client, as_role) -> dict[str, dict[str, Any]]:
     return {f["metric"]: f for entry in response.json()["triple"] for f in entry["figures"]}
 
 
+def verdicts(client, as_role) -> dict[str, tuple[float, float | None]]:
+    """metric → (target_verified, measured) of model tiny on /metrics; each agrees with the document's figure."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels["metric"]): s.value for family in text_string_to_metric_families(
+        client.get("/metrics").text) for s in family.samples
+        if s.name.startswith("lifeline_controlplane_slo_") and s.labels.get("model") == "tiny"}
+    shown = {metric: (value, samples.get(("lifeline_controlplane_slo_measured", metric)))
+             for (name, metric), value in samples.items() if name == "lifeline_controlplane_slo_target_verified"}
+    declared = {m: f for m, f in figures(client, as_role).items() if f["target"] is not None}
+    assert set(shown) == set(declared)
+    assert all(shown[m][0] == (declared[m]["status"] == "measured") for m in shown), (shown, declared)
+    return shown
+
+
 def test_without_drills_every_target_is_unverified(client, as_role):
     document = client.get("/api/v1/slo/tiny", headers=as_role("viewer")).json()
     assert [e["dimension"] for e in document["triple"]] == ["W", "K", "C"]
@@ -49,11 +64,13 @@ def test_a_target_is_measured_only_by_a_fresh_passed_run(client, as_role, sessio
     with session_scope(session_factory) as session:
         service.define(session, spec=DrillSpec.model_validate(SPEC), actor="t", clock=clock)
     assert figures(client, as_role)["rto_quality_s"]["why"] == "never drilled"
+    assert verdicts(client, as_role)["rto_quality_s"] == (0, None)  # what LifelineSloTargetUnverified reads
 
     failed = ended_run(session_factory, clock, state="failed", measured={"rto_quality_s": 50.0})
     quality = figures(client, as_role)["rto_quality_s"]
     assert (quality["status"], quality["run_id"]) == ("unverified", failed)
     assert "failed" in quality["why"]
+    assert verdicts(client, as_role)["rto_quality_s"][0] == 0
 
     aborted = ended_run(session_factory, clock, state="aborted", measured={})
     assert figures(client, as_role)["rto_quality_s"]["run_id"] == aborted
@@ -66,10 +83,12 @@ def test_a_target_is_measured_only_by_a_fresh_passed_run(client, as_role, sessio
     assert now["token_rpo_tokens"]["status"] == "measured"
     assert now["rpo_context_tokens"]["status"] == "unverified"  # no drill declares it
     assert now["rto_latency_s"]["why"] == "no drill declares a target for it"
+    assert verdicts(client, as_role)["rto_quality_s"] == (1, 6.5)
 
     clock.advance(timedelta(days=7, seconds=1))  # older than the weekly cadence
     stale = figures(client, as_role)["rto_quality_s"]
     assert stale["status"] == "unverified" and "older than its cadence (7 days)" in stale["why"]
+    assert verdicts(client, as_role)["rto_quality_s"][0] == 0
 
 
 def test_markdown_and_html_say_unverified_never_met(client, as_role, session_factory, clock):

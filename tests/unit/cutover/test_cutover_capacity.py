@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from cutover.capacity import WarmPoolCapacity
-from cutover.models import ScopeKind
-from cutover.tiers import Scope
+from cutover.models import Scope, ScopeKind
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from common.clock import ManualClock
-from cutover.driver_config import CutoverDriverConfigError, build_drivers, load
-from cutover.models import CutoverTier, ScopeKind, TargetState
-from cutover.tiers import Scope
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import parse_state
+from cutover.drivers_file import CutoverDriverConfigError, load
+from cutover.models import Scope, ScopeKind, TargetState
+from cutover.runtime import build_drivers
 
 EU, EU_A, ENGINE = (Scope(ScopeKind.REGION, "eu", "eu"), Scope(ScopeKind.ZONE, "eu", "eu-a"),
                     Scope(ScopeKind.INSTANCE, "eu", "engine-7"))
@@ -79,24 +82,24 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_every_tier_builds_from_the_file_and_maps_scopes_to_targets(tmp_path: Path) -> None:
     config = load(_write(tmp_path, _full(tmp_path)))
-    assert config.configured_tiers() == [CutoverTier.L7, CutoverTier.MESH, CutoverTier.ANYCAST, CutoverTier.DNS]
+    assert config.configured_tiers() == [RoutingTier.L7, RoutingTier.MESH, RoutingTier.ANYCAST, RoutingTier.DNS]
     drivers = {(d.tier, d.name): d for d in build_drivers(config, clock=ManualClock())}
     assert sorted((t.value, n) for t, n in drivers) == [
         ("anycast", "exabgp"), ("dns", "rfc2136"), ("dns", "route53"), ("l7", "haproxy"), ("mesh", "istio")]
-    haproxy = drivers[(CutoverTier.L7, "haproxy")]
+    haproxy = drivers[(RoutingTier.L7, "haproxy")]
     assert [t["server"] for t in haproxy.targets(EU)] == ["s1", "s3"]  # a region covers its zones and instances
     assert [t["server"] for t in haproxy.targets(EU_A)] == ["s1"]
     assert [t["server"] for t in haproxy.targets(ENGINE)] == ["s3"]
-    anycast = drivers[(CutoverTier.ANYCAST, "exabgp")]
+    anycast = drivers[(RoutingTier.ANYCAST, "exabgp")]
     assert [t["zone"] for t in anycast.targets(EU)] == ["eu-a", "eu-b"]
     assert [t["next_hop"] for t in anycast.targets(EU_A)] == ["127.0.0.2"]
     assert anycast.targets(ENGINE) == []
-    dns = drivers[(CutoverTier.DNS, "rfc2136")]
+    dns = drivers[(RoutingTier.DNS, "rfc2136")]
     (target,) = dns.targets(EU)
     assert target["name"] == "api.lifeline.test." and target["scope"]["region"] == "eu"
     assert dns.targets(EU_A) == []
-    assert str(drivers[(CutoverTier.DNS, "rfc2136")].driver.key_name) == "lifeline."
-    assert [t["route"] for t in drivers[(CutoverTier.MESH, "istio")].targets(EU_A)] == ["default"]
+    assert str(drivers[(RoutingTier.DNS, "rfc2136")].driver.key_name) == "lifeline."
+    assert [t["route"] for t in drivers[(RoutingTier.MESH, "istio")].targets(EU_A)] == ["default"]
 
 
 def test_dns_out_is_the_takeover_regions_answer_with_the_short_ttl(tmp_path: Path) -> None:
@@ -109,9 +112,75 @@ def test_dns_out_is_the_takeover_regions_answer_with_the_short_ttl(tmp_path: Pat
     assert dns.desired(out, TargetState.IN)["values"] == ["192.0.2.10"]
 
 
+def test_dns_without_an_internal_name_stores_the_same_target_and_state_as_before(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, _full(tmp_path)))
+    dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "rfc2136")
+    (target,) = dns.targets(EU)
+    assert sorted(target) == ["name", "rdtype", "scope", "tier", "zone"]
+    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60}
+    assert sorted(dns.desired(before, TargetState.OUT)) == ["target", "tier", "ttl_s", "values"]
+
+
+def _dual(tmp_path: Path, lines: str) -> str:
+    return _full(tmp_path).replace('name = "api.lifeline.test."', f'name = "api.lifeline.test."\n{lines}', 1)
+
+
+def test_dns_internal_name_moves_with_the_external_record_at_its_long_ttl(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, _dual(tmp_path, 'internal_name = "api.internal.lifeline.test."')))
+    assert config.dns is not None
+    assert (config.dns.ttl_s, config.dns.internal_ttl_s) == (60, 600)  # the seed's defaults
+    dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "route53")
+    (target,) = dns.targets(EU)
+    assert target["internal_name"] == "api.internal.lifeline.test."
+    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60,
+              "internal_values": ["192.0.2.10"], "internal_ttl_s": 600}
+    out = dns.desired(before, TargetState.OUT)
+    assert (out["values"], out["ttl_s"], out["internal_values"], out["internal_ttl_s"]) == (
+        ["198.51.100.10"], 60, ["198.51.100.10"], 600)
+    back = dns.desired(out, TargetState.IN)
+    assert (back["values"], back["internal_values"]) == (["192.0.2.10"], ["192.0.2.10"])
+
+
+def test_dns_ttls_are_configurable(tmp_path: Path) -> None:
+    config = load(_write(tmp_path, _dual(tmp_path, 'ttl_s = 30\ninternal_name = "api.internal.lifeline.test."\n'
+                                                   "internal_ttl_s = 3600")))
+    assert config.dns is not None
+    assert (config.dns.ttl_s, config.dns.internal_ttl_s) == (30, 3600)
+
+
+@pytest.mark.parametrize(("lines", "key"), [
+    ('internal_name = "api.internal.other.test."', "internal_name 'api.internal.other.test.' is not in zone"),
+    ('internal_name = "api.lifeline.test."', "internal_name must differ from name"),
+    ('internal_name = "api.internal"', "dns.internal_name: String should match pattern"),
+    ('internal_name = "api.internal.lifeline.test."\ninternal_ttl_s = 30',
+     "internal_ttl_s (30) is shorter than ttl_s (60)"),
+    ('internal_name = "api.internal.lifeline.test."\ninternal_ttl_s = 0', "dns.internal_ttl_s: Input should be"),
+    ('internal_name = "api.internal.lifeline.test."\ninternal_ttl_s = "ten minutes"',
+     "dns.internal_ttl_s: Input should be a valid integer"),
+    ("internal_ttl_s = 600", "internal_ttl_s is set but internal_name is not"),
+    ("ttl_s = 0", "dns.ttl_s: Input should be"),
+])
+def test_a_bad_dual_ttl_stops_start_up_naming_the_key(tmp_path: Path, lines: str, key: str) -> None:
+    path = _write(tmp_path, _dual(tmp_path, lines))
+    with pytest.raises(CutoverDriverConfigError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert message.startswith(f"LIFELINE_CONTROLPLANE_CUTOVER_DRIVERS_FILE={path}: ") and key in message
+
+
+def test_a_stored_dns_state_is_refused_when_its_internal_record_is_half_there() -> None:
+    target = {"tier": "dns", "zone": "lifeline.test.", "name": "api.lifeline.test.",
+              "internal_name": "api.internal.lifeline.test."}
+    with pytest.raises(ValidationError, match="internal_values and internal_ttl_s"):
+        parse_state({"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60})
+    with pytest.raises(ValidationError, match="internal_values and internal_ttl_s"):
+        parse_state({"tier": "dns", "target": {**target, "internal_name": None}, "values": [], "ttl_s": 0,
+                     "internal_values": [], "internal_ttl_s": 0})
+
+
 def test_an_empty_file_configures_only_the_snapshot_tiers(tmp_path: Path) -> None:
     config = load(_write(tmp_path, ""))
-    assert config.configured_tiers() == [CutoverTier.L7, CutoverTier.MESH]
+    assert config.configured_tiers() == [RoutingTier.L7, RoutingTier.MESH]
     assert build_drivers(config, clock=ManualClock()) == []
 
 
@@ -198,7 +267,8 @@ instance_prefill_tokens_per_s = 10000
 
 
 def test_capacity_plans_give_the_assertion_the_warm_pool_plans_figures(tmp_path: Path) -> None:
-    from contract.capacity import PlanInputs, plan_inputs
+    from contract.pool_plan import PlanInputs
+    from warm_pool.capacity import plan_inputs
 
     config = load(_write(tmp_path, CAPACITY))
     assert config.capacity is not None

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contract.routing_tier import RoutingTier as T
 from cutover.errors import EvidenceRequired
 from cutover.escalation import Action, Attempt, Fault, Outcome, decide
-from cutover.models import CutoverTier as T
-from cutover.models import ScopeKind
-from cutover.tiers import Scope
+from cutover.models import Scope, ScopeKind
 
 ENGINE = Scope(ScopeKind.INSTANCE, "eu", "engine-7")
 EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")

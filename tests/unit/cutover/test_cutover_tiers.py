@@ -1,4 +1,4 @@
-"""The workflow's view of a tier: scopes, event tiers, and the adapter onto cutover.driver."""
+"""The workflow's view of a tier: scopes, event tiers, and the adapter onto the typed drivers (cutover/drivers/)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,18 @@ from datetime import timedelta
 import pytest
 
 from common.clock import ManualClock
-from controlplane.event.models import RoutingTier
-from cutover.driver import AnycastState, AnycastTarget, DriverUnavailable, L7State, L7Target
+from contract.routing_tier import RoutingTier
+from cutover.drivers.adapter import TierDriverAdapter
+from cutover.drivers.base import (
+    AnycastState,
+    AnycastTarget,
+    DriverUnavailable,
+    L7State,
+    L7Target,
+    describe_target,
+)
 from cutover.drivers.polling import PollingDriver
-from cutover.models import CutoverTier, ScopeKind, TargetState
-from cutover.tiers import Scope, TierDriverAdapter, describe_target, event_tier
+from cutover.models import Scope, ScopeKind, TargetState
 
 ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.2")
 
@@ -42,7 +49,7 @@ class MemoryAnycast(PollingDriver[AnycastState]):
 
 
 def adapter(driver: MemoryAnycast) -> TierDriverAdapter:
-    return TierDriverAdapter(driver, tier=CutoverTier.ANYCAST, name="exabgp",
+    return TierDriverAdapter(driver, tier=RoutingTier.ANYCAST, name="exabgp",
                              targets_for=lambda scope: [ZONE_A] if scope.name == "eu-a" else [])
 
 
@@ -56,10 +63,17 @@ def test_scope_keys_are_the_event_logs_scope_strings(scope: Scope, key: str) -> 
     assert scope.key == key
 
 
-def test_event_tiers_follow_the_events_table() -> None:
-    assert [event_tier(t) for t in (CutoverTier.L7, CutoverTier.MESH, CutoverTier.DNS)] == [
-        RoutingTier.L7, RoutingTier.MESH, RoutingTier.DNS]
-    assert event_tier(CutoverTier.ANYCAST) == RoutingTier.ANYCAST
+def test_one_routing_tier_is_what_the_events_and_cutovers_tables_allow() -> None:
+    from sqlalchemy import CheckConstraint
+
+    from controlplane.event.models import Event
+    from cutover.models import Cutover, CutoverStep
+
+    assert [t.value for t in RoutingTier] == ["l7", "mesh", "anycast", "dns"]  # fastest first
+    for table in (Event.__table__, Cutover.__table__):
+        checks = [str(c.sqltext) for c in table.constraints if isinstance(c, CheckConstraint)]
+        assert any("('l7', 'mesh', 'anycast', 'dns')" in check for check in checks), table.name
+    assert CutoverStep.__table__.c.tier.type.length >= max(len(t.value) for t in RoutingTier)
 
 
 def test_describe_target_is_stable_and_bounded() -> None:
@@ -103,7 +117,7 @@ def test_an_unreachable_tier_is_a_failed_check_not_an_exception() -> None:
 
 
 def test_default_out_and_in_for_haproxy_servers() -> None:
-    from cutover.tiers import desired_out_in
+    from cutover.drivers.adapter import desired_out_in
 
     server = L7State(target=L7Target(backend="engines", server="s1"), admin_state="ready", weight=100)
     assert desired_out_in(server, TargetState.OUT).admin_state == "drain"
@@ -124,14 +138,14 @@ def test_default_out_and_in_for_haproxy_servers() -> None:
 ])
 def test_mesh_weights_move_the_scope_and_keep_the_total(weights: dict[str, int], moved: list[str],
                                                         target_state: TargetState, expected: dict[str, int]) -> None:
-    from cutover.tiers import mesh_weights
+    from cutover.drivers.adapter import mesh_weights
 
     assert mesh_weights(weights, moved, target_state) == expected
 
 
 def test_mesh_weights_refuse_to_leave_a_route_empty_or_name_unknown_destinations() -> None:
+    from cutover.drivers.adapter import mesh_weights
     from cutover.errors import MeshNoDestinationLeft
-    from cutover.tiers import mesh_weights
 
     with pytest.raises(MeshNoDestinationLeft, match="no destination with weight"):
         mesh_weights({"a": 100, "b": 0}, ["a"], TargetState.OUT)

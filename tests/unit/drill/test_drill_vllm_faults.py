@@ -9,13 +9,14 @@ alone (tests/e2e/vllm/test_drill_vllm.py, on real vLLM).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from common.clock import ManualClock
 from controlplane.drill.errors import FaultNotInjectable, UnsupportedDrill
-from controlplane.drill.faults import InstanceFault, ZoneLoss, plan_fault
+from controlplane.drill.faults import BadVersion, InstanceFault, ZoneLoss, plan_fault
 from controlplane.drill.fleet import FileFleet, FleetFile
 from controlplane.drill.schemas import BlastRadius, Traffic
 from controlplane.drill.states import DrillFault, DrillScope
@@ -24,7 +25,7 @@ from controlplane.drill.states import DrillFault, DrillScope
 def fleet(tmp_path: Path) -> FileFleet:
     return FileFleet(FleetFile.model_validate({"gateway_url": "http://gw.invalid", "region": "local", "instances": {
         "vllm-0": {"url": "http://127.0.0.1:1", "served_model": "tiny", "zone": "a", "engine": "vllm",
-                   "pid_file": str(tmp_path / "vllm-0.pid")},
+                   "pid_file": str(tmp_path / "vllm-0.pid"), "bad_version": ["vllm", "serve", "/models/other"]},
         "ref-0": {"url": "http://127.0.0.1:2", "served_model": "tiny", "zone": "b"}}}), sleep=lambda s: None)
 
 
@@ -45,7 +46,7 @@ def test_a_fault_vllm_has_no_hook_for_is_refused_before_anything(tmp_path: Path,
     with pytest.raises(FaultNotInjectable, match=says) as refused:
         plan(tmp_path, fault, "vllm-0")
     assert (refused.value.status_code, refused.value.error_type) == (422, "fault_not_injectable")
-    assert "stock vLLM" in str(refused.value) and "sigkill or sigstop" in str(refused.value)
+    assert "stock vLLM" in str(refused.value) and "sigkill, sigstop or bad_version" in str(refused.value)
 
 
 @pytest.mark.parametrize(("fault", "target", "scope"), [
@@ -80,3 +81,91 @@ def test_kills_plan_on_vllm_and_the_reference_engine_keeps_its_hooks(tmp_path: P
     assert isinstance(plan(tmp_path, DrillFault.SIGSTOP, "vllm-0"), InstanceFault)
     assert isinstance(plan(tmp_path, DrillFault.ZONE_LOSS, "a", DrillScope.ZONE), ZoneLoss)
     assert isinstance(plan(tmp_path, DrillFault.HANG, "ref-0"), InstanceFault)
+
+
+class Events:
+    """The runner's EventReader over a list the test appends to."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = [{"id": 1, "kind": "probe.verdict", "scope": "region:local/instance:vllm-0",
+                                  "after": {"verdict": "wrong_output"}, "started_at": "2026-12-02T10:00:00+00:00"}]
+
+    def last_id(self) -> int:
+        return max(e["id"] for e in self.rows)
+
+    def events_after(self, after_id: int) -> list[dict]:
+        return [e for e in self.rows if e["id"] > after_id]
+
+
+class Deployer:
+    region, gateway_url = "local", "http://gw.invalid"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def instance_ids(self) -> list[str]:
+        return ["vllm-0", "ref-0"]
+
+    def can_deploy_bad_version(self, instance_id: str) -> bool:
+        return instance_id == "vllm-0"
+
+    def deploy_bad_version(self, instance_id: str) -> None:
+        self.calls.append(("bad", instance_id))
+
+    def redeploy(self, instance_id: str) -> None:
+        self.calls.append(("good", instance_id))
+
+
+def bad_version_plan(fleet: object, events: Events | None, clock: ManualClock) -> BadVersion:
+    radius = BlastRadius.model_validate({"region": "local", "instances": ["vllm-0"]})
+    planned = plan_fault(scope=DrillScope.INSTANCE, fault=DrillFault.BAD_VERSION, radius=radius,
+                         traffic=Traffic(fault_duration_s=2.0), fleet=fleet, target="vllm-0", clock=clock,
+                         sleep=clock.advance, events=events)
+    assert isinstance(planned, BadVersion)
+    return planned
+
+
+def test_a_bad_version_plans_on_vllm_and_is_refused_where_the_fleet_has_no_bad_build(tmp_path: Path) -> None:
+    planned = plan(tmp_path, DrillFault.BAD_VERSION, "vllm-0")
+    assert isinstance(planned, BadVersion) and planned.hold_s == Traffic().fault_duration_s and planned.keep_traffic
+    with pytest.raises(UnsupportedDrill, match="no `bad_version` command"):
+        plan(tmp_path, DrillFault.BAD_VERSION, "ref-0")
+
+
+def test_a_bad_version_reads_the_agents_verdict_back_and_measures_from_the_wrong_build_being_up() -> None:
+    events, fleet, clock = Events(), Deployer(), ManualClock()
+    planned = bad_version_plan(fleet, events, clock)
+    planned.prepare()  # the verdict already in the log is an earlier run's: not this one's
+    clock.advance(1.0)
+    planned.inject()
+    deployed = clock.wall()
+    at = datetime.fromtimestamp(deployed + 0.75, UTC).isoformat()
+    events.rows.append({"id": 2, "kind": "probe.verdict", "scope": "region:local/instance:ref-0",
+                        "after": {"verdict": "wrong_output"}, "started_at": at})  # another instance
+    events.rows.append({"id": 3, "kind": "probe.verdict", "scope": "region:local/instance:vllm-0",
+                        "after": {"verdict": "timeout"}, "started_at": at})  # another verdict
+    planned.tick(clock.now())
+    assert planned.verdict is None
+    events.rows.append({"id": 4, "kind": "probe.verdict", "scope": "region:local/instance:vllm-0", "actor": "agent:a",
+                        "reason": "canary: token 0 is 9, recorded 5", "after": {"verdict": "wrong_output"},
+                        "started_at": at})
+    planned.clear()
+    planned.after_clear()  # the batch arrived after the hold: still found
+    assert fleet.calls == [("bad", "vllm-0"), ("good", "vllm-0")]
+    assert planned.measurements(0.0, 1.0) == {"canary_detection_s": 0.75}
+    assert planned.checks() == [] and planned.details()["verdict"]["id"] == 4
+
+
+def test_a_bad_version_the_canary_never_judged_is_a_follow_up_not_a_pass() -> None:
+    events, clock = Events(), ManualClock()
+    planned = bad_version_plan(Deployer(), events, clock)
+    planned.prepare()
+    planned.inject()
+    planned.clear()
+    planned.after_clear()  # waits its bound on the clock, then gives up
+    assert planned.measurements(0.0, 1.0) == {"canary_detection_s": None}
+    assert planned.checks() == ["the agent's canary never judged vllm-0 wrong_output while it served another "
+                                "version's weights under the model's name"]
+    unwired = bad_version_plan(Deployer(), None, clock)
+    unwired.inject()
+    assert "could not be read back" in unwired.checks()[0]

@@ -29,3 +29,21 @@ def test_no_op_values_are_served() -> None:
             "presence_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
     parsed = parse_json_body(json.dumps(body).encode(), ChatCompletionRequest, BadRequest)
     assert parsed.constraint_fields() == {}
+
+
+@pytest.mark.parametrize(("model", "body", "field"), [
+    (CompletionRequest, {"prompt": "hi", "echo": True}, "echo"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+])
+def test_fields_the_answer_would_leave_out_are_refused_naming_the_field(model: type, body: dict, field: str) -> None:
+    """Served as if absent, `echo` would answer without the prompt and a chat answer without its logprobs."""
+    with pytest.raises(BadRequest) as refused:
+        parse_json_body(json.dumps(body).encode(), model, BadRequest)
+    assert refused.value.param == field
+
+
+def test_a_completions_logprobs_and_echo_false_are_served() -> None:
+    parsed = parse_json_body(json.dumps({"prompt": "hi", "logprobs": 2, "echo": False}).encode(),
+                             CompletionRequest, BadRequest)
+    assert parsed.logprobs == 2

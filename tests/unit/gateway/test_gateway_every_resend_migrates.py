@@ -1,4 +1,4 @@
-"""Every re-send to an engine is a counted migration, never back to the endpoint that failed the request.
+"""Every re-send to an engine is a counted migration, back to an engine that failed it only as a last resort.
 
 An engine's "abort" is a failure, not an end; an engine that streams no token
 ids is ejected and, when nothing else can continue, refused typed
@@ -62,15 +62,30 @@ async def test_a_continuation_never_goes_back_to_the_endpoint_that_failed_it(tin
         assert [p[0] for p in h.engines.payloads] == ["a", "b"]
 
 
-async def test_when_only_the_failed_endpoint_is_left_the_stream_ends_no_healthy_endpoint_at_once(tiny_model):
-    h = Harness(tiny_model, ["a"], outlier=LENIENT, admission={"queue_timeout": 3600})
+async def test_when_only_the_failed_endpoint_is_left_and_not_ejected_the_stream_goes_back_to_it(tiny_model):
+    """A lone engine's transient 500 costs the request nothing: it is the last resort, not refused (Envoy's
+    previous_hosts falls back to the same host too); the continuation carries the committed token."""
+    h = Harness(tiny_model, ["a"], outlier=LENIENT)
     await h.register()
     h.engines.script("a", OPEN, 5, EngineFailure("http_500", "boom"))
     h.engines.script("a", OPEN, 6, ("finish", 7))
-    async with asyncio.timeout(30):  # nothing to wait for: no slot frees on an engine we will not use
+    frames = await frames_of((await h.session(max_tokens=3)).run())
+    assert _error(frames) is None and _tokens(frames) == [5, 6, 7]
+    assert [p[0] for p in h.engines.payloads] == ["a", "a"]
+    assert h.engines.payloads[1][1]["prompt"] == [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize("reason", ["connect", "connection_lost"])
+async def test_when_the_only_engine_left_is_ejected_the_stream_ends_no_healthy_endpoint_at_once(tiny_model, reason):
+    """A refused or reset connection ejects even the last engine: nothing there answers, nothing to wait for."""
+    h = Harness(tiny_model, ["a"], admission={"queue_timeout": 3600})
+    await h.register()
+    h.engines.script("a", OPEN, 5, EngineFailure(reason))
+    h.engines.script("a", OPEN, 6, ("finish", 7))
+    async with asyncio.timeout(30):  # no slot frees on an engine that is ejected
         frames = await frames_of((await h.session(max_tokens=3)).run())
     error = _error(frames)
-    assert error["type"] == "no_healthy_endpoint" and "just failed this request" in error["message"]
+    assert error["type"] == "no_healthy_endpoint" and "failed this request and are ejected (a@" in error["message"]
     assert [p[0] for p in h.engines.payloads] == ["a"]
 
 

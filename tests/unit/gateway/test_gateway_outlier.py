@@ -78,6 +78,21 @@ def test_a_failed_connection_ejects_at_once_whatever_the_cap():
     assert outliers.failure(FLEET[1], "connection_lost", peers=FLEET)
 
 
+def test_a_slow_engine_is_ejected_at_once_but_within_the_cap_so_a_busy_survivor_stays_routable():
+    """A connect timeout or a stall shows an engine slow, not gone: the dead peer's streams arriving at a
+    loaded survivor must not eject the last engine there is (seen with two vLLMs on two cores)."""
+    pair = FLEET[:2]
+    outliers, _ = _detector(max_ejection_percent=50.0)
+    assert outliers.failure(pair[0], "connection_lost", peers=pair)  # the dead one: out at once
+    assert not outliers.failure(pair[1], "timeout", peers=pair)  # the survivor, slow to accept: kept
+    assert not outliers.failure(pair[1], "stall", peers=pair)
+    assert not outliers.ejected(pair[1])
+    fleet, _ = _detector(max_ejection_percent=50.0)
+    assert fleet.failure(FLEET[0], "stall", peers=FLEET)  # with room under the cap: at once, no count to reach
+    assert fleet.failure(FLEET[1], "timeout", peers=FLEET)
+    assert not fleet.failure(FLEET[2], "timeout", peers=FLEET)
+
+
 def test_a_new_generation_starts_clean():
     outliers, _ = _detector()
     assert outliers.failure(("e0", 1), "connect", peers=FLEET)

@@ -25,8 +25,11 @@ def client(tiny_model):
 
 
 @pytest.mark.parametrize(("path", "extra", "param"), [
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"suffix": "!"}, "suffix"),
@@ -40,6 +43,7 @@ def test_a_field_the_gateway_cannot_forward_is_a_400_naming_it(client, path, ext
 
 
 @pytest.mark.parametrize("extra", [{"metadata": {"k": "v"}}, {"store": False}, {"tool_choice": "none"}, {"tools": []},
+                                   {"tools": [{"type": "function", "function": {"name": "f"}}]},
                                    {"response_format": {"type": "json_object"}}, {"logit_bias": {"5": -100}}])
 def test_fields_the_gateway_forwards_or_that_change_nothing_pass_validation(client, extra):
     response = client.post("/v1/chat/completions", json={**CHAT, **extra})

@@ -87,23 +87,22 @@ async def test_each_local_ejection_is_told_to_the_event_listener_once():
     assert told == [("e0", "connect")]
 
 
-async def test_excluded_endpoints_are_never_acquired_and_avoided_ones_only_as_a_last_resort():
+async def test_endpoints_that_failed_a_request_are_taken_only_as_a_last_resort_the_latest_last():
     router, _, _ = await _router(2)
     e0, e1 = sorted(await router.endpoints("v"), key=lambda e: e.instance_id)
-    for _ in range(10):
-        chosen = await router.acquire("v", client_key=None, queue_timeout=0, exclude=frozenset({e0.key}))
-        assert chosen == e1
-        await router.release(chosen)
-    assert (await router.acquire("v", client_key="c", queue_timeout=0, prefer="e0", exclude=frozenset({e0.key}))) == e1
-    with pytest.raises(NoHealthyEndpoint) as refused:
-        await router.acquire("v", client_key=None, queue_timeout=3600, exclude=frozenset({e0.key, e1.key}))
-    assert refused.value.error_type == "no_healthy_endpoint" and "e0@" in refused.value.message
     for _ in range(10):  # avoided: taken only when nothing else is left
         chosen = await router.acquire("v", client_key=None, queue_timeout=0, avoid=(e0.key,))
         assert chosen == e1
         await router.release(chosen)
-    assert await router.acquire("v", client_key=None, queue_timeout=0, exclude=frozenset({e1.key}),
-                                avoid=(e0.key,)) == e0
+    assert (await router.acquire("v", client_key="c", queue_timeout=0, prefer="e0", avoid=(e0.key,))) == e1
+    for _ in range(10):  # both failed it: the earlier failure first, the one that just failed last
+        chosen = await router.acquire("v", client_key=None, queue_timeout=0, avoid=(e1.key, e0.key))
+        assert chosen == e1
+        await router.release(chosen)
+    assert await router.failed(e0, "connect") and await router.failed(e1, "connect")
+    with pytest.raises(NoHealthyEndpoint) as refused:  # both ejected: nothing to wait for
+        await router.acquire("v", client_key=None, queue_timeout=3600, avoid=(e0.key, e1.key))
+    assert refused.value.error_type == "no_healthy_endpoint" and "e0@" in refused.value.message
 
 
 async def test_engines_without_token_ids_are_ejected_past_the_cap_and_refused_engine_incompatible():

@@ -50,7 +50,7 @@ def world(tmp_path: Path):
     return tmp_path, files
 
 
-def _source(tmp_path: Path, fake: FakeControlPlane, clock: ManualClock | None = None):
+def _source(tmp_path: Path, fake: FakeControlPlane, clock: ManualClock | None = None, **options):
     clock = clock or ManualClock()
     shipper = EventShipper(replica_id="gw-1", region="local", clock=clock, controlplane_url="http://cp")
     routing = SnapshotRouting("local")
@@ -58,7 +58,7 @@ def _source(tmp_path: Path, fake: FakeControlPlane, clock: ManualClock | None = 
                              headers={"Authorization": "Bearer t0k"})
     source = SnapshotSource(routing=routing, loader=ArtifactLoader(download_dir=tmp_path / "dl"), events=shipper,
                             make_event=shipper.event, clock=clock, controlplane_url="http://cp",
-                            cache_path=tmp_path / "state" / "snapshot.json", http=http)
+                            cache_path=tmp_path / "state" / "snapshot.json", http=http, **options)
     return source, routing, shipper
 
 
@@ -276,3 +276,41 @@ def test_a_routing_region_that_disagrees_with_the_region_stops_start_up_naming_b
     monkeypatch.delenv("LIFELINE_GATEWAY_REGION")
     agreed = GatewaySettings(region="eu-west", routing={**snapshot, "region": "eu-west"})
     assert agreed.routing_region == agreed.region == "eu-west"
+
+
+async def test_metrics_say_which_snapshot_is_applied_and_when_the_control_plane_last_answered(world):
+    """What the stale-snapshot and two-epochs alerts read: a 304 counts as an answer, unreachable does not."""
+    from prometheus_client import CollectorRegistry
+
+    tmp_path, files = world
+    fake = FakeControlPlane()
+    body = {**snapshot_body(3, tmp_path / "artifacts", files, aliases={"prod": "v1"}), "controlplane_epoch": "e-old"}
+    fake.serve(body)
+    clock = ManualClock()
+    registry = CollectorRegistry()
+    source, _, _ = _source(tmp_path, fake, clock, metrics_registry=registry)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert sample("lifeline_gateway_snapshot_last_answer_timestamp_seconds") == 0  # never answered yet
+    await source.poll_once()
+    assert sample("lifeline_gateway_snapshot_applied_version") == 3
+    assert sample("lifeline_gateway_snapshot_applied_epoch", epoch=body["controlplane_epoch"]) == 1
+    assert sample("lifeline_gateway_snapshot_last_answer_timestamp_seconds") == clock.wall()
+    clock.advance(30)
+    assert await source.poll_once() == PollOutcome.UNCHANGED
+    assert sample("lifeline_gateway_snapshot_last_answer_timestamp_seconds") == clock.wall()
+    answered = clock.wall()
+    clock.advance(30)
+    fake.down = True
+    with pytest.raises(ControlPlaneUnreachable):
+        await source.poll_once()
+    assert sample("lifeline_gateway_snapshot_last_answer_timestamp_seconds") == answered
+    fake.down = False
+    other = {**snapshot_body(1, tmp_path / "artifacts", files, aliases={"prod": "v2"}), "controlplane_epoch": "e-new"}
+    fake.serve(other)  # another database: its lower version applies, and only the new epoch is shown
+    assert await source.poll_once() == PollOutcome.APPLIED
+    assert sample("lifeline_gateway_snapshot_applied_version") == 1
+    assert sample("lifeline_gateway_snapshot_applied_epoch", epoch="e-new") == 1
+    assert sample("lifeline_gateway_snapshot_applied_epoch", epoch=body["controlplane_epoch"]) is None

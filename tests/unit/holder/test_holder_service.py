@@ -101,8 +101,8 @@ def test_a_region_reserved_but_never_sealed_is_a_miss(settings, clock):
     first = MemoryHolder(settings, clock)
     first.open()
     path = first.shm_dir / "region-000001.bin"
-    first._record({"op": "reserve", "region": 1, "path": str(path), "size": 4096, "purpose": "weights",
-                   "owner": "holder", "tensors": [], "meta": {}})
+    first.record({"op": "reserve", "region": 1, "path": str(path), "size": 4096, "purpose": "weights",
+                  "owner": "holder", "tensors": [], "meta": {}})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\x01" * 100)
     first.close(clean=False)

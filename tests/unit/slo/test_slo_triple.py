@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +48,17 @@ def test_without_drills_every_scope_says_never_drilled_and_a_region_loss_ends_it
     region = parts[2]
     assert "end with the region" in region and "continue" not in region
     assert "no replication policy" in kept
+
+
+def test_a_region_loss_says_how_long_the_dns_tiers_records_keep_the_old_answer() -> None:
+    unknown = triple.kv_texts([], [])[2].split("; ")[2]
+    assert "no dns tier is configured here" in unknown
+    external = triple.kv_texts([], [], triple.DnsTtls(60))[2].split("; ")[2]
+    assert "within 60 s of the cutover (the external record's TTL)" in external and "internal" not in external
+    both = triple.kv_texts([], [], triple.DnsTtls(30, 900))[2].split("; ")
+    assert len(both) == 3
+    assert "within 30 s of the cutover" in both[2] and "internal record, within 900 s" in both[2]
+    assert "through a DNS outage" in both[2]
 
 
 def test_drilled_scopes_cite_their_runs_and_what_they_measured() -> None:
@@ -174,3 +186,34 @@ def test_a_reference_engines_generation_is_read_and_vllms_is_unknown() -> None:
     assert engines.instance_generation(fleet, "r", get=get) == 7
     assert engines.instance_generation(fleet, "v", get=get) is None  # stock vLLM reports none
     assert engines.instance_generation(fleet, "gone", get=get) is None
+
+
+def test_the_dns_ttls_come_from_the_drivers_file(tmp_path: Path) -> None:
+    from controlplane.config import ControlPlaneSettings
+    from controlplane.slo.service import dns_ttls
+
+    secret = tmp_path / "tsig.secret"
+    secret.write_text("c2VjcmV0")
+    table = """
+[dns]
+zone = "lifeline.test."
+name = "api.lifeline.test."
+ttl_s = 45
+{internal}
+[dns.rfc2136]
+server = "127.0.0.1"
+key_name = "lifeline"
+key_secret_file = "{secret}"
+[dns.regions.eu]
+answer = ["192.0.2.10"]
+failover_to = "us"
+[dns.regions.us]
+answer = ["198.51.100.10"]
+failover_to = "eu"
+"""
+    drivers = tmp_path / "drivers.toml"
+    drivers.write_text(table.format(internal="", secret=secret))
+    assert dns_ttls(ControlPlaneSettings(cutover_drivers_file=drivers)) == triple.DnsTtls(45, None)
+    drivers.write_text(table.format(internal='internal_name = "internal.lifeline.test."', secret=secret))
+    assert dns_ttls(ControlPlaneSettings(cutover_drivers_file=drivers)) == triple.DnsTtls(45, 600)
+    assert dns_ttls(ControlPlaneSettings()) is None

@@ -42,8 +42,8 @@ class ScriptedControlPlane:
 async def rounds(agent, clock, n: int) -> None:
     for _ in range(n):
         await settle(agent, clock)
-        if agent._fault_task is not None:
-            await asyncio.gather(agent._fault_task, return_exceptions=True)
+        if agent.fault_reports.task is not None:
+            await asyncio.gather(agent.fault_reports.task, return_exceptions=True)
 
 
 def build(fleet: Fleet, clock: ManualClock, cp: ScriptedControlPlane):

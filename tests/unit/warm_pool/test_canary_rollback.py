@@ -69,8 +69,8 @@ class ScriptedCatalog:
 async def rounds(agent, clock, n: int) -> None:
     for _ in range(n):
         await settle(agent, clock)
-        if agent._rollback_task is not None:
-            await asyncio.gather(agent._rollback_task, return_exceptions=True)
+        if agent.rollback_reports.task is not None:
+            await asyncio.gather(agent.rollback_reports.task, return_exceptions=True)
 
 
 def build(catalog: ScriptedCatalog, clock: ManualClock):

@@ -233,6 +233,23 @@ async def test_superseded_version_is_old_generation() -> None:
     assert event.detail["verdict"] == "old_generation" and "v2" in event.reason
 
 
+async def test_a_snapshot_that_names_no_alias_checks_no_generation() -> None:
+    """An empty catalog (no model yet) says no more about the wanted version than no snapshot: nothing is judged
+    old_generation by it."""
+    clock, fleet = ManualClock(), Fleet()
+    fleet.engines["e1"] = ScriptedEngine("e1", version="v1")
+    agent, registry, shipper = make_agent(fleet, clock)
+    await registry.register(Registration("e1", "http://e1", "v1", "z1", "r1"))
+
+    class Snapshots:
+        current = RoutingSnapshot.model_validate({"version": 1, "models": {}})
+
+    agent.snapshots = Snapshots()  # type: ignore[assignment]
+    assert agent.expected_versions() is None
+    await settle(agent, clock)
+    assert not [e for e in shipper.buffer if e.kind == "probe.verdict" and e.detail["verdict"] != "ok"]
+
+
 def pool_settings(tmp_path: Path) -> dict:
     return {"pool": {"model": "m", "versions": {"v1": str(tmp_path)}, "state_dir": str(tmp_path),
                      "zones": {"z1": {"serving": 1, "warm": 0}, "z2": {"serving": 0, "warm": 1}}}}

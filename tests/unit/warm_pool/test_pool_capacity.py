@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warm_pool.capacity import (DrTier, InstanceCapacity, PlanError, PlanRequest, RegionDemand, _replay, plan)
+from contract.pool_plan import DrTier
+from warm_pool.capacity import InstanceCapacity, PlanError, PlanRequest, RegionDemand, _replay, plan
 
 THREE = ("a", "b", "c")
 INST = InstanceCapacity(concurrent_sequences=32, decode_tokens_per_s=800, prefill_tokens_per_s=4000)
@@ -148,7 +149,8 @@ FLAGS = dict(region="r1", zones="a,b,c", demand_seqs=200, demand_tokens_per_s=50
 
 
 def test_plan_record_is_the_plan_with_its_arithmetic() -> None:
-    from warm_pool.capacity import PlanInputs, plan_record
+    from contract.pool_plan import PlanInputs
+    from warm_pool.capacity import plan_record
 
     record = plan_record(PlanInputs(**FLAGS))
     result = plan(request())
@@ -163,7 +165,7 @@ def test_plan_record_is_the_plan_with_its_arithmetic() -> None:
     ("a,b,c", ["a", "b", "c"]), (" a , b ,", ["a", "b"]), (["a", "b"], ["a", "b"]), (["a,b", "c"], ["a", "b", "c"]),
 ])
 def test_plan_inputs_take_zones_as_a_list_or_comma_separated(zones, expected) -> None:
-    from warm_pool.capacity import PlanInputs
+    from contract.pool_plan import PlanInputs
 
     assert PlanInputs(**{**FLAGS, "zones": zones}).zones == expected
 
@@ -178,7 +180,8 @@ def test_plan_inputs_take_zones_as_a_list_or_comma_separated(zones, expected) ->
     ({"recovery_target_s": 1e-9}, "recovery_target_s", "no plan up to"),
 ])
 def test_plan_inputs_name_the_input_a_plan_cannot_use(overrides, param, says) -> None:
-    from warm_pool.capacity import PlanInputs, plan_record
+    from contract.pool_plan import PlanInputs
+    from warm_pool.capacity import plan_record
 
     with pytest.raises(PlanError) as caught:
         plan_record(PlanInputs(**{**FLAGS, **overrides}))
@@ -187,7 +190,8 @@ def test_plan_inputs_name_the_input_a_plan_cannot_use(overrides, param, says) ->
 
 
 def test_a_replay_nothing_can_absorb_is_none_not_infinity() -> None:
-    from warm_pool.capacity import PlanInputs, plan_record
+    from contract.pool_plan import PlanInputs
+    from warm_pool.capacity import plan_record
 
     # cold, demand filling both instances exactly: the survivor has no spare share and there is no warm
     record = plan_record(PlanInputs(**{**FLAGS, "zones": "a,b", "demand_seqs": 64, "demand_tokens_per_s": 1,

@@ -9,8 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from common.clock import ManualClock
-from contract.capacity import PlanInputs, plan_record
+from contract.pool_plan import PlanInputs
 from tests.unit.warm_pool.test_pool_agent import Fleet, make_agent, settle
+from warm_pool.capacity import plan_record
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
 

@@ -1,8 +1,30 @@
-"""The one interface every cutover tier's driver implements.
+"""The one interface every cutover tier's driver implements: the workflow's `StepDriver`, and the typed `TierDriver`.
 
-A driver changes one routing tier of the real system and reads it back. The
-cutover service (plan → execute → verify → complete | roll back) only ever
-talks to this interface; it never knows whether DNS is BIND9 or Route 53.
+A driver changes one routing tier of the real system and reads it back.
+The cutover workflow (plan → execute → verify → complete | roll back)
+only ever talks to `StepDriver`; it never knows whether DNS is BIND9 or
+Route 53. Its states are the JSON a step stores (expected and actual
+before-state, the event's before/after), each carrying its own target, so
+a cutover can be resumed or rolled back by another process after a crash:
+
+    class StepDriver(Protocol):
+        tier, name                              the tier it acts at; which driver of it (stored per step)
+        targets(scope, generation?) -> [target] what this tier changes for the scope (planning)
+        read_state(target) -> state             the real state now
+        desired(before, target_state) -> state  the state the tier should show after the step
+        apply(desired) -> None                  write it (idempotent: a resumed step writes it again)
+        verify(expected, timeout) -> StepCheck  poll until the tier shows it; never raises on a
+                                                mismatch (a driver error is a failed check)
+
+Every tier driver lives in cutover/drivers/ and is one of
+
+    snapshot_l7.py, snapshot_mesh.py   the built-in l7 and mesh tiers, through the control plane's snapshot
+                                       (StepDrivers themselves: their states are rows of the control plane)
+    dns.py, anycast.py, haproxy.py,    a routing system's `TierDriver` (below), which the workflow reaches
+    istio.py                           through `adapter.TierDriverAdapter`: typed states in, JSON out
+    recorded_only.py                   a tier with no driver configured: recorded, nothing changed
+
+A routing system's driver is typed:
 
     class TierDriver(Protocol[S]):
         tier                                  RoutingTier this driver acts at
@@ -14,7 +36,7 @@ talks to this interface; it never knows whether DNS is BIND9 or Route 53.
         restore(before: S, timeout) -> Verification
                                               apply(before) + verify(before): rollback
 
-A cutover step is therefore
+A cutover step through it is therefore
 
     before = driver.read_state(target)        # record it in the step's event
     driver.apply(after)                       # after = before.model_copy(update=...)
@@ -23,11 +45,12 @@ A cutover step is therefore
     driver.restore(before, timeout)           # rollback, itself evented
 
 States are frozen pydantic models, one per tier, discriminated by `tier`, so
-the service can store `state.model_dump(mode="json")` as the event's
+the adapter can store `state.model_dump(mode="json")` as the step's
 before/after and rebuild it after a restart with `parse_state(json)`:
 
     tier      target (what)                          state (how it is)
-    dns       DnsTarget(zone, name, rdtype)          DnsState(values, ttl_s)
+    dns       DnsTarget(zone, name, rdtype,          DnsState(values, ttl_s,
+                        internal_name?)                        internal_values?, internal_ttl_s?)
     anycast   AnycastTarget(prefix, zone, next_hop)  AnycastState(announced)
     l7        L7Target(backend, server)              L7State(admin_state, weight)
     mesh      MeshTarget(namespace, virtual_service, MeshState(weights per destination,
@@ -39,7 +62,13 @@ route, HAProxy's server line), how many polls it took and the time to effect
 measured from this driver's last `apply` of that target (or from the start
 of `verify` when this driver did not apply it, e.g. after a restart). DNS
 also reports `client_cache_ttl_s`: how long resolvers may still serve the
-answer that was replaced (its TTL), which bounds the real cutover time.
+answer that was replaced (its TTL), which bounds the real cutover time; and,
+where the target has the long-TTL internal record, `internal_cache_ttl_s`:
+the same for the region's own services (cutover/drivers/dns.py says why).
+
+Over 300 lines on purpose: both faces of the protocol and every tier's
+typed target and state are one contract, read together, and split they
+would be read apart.
 
 Errors (all `LifelineError`, rendered by the control plane's one handler):
 
@@ -64,13 +93,25 @@ so the loop is bounded by the timeout and testable on virtual time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from common.errors import LifelineError
-from controlplane.event.models import RoutingTier
+from contract.routing_tier import RoutingTier
+from cutover.models import Scope, TargetState
 
 # ---------------------------------------------------------------- errors
 
@@ -111,23 +152,79 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# The seed's dual TTL (§4), the defaults of the drivers file's [dns] table.
+EXTERNAL_TTL_S = 60  # the record clients resolve: a cutover reaches them within a minute of the write
+INTERNAL_TTL_S = 600  # the region's own services' record: resolvable for ten minutes without a DNS server
+
+
+def _unset(value: object) -> bool:
+    return value is None
+
+
 class DnsTarget(_Record):
-    """One record set on an authoritative server (BIND9 via RFC 2136, or Route 53)."""
+    """A record set on an authoritative server (BIND9 via RFC 2136, or Route 53), and optionally its internal twin.
+
+    `internal_name` is the dual TTL's long-lived record, in the same zone and
+    of the same type; the driver writes both in one UPDATE (one Route 53
+    change batch). Unset, it is left out of the JSON, so a target stored
+    before it existed reads and labels as it always did.
+    """
 
     tier: Literal[RoutingTier.DNS] = RoutingTier.DNS
     zone: str = Field(description="zone apex, absolute: 'lifeline.test.'")
     name: str = Field(description="owner name, absolute: 'api.lifeline.test.'")
     rdtype: str = "A"
+    internal_name: str | None = Field(
+        None, exclude_if=_unset, description="the long-TTL internal record, absolute: 'api.internal.lifeline.test.'")
+
+    def names(self) -> tuple[str, ...]:
+        return (self.name,) if self.internal_name is None else (self.name, self.internal_name)
+
+
+class DnsRecordSet(NamedTuple):
+    """One owner name's answer as a driver reads or writes it; no values: no such record."""
+
+    name: str
+    values: tuple[str, ...]
+    ttl_s: int
 
 
 class DnsState(_Record):
+    """The target's records as the server has them: the external one, and the internal one where it has a name."""
+
     tier: Literal[RoutingTier.DNS] = RoutingTier.DNS
     target: DnsTarget
     values: tuple[str, ...] = Field(description="rdata as text, sorted; empty: no such record")
     ttl_s: int
+    internal_values: tuple[str, ...] | None = Field(
+        None, exclude_if=_unset, description="the internal record's, as `values`; None: the target has none")
+    internal_ttl_s: int | None = Field(None, exclude_if=_unset)
+
+    @model_validator(mode="after")
+    def _internal_with_its_name(self) -> DnsState:
+        has_name = self.target.internal_name is not None
+        if (self.internal_values is not None) != has_name or (self.internal_ttl_s is not None) != has_name:
+            raise ValueError("internal_values and internal_ttl_s are set exactly when the target has an internal_name")
+        return self
+
+    @classmethod
+    def from_record_sets(cls, target: DnsTarget, record_sets: Sequence[DnsRecordSet]) -> DnsState:
+        """The state of `target` from its record sets read back, in `target.names()` order."""
+        external, *internal = record_sets
+        if target.internal_name is None:
+            return cls(target=target, values=external.values, ttl_s=external.ttl_s)
+        return cls(target=target, values=external.values, ttl_s=external.ttl_s,
+                   internal_values=internal[0].values, internal_ttl_s=internal[0].ttl_s)
+
+    def record_sets(self) -> tuple[DnsRecordSet, ...]:
+        external = DnsRecordSet(self.target.name, self.values, self.ttl_s)
+        if self.target.internal_name is None:
+            return (external,)
+        internal = DnsRecordSet(self.target.internal_name, self.internal_values or (), self.internal_ttl_s or 0)
+        return (external, internal)
 
     def matches(self, observed: DnsState) -> bool:
-        return observed.target == self.target and observed.values == self.values and observed.ttl_s == self.ttl_s
+        return observed.target == self.target and observed.record_sets() == self.record_sets()
 
 
 class AnycastTarget(_Record):
@@ -224,9 +321,12 @@ class Verification(_Record):
     measured_from: Literal["apply", "verify"]
     client_cache_ttl_s: int | None = Field(
         default=None, description="dns: resolvers may serve the replaced answer this much longer")
+    internal_cache_ttl_s: int | None = Field(
+        default=None, description="dns, internal record: the region's own services may keep its replaced answer "
+                                  "this much longer (the long TTL)")
 
 
-# ---------------------------------------------------------------- the protocol
+# ---------------------------------------------------------------- the protocol, typed
 
 S = TypeVar("S", DnsState, AnycastState, L7State, MeshState)
 
@@ -242,3 +342,34 @@ class TierDriver(Protocol[S]):
     def verify(self, expected: S, timeout: timedelta) -> Verification: ...
 
     def restore(self, before: S, timeout: timedelta) -> Verification: ...
+
+
+# ---------------------------------------------------------------- the protocol, as the workflow speaks it
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    verified: bool
+    observed: dict[str, Any] | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class StepDriver(Protocol):
+    tier: RoutingTier
+    name: str
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]: ...
+
+    def read_state(self, target: dict[str, Any]) -> dict[str, Any]: ...
+
+    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]: ...
+
+    def apply(self, desired: dict[str, Any]) -> None: ...
+
+    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck: ...
+
+
+def describe_target(target: Mapping[str, Any]) -> str:
+    """A short, stable label for a step's driver_target column."""
+    parts = [f"{k}={target[k]}" for k in sorted(target) if k != "tier"]
+    return ",".join(parts)[:400]

@@ -1,83 +1,42 @@
-"""What the cutover workflow needs from a tier, and the adapter onto `cutover.driver`.
+"""A routing system's typed `TierDriver` as the workflow's `StepDriver` (cutover/drivers/base.py has both).
 
 The workflow stores every state as JSON (a step's expected/actual
 before-state, the event's before/after) and must rebuild it after a
-restart, so it speaks to tiers through `StepDriver`, whose states are
-JSON dicts that carry their own target:
-
-    targets(scope)            what this tier changes for the scope (planning)
-    read_state(target)        the real state now
-    desired(before, target)   the state the tier should show after the step
-    apply(desired)            write it (idempotent: a resumed step writes it again)
-    verify(expected, timeout) poll until the tier shows it → StepCheck (never raises
-                              on a mismatch; a driver error is a failed check)
-
-`TierDriverAdapter` wraps any `cutover.driver.TierDriver` (BIND9 / Route 53,
-ExaBGP, HAProxy): its typed states go through `model_dump(mode="json")`
-and come back through `cutover.driver.parse_state`. Which targets a scope
-maps to (which record, which prefix and next hop, which HAProxy servers) is
-deployment configuration, so the adapter is given `targets_for`; what "out"
-and "in" mean per tier has defaults (`desired_out_in`) except for DNS,
-where "out" means "the answer of the region that takes over" and must be
-configured.
+restart; a typed driver (BIND9 / Route 53, ExaBGP, HAProxy, Istio) takes
+and returns frozen pydantic states. `TierDriverAdapter` sits between: its
+typed states go out through `model_dump(mode="json")` and come back
+through `parse_state`, once per call. Which targets a scope maps to (which
+record, which prefix and next hop, which HAProxy servers) is deployment
+configuration, so the adapter is given `targets_for` (cutover/runtime.py
+builds it from the drivers file); what "out" and "in" mean per tier has
+defaults (`desired_out_in`) except for DNS, where "out" means "the answer
+of the region that takes over" and must be configured
+(`ScopedTierDriverAdapter`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Generic
 
-from controlplane.event.models import RoutingTier
-from cutover.models import CutoverTier, ScopeKind, TargetState
-
-
-@dataclass(frozen=True)
-class Scope:
-    kind: ScopeKind
-    region: str
-    name: str  # the zone or instance id; the region's own name for a region scope
-
-    @property
-    def key(self) -> str:
-        """The event log's scope string, as topology writes it."""
-        if self.kind == ScopeKind.REGION:
-            return f"region:{self.region}"
-        return f"region:{self.region}/{self.kind.value}:{self.name}"
-
-
-@dataclass(frozen=True)
-class StepCheck:
-    verified: bool
-    observed: dict[str, Any] | None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-class StepDriver(Protocol):
-    tier: CutoverTier
-    name: str
-
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]: ...
-
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]: ...
-
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]: ...
-
-    def apply(self, desired: dict[str, Any]) -> None: ...
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck: ...
-
-
-def event_tier(tier: CutoverTier | str) -> RoutingTier:
-    """The event log's routing_tier for a cutover tier (the same four names)."""
-    return RoutingTier(CutoverTier(tier).value)
-
-
-def describe_target(target: Mapping[str, Any]) -> str:
-    """A short, stable label for a step's driver_target column."""
-    parts = [f"{k}={target[k]}" for k in sorted(target) if k != "tier"]
-    return ",".join(parts)[:400]
+from contract.routing_tier import RoutingTier
+from cutover.drivers.base import (
+    AnycastState,
+    DriverError,
+    L7State,
+    MeshState,
+    S,
+    StepCheck,
+    Target,
+    TierDriver,
+    TierState,
+    VerificationFailed,
+    parse_state,
+    parse_target,
+)
+from cutover.errors import MeshNoDestinationLeft
+from cutover.models import Scope, ScopeKind, TargetState
 
 
 def apportion(shares: Mapping[str, float], total: int) -> dict[str, int]:
@@ -101,8 +60,6 @@ def mesh_weights(weights: Mapping[str, int], moved: Sequence[str], target_state:
     gets an even share (total / destinations) and the others the rest in
     proportion. A rollback does not use this: it restores the recorded weights.
     """
-    from cutover.errors import MeshNoDestinationLeft
-
     total = sum(weights.values()) or 100
     unknown = sorted(set(moved) - set(weights))
     if unknown:
@@ -123,10 +80,8 @@ def mesh_weights(weights: Mapping[str, int], moved: Sequence[str], target_state:
     return apportion(shares, total)
 
 
-def desired_out_in(before: Any, target_state: TargetState) -> Any:
-    """Default meaning of out/in for the `cutover.driver` states that have an obvious one."""
-    from cutover.driver import AnycastState, L7State, MeshState
-
+def desired_out_in(before: TierState, target_state: TargetState) -> TierState:
+    """Default meaning of out/in for the typed states that have an obvious one (all but DNS's)."""
     if isinstance(before, MeshState):
         weights = mesh_weights(before.weights, before.target.destinations, target_state)
         return before.model_copy(update={"weights": weights, "reconciled": True})
@@ -137,17 +92,17 @@ def desired_out_in(before: Any, target_state: TargetState) -> Any:
     raise NotImplementedError(f"no default desired state for {type(before).__name__}; configure one")
 
 
-class TierDriverAdapter:
-    """A `cutover.driver.TierDriver` as a `StepDriver`."""
+class TierDriverAdapter(Generic[S]):
+    """A typed `TierDriver` as a `StepDriver`."""
 
     def __init__(
         self,
-        driver: Any,
+        driver: TierDriver[S],
         *,
-        tier: CutoverTier,
+        tier: RoutingTier,
         name: str,
-        targets_for: Callable[[Scope], list[Any]],
-        desired_for: Callable[[Any, TargetState], Any] = desired_out_in,
+        targets_for: Callable[[Scope], Sequence[Target]],
+        desired_for: Callable[[S, TargetState], S] = desired_out_in,  # type: ignore[assignment]
     ) -> None:
         self.driver = driver
         self.tier = tier
@@ -159,25 +114,21 @@ class TierDriverAdapter:
         return [t.model_dump(mode="json") for t in self._targets_for(scope)]
 
     def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        from cutover.driver import parse_target
-
         return self.driver.read_state(parse_target(target)).model_dump(mode="json")
 
     def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        from cutover.driver import parse_state
-
-        return self._desired_for(parse_state(before), target_state).model_dump(mode="json")
+        return self._desired_for(self._typed(before), target_state).model_dump(mode="json")
 
     def apply(self, desired: dict[str, Any]) -> None:
-        from cutover.driver import parse_state
+        self.driver.apply(self._typed(desired))
 
-        self.driver.apply(parse_state(desired))
+    def _typed(self, state: Mapping[str, Any]) -> S:
+        """A stored state as the driver's typed one (the tier in the JSON picks the model)."""
+        return parse_state(state)  # type: ignore[return-value]
 
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        from cutover.driver import DriverError, VerificationFailed, parse_state
-
         try:
-            proof = self.driver.verify(parse_state(expected), timeout)
+            proof = self.driver.verify(self._typed(expected), timeout)
         except VerificationFailed as exc:
             proof = exc.verification
         except DriverError as exc:
@@ -185,7 +136,7 @@ class TierDriverAdapter:
         return StepCheck(proof.verified, proof.observed.model_dump(mode="json"), proof.model_dump(mode="json"))
 
 
-class ScopedTierDriverAdapter(TierDriverAdapter):
+class ScopedTierDriverAdapter(TierDriverAdapter[S]):
     """A TierDriverAdapter whose desired state depends on the scope, not only on the state before.
 
     DNS is the case: one record answers for every region, and "region eu
@@ -195,8 +146,9 @@ class ScopedTierDriverAdapter(TierDriverAdapter):
     before the typed driver sees the target.
     """
 
-    def __init__(self, driver: Any, *, tier: CutoverTier, name: str, targets_for: Callable[[Scope], list[Any]],
-                 desired_for: Callable[[Any, TargetState, Scope], Any]) -> None:
+    def __init__(self, driver: TierDriver[S], *, tier: RoutingTier, name: str,
+                 targets_for: Callable[[Scope], Sequence[Target]],
+                 desired_for: Callable[[S, TargetState, Scope], S]) -> None:
         super().__init__(driver, tier=tier, name=name, targets_for=targets_for)
         self._scoped_desired_for = desired_for
 
@@ -206,12 +158,10 @@ class ScopedTierDriverAdapter(TierDriverAdapter):
         scope = target["scope"]
         return plain, Scope(ScopeKind(scope["kind"]), scope["region"], scope["name"])
 
-    def _typed(self, state: Mapping[str, Any]) -> Any:
-        from cutover.driver import parse_state
+    def _typed(self, state: Mapping[str, Any]) -> S:
+        return parse_state({**state, "target": self._split(state["target"])[0]})  # type: ignore[return-value]
 
-        return parse_state({**state, "target": self._split(state["target"])[0]})
-
-    def _dump(self, typed: Any, target: Mapping[str, Any]) -> dict[str, Any]:
+    def _dump(self, typed: TierState, target: Mapping[str, Any]) -> dict[str, Any]:
         return {**typed.model_dump(mode="json"), "target": dict(target)}
 
     def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
@@ -219,8 +169,6 @@ class ScopedTierDriverAdapter(TierDriverAdapter):
         return [{**t.model_dump(mode="json"), "scope": where} for t in self._targets_for(scope)]
 
     def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        from cutover.driver import parse_target
-
         return self._dump(self.driver.read_state(parse_target(self._split(target)[0])), target)
 
     def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
@@ -231,8 +179,6 @@ class ScopedTierDriverAdapter(TierDriverAdapter):
         self.driver.apply(self._typed(desired))
 
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        from cutover.driver import DriverError, VerificationFailed
-
         try:
             proof = self.driver.verify(self._typed(expected), timeout)
         except VerificationFailed as exc:
@@ -240,40 +186,3 @@ class ScopedTierDriverAdapter(TierDriverAdapter):
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
         return StepCheck(proof.verified, self._dump(proof.observed, expected["target"]), proof.model_dump(mode="json"))
-
-
-RECORDED_ONLY = "recorded-only"
-
-
-class RecordedOnlyDriver:
-    """A tier with no driver configured: the cutover records its step, and changes nothing there.
-
-    The served control plane plans every tier it is asked for; where no
-    driver is configured, the step says "recorded only" (the plan lists such
-    tiers under `recorded_only`), its event names it, and it verifies at
-    once: an operator acts on that tier by hand, and the decision, actor and
-    time are in the log. The safety rules still count the cutover.
-    """
-
-    name = RECORDED_ONLY
-
-    def __init__(self, tier: CutoverTier) -> None:
-        self.tier = tier
-
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [{"tier": self.tier.value, "recorded_only": True, "scope": scope.key}]
-
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return {"target": target, "target_state": None}
-
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return {**before, "target_state": target_state.value}
-
-    def apply(self, desired: dict[str, Any]) -> None:
-        return None
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        return StepCheck(True, expected, {
-            "recorded_only": True,
-            "message": f"no {self.tier.value} driver is configured: nothing was changed at this tier",
-        })

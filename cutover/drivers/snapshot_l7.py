@@ -35,9 +35,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from common.clock import Clock
 from contract.snapshot import RoutingSnapshot
 from controlplane.db import session_scope
-from controlplane.event.models import RoutingTier
-from cutover.models import CutoverTier, ScopeKind, TargetState
-from cutover.tiers import Scope, StepCheck
+from controlplane.gateway_report import service as reports
+from controlplane.snapshot import service as snapshot_service
+from controlplane.topology import repository as topology
+from controlplane.topology import service as topology_service
+from controlplane.topology.models import ClusterState
+from controlplane.topology.schemas import ClusterUpdate
+from contract.routing_tier import RoutingTier
+from cutover.models import Scope, ScopeKind, TargetState
+from cutover.drivers.base import StepCheck
 
 ACTOR = "controlplane:cutover"
 
@@ -75,8 +81,6 @@ class ReportedGatewayVersions:
         self.last_stale: list[str] = []
 
     def applied_versions(self, region: str) -> dict[str, int | None] | None:
-        from controlplane.gateway_report import service as reports
-
         with session_scope(self.read_factory) as session:
             found = reports.list_reports(session, clock=self.clock, stale_after=self.stale_after, region=region)
         self.last_stale = sorted(r.replica_id for r in found if r.stale)
@@ -86,7 +90,7 @@ class ReportedGatewayVersions:
 
 
 class SnapshotL7Driver:
-    tier = CutoverTier.L7
+    tier = RoutingTier.L7
     name = "snapshot"
 
     def __init__(
@@ -109,8 +113,6 @@ class SnapshotL7Driver:
 
     # -- planning
     def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        from controlplane.topology import repository as topology
-
         if scope.kind == ScopeKind.INSTANCE:
             if generation is None:
                 return []
@@ -130,8 +132,6 @@ class SnapshotL7Driver:
 
     # -- reading
     def _read(self, session: Session, target: dict[str, Any]) -> dict[str, Any]:
-        from controlplane.topology import repository as topology
-
         if target["kind"] == "instance":
             ejection = topology.find_ejection(
                 session, region=target["region"], instance_id=target["instance_id"], generation=target["generation"]
@@ -148,11 +148,6 @@ class SnapshotL7Driver:
 
     # -- writing
     def apply(self, desired: dict[str, Any]) -> None:
-        from controlplane.topology import repository as topology
-        from controlplane.topology import service as topology_service
-        from controlplane.topology.models import ClusterState
-        from controlplane.topology.schemas import ClusterUpdate
-
         target = desired["target"]
         with session_scope(self.factory) as session:
             current = self._read(session, target)
@@ -198,8 +193,6 @@ class SnapshotL7Driver:
         return False
 
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        from controlplane.snapshot import service as snapshot_service
-
         started = self.clock.now()
         deadline = started + timeout.total_seconds()
         region = expected["target"]["region"]
