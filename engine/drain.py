@@ -20,6 +20,8 @@ a second SIGTERM, or SIGINT, falls back to uvicorn's immediate shutdown.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import sys
 
 from common.logs import get_logger
 from contract.identity import DRAINING_ERROR_TYPE
@@ -33,6 +35,10 @@ log = get_logger(__name__)
 
 # After ending the stragglers, how long their streams get to flush the error event.
 _FLUSH_S = 5.0
+# uvicorn's own wait for open connections after the drain (engine.server's timeout_graceful_shutdown), and what
+# the lifespan's shutdown may take beyond it (the decode loop's join, the checkpoint writer's close).
+GRACEFUL_SHUTDOWN_S = 10.0
+_SHUTDOWN_SLACK_S = 15.0
 
 
 class Drainer:
@@ -58,6 +64,11 @@ class Drainer:
         self.started = True
         settings, clock = self.runtime.settings, self.runtime.clock
         began = clock.now()
+        # A shutdown that outlives every bound above is stuck somewhere: leave every thread's stack in the log
+        # before the orchestrator's SIGKILL erases the evidence.
+        faulthandler.dump_traceback_later(settings.drain_unroute_wait.total_seconds()
+                                          + settings.drain_timeout.total_seconds() + _FLUSH_S + GRACEFUL_SHUTDOWN_S
+                                          + _SHUTDOWN_SLACK_S, file=sys.stderr)
         await self.step_down()
         log.info("drain started: lease released, not ready", in_flight=len(self.serving.in_flight),
                  unroute_wait_s=settings.drain_unroute_wait.total_seconds(),

@@ -27,7 +27,7 @@ from common.logs import get_logger
 from engine.api_router import admin_router, health_router, openai_router
 from engine.kv_router import kv_router
 from common.errors import error_body
-from engine.drain import Drainer
+from engine.drain import GRACEFUL_SHUTDOWN_S, Drainer
 from contract.sampling import Sampling
 from engine.errors import EngineError, MethodNotAllowed, NotFound
 from engine.lease_client import LeaseClient, transport_for
@@ -182,5 +182,5 @@ class DrainingServer(uvicorn.Server):
 def run_server(settings: EngineSettings, fault_settings: FaultSettings) -> None:
     app = create_app(settings, fault_settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     DrainingServer(config, app).run()

@@ -129,6 +129,16 @@ class EngineProcess:
         self.start()
         self.wait_ready()
 
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """The exit status; a process still running after `timeout` fails with its log's tail (where a stuck
+        drain leaves every thread's stack, engine.drain)."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"engine {self.instance_id} still running {timeout:.0f} s after the signal:\n"
+                                 f"{_tail(self.log_path, 8000)}") from None
+
     def logs(self) -> str:
         return self.log_path.read_text()
 

@@ -87,6 +87,6 @@ def test_sigterm_steps_down_first_lets_short_requests_finish_and_ends_the_rest(e
     assert not long.done and long.error is not None
     assert long.error["type"] == DRAINING_ERROR_TYPE and long.error["code"] == 503
     assert 8 <= len(long.token_ids) < 60 and long.token_ids == long_reference[: len(long.token_ids)]
-    assert engine.process.wait(timeout=20) == 0
+    assert engine.wait_exit(timeout=20) == 0
     logs = engine.logs()
     assert logs.index('"drain started') < logs.index('"drain deadline passed') < logs.index('"engine stopped')

@@ -94,7 +94,7 @@ def test_rolling_restart_under_streaming_load_is_lossless_and_token_identical(tm
                 _wait_for(lambda e=engine: scrape_metric(f"{e.url}/metrics", "vllm:num_requests_running") >= 1,
                           f"streams on {engine.instance_id}")
                 engine.process.send_signal(signal.SIGTERM)
-                assert engine.process.wait(timeout=60) == 0, engine.logs()[-3000:]
+                assert engine.wait_exit(timeout=60) == 0, engine.logs()[-3000:]
                 engine.start()
                 engine.wait_ready()
                 gateway.wait_generation_above(engine.instance_id, previous)

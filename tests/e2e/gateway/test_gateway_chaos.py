@@ -180,7 +180,7 @@ def test_a_planned_engine_shutdown_migrates_without_the_retry_budget(cluster_fac
     result = parse_events(events)
     assert result.error is None and result.token_ids == expected and result.done
     assert c.gateway.metric("lifeline_gateway_migrations_total", {"reason": "engine_draining"}) == 1
-    leaving.process.wait(timeout=60)
+    leaving.wait_exit(timeout=60)
 
 
 def test_a_huge_prompt_does_not_stall_streams_or_lease_renewals(cluster, expected):
