@@ -66,10 +66,19 @@ def vllm_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+# vLLM exports its `llm_request` spans by OTLP/gRPC unless told otherwise; the gateway exports OTLP/HTTP
+# (gateway/tracing.py), so one collector endpoint takes both.
+TRACING_ENVIRONMENT = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+
+
 def vllm_command(model_dir: Path | str, *, port: int, served_model_name: str, shutdown_timeout: float = 20.0,
-                 max_model_len: int = 2048, logits_processor: bool = True,
+                 max_model_len: int = 2048, logits_processor: bool = True, otlp_traces_endpoint: str | None = None,
                  extra_args: Sequence[str] = ()) -> list[str]:
-    """The argv of one vLLM OpenAI server serving `model_dir` as `served_model_name` on 127.0.0.1:`port`."""
+    """The argv of one vLLM OpenAI server serving `model_dir` as `served_model_name` on 127.0.0.1:`port`.
+
+    With `otlp_traces_endpoint` (an OTLP/HTTP URL, with TRACING_ENVIRONMENT), vLLM continues the W3C
+    `traceparent` each gateway attempt sends and exports one `llm_request` span per finished request.
+    """
     command = [
         str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", served_model_name,
@@ -80,6 +89,8 @@ def vllm_command(model_dir: Path | str, *, port: int, served_model_name: str, sh
     ]
     if logits_processor:
         command += ["--logits-processors", LOGITS_PROCESSOR]
+    if otlp_traces_endpoint:
+        command += ["--otlp-traces-endpoint", otlp_traces_endpoint]
     return [*command, *extra_args]
 
 
@@ -109,6 +120,7 @@ class VllmProcess:
     log_path: Path
     shutdown_timeout: float = 20.0
     logits_processor: bool = True
+    otlp_traces_endpoint: str | None = None
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
 
@@ -119,7 +131,7 @@ class VllmProcess:
     def command(self) -> list[str]:
         return vllm_command(self.model, port=self.port, served_model_name=self.served_model_name,
                             shutdown_timeout=self.shutdown_timeout, logits_processor=self.logits_processor,
-                            extra_args=self.extra_args)
+                            otlp_traces_endpoint=self.otlp_traces_endpoint, extra_args=self.extra_args)
 
     def start(self) -> None:
         if not vllm_installed():
@@ -127,7 +139,8 @@ class VllmProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
         # Its own process group: a stop signals the API server and its engine core together.
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                        env=vllm_environment(), start_new_session=True)
+                                        env=vllm_environment(TRACING_ENVIRONMENT if self.otlp_traces_endpoint else None),
+                                        start_new_session=True)
         log.close()
 
     def wait_ready(self, timeout: float = 240.0) -> None:

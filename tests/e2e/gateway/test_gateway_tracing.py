@@ -11,15 +11,14 @@ engine logs the trace id of the attempt that reached it.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from lifeline.processes import free_port, gateway_config
+from lifeline.processes import gateway_config
 from tests.e2e.gateway.conftest import direct_tokens, stream
+from tests.support.otlp import TraceReceiver
 from tests.support.waiting import wait_for
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -28,52 +27,15 @@ BODY = {"model": "tiny", "prompt": "One trace, two engines", "max_tokens": 16, "
         "ignore_eos": True, "return_token_ids": True}
 
 
-class Receiver:
-    """An OTLP/HTTP traces endpoint: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        self.spans: list[dict[str, Any]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
-                for resource in request.resource_spans:
-                    for scope in resource.scope_spans:
-                        for span in scope.spans:
-                            receiver.spans.append({
-                                "name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                                "parent": span.parent_span_id.hex(), "status": span.status.code,
-                                "attributes": {a.key: _value(a.value) for a in span.attributes}})
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+def receiver() -> Iterator[TraceReceiver]:
+    r = TraceReceiver()
     yield r
-    r.server.shutdown()
+    r.close()
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_factory, receiver: Receiver):
+def cluster(cluster_factory, receiver: TraceReceiver):
     c = cluster_factory()
     c.start_gateway(gateway_config(c.model, recovery={"stall_timeout": 1.0}, tracing={
         "enabled": True, "otlp_endpoint": receiver.url, "export_interval": 0.2}))
@@ -82,7 +44,7 @@ def cluster(cluster_factory, receiver: Receiver):
     return c
 
 
-def test_a_migrated_stream_is_one_trace_with_both_engine_attempts(cluster, receiver: Receiver) -> None:
+def test_a_migrated_stream_is_one_trace_with_both_engine_attempts(cluster, receiver: TraceReceiver) -> None:
     expected = direct_tokens(cluster.engines[0].url, cluster.model, BODY)
     victim = cluster.start_engine("victim", ["--fault-exit-after-tokens", "5"])
     cluster.gateway.wait_routable("tiny", 2)
@@ -91,7 +53,7 @@ def test_a_migrated_stream_is_one_trace_with_both_engine_attempts(cluster, recei
     assert result.error is None and result.token_ids == expected and result.epochs[-1] == 1
 
     def ours() -> list[dict[str, Any]] | None:
-        spans = [s for s in receiver.spans if s["trace_id"] == CLIENT_TRACE]
+        spans = receiver.in_trace(CLIENT_TRACE)
         return spans if len(spans) >= 3 else None
 
     spans = wait_for(ours, "the stream's spans exported", timeout=30, interval=0.1)
@@ -113,7 +75,7 @@ def test_a_migrated_stream_is_one_trace_with_both_engine_attempts(cluster, recei
         assert accepted and accepted[0]["trace_id"] == CLIENT_TRACE, engine.instance_id
 
 
-def test_tracing_off_sends_no_traceparent_and_exports_nothing(cluster_factory, receiver: Receiver) -> None:
+def test_tracing_off_sends_no_traceparent_and_exports_nothing(cluster_factory, receiver: TraceReceiver) -> None:
     c = cluster_factory()
     c.start_gateway(gateway_config(c.model))
     engine = c.start_engine("plain")

@@ -5,6 +5,8 @@ no lease client of their own; the regional agent (`lifeline agent serve`)
 holds their leases in the real Redis from its probes (`renew_leases_for`);
 a gateway routes by that registry. Everything is a real process; only the
 model is small. A module shares one stack: a vLLM takes 20-60 s to start.
+Tracing is on, as in production: the gateway and both vLLMs export their
+spans to one OTLP/HTTP receiver (`stack.traces`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from common import oneshot_http
 from contract.lease import RedisLeaseReader
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from lifeline.vllm import VllmProcess
+from tests.support.otlp import TraceReceiver
 from tests.support.sse import StreamResult, stream_completion
 from tests.support.waiting import wait_for as until
 
@@ -42,6 +45,7 @@ class VllmStack:
     agent: subprocess.Popen
     reader: RedisLeaseReader
     workdir: Path
+    traces: TraceReceiver
     restarts: dict[str, threading.Thread] = field(default_factory=dict)
 
     def leased(self) -> dict[str, int]:
@@ -86,9 +90,11 @@ class VllmStack:
 @pytest.fixture(scope="module")
 def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
     workdir = tmp_path_factory.mktemp("vllm-stack")
+    traces = TraceReceiver()
     # vLLM's own drain is short here so that a SIGTERM cuts streams off mid-way (abort or silence),
     # which is what the gateway must survive; deploy/ sets 20 s, within the pod's grace period.
-    servers = {f"vllm-{zone}": module_vllm_factory(SERVED, shutdown_timeout=1.0) for zone in ZONES}
+    servers = {f"vllm-{zone}": module_vllm_factory(SERVED, shutdown_timeout=1.0, otlp_traces_endpoint=traces.url)
+               for zone in ZONES}
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     config = workdir / "agent.yaml"
     config.write_text(yaml.safe_dump({
@@ -105,9 +111,10 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
     model_dir = next(iter(servers.values())).model
     gateway = GatewayProcess(gateway_config(model_dir, alias=SERVED, version=SERVED, region=REGION, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1, "ttl": 2.0},
-        recovery={"stall_timeout": 2.0, "first_token_timeout": 30.0, "connect_timeout": 1.0}), free_port(), workdir)
+        recovery={"stall_timeout": 2.0, "first_token_timeout": 30.0, "connect_timeout": 1.0},
+        tracing={"enabled": True, "otlp_endpoint": traces.url, "export_interval": 0.2}), free_port(), workdir)
     gateway.start()
-    stack = VllmStack(servers, gateway, agent, RedisLeaseReader.from_url(REDIS_URL, prefix=prefix), workdir)
+    stack = VllmStack(servers, gateway, agent, RedisLeaseReader.from_url(REDIS_URL, prefix=prefix), workdir, traces)
     try:
         gateway.wait_live()
         stack.wait_all_routable(timeout=120)
@@ -117,10 +124,15 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
         if agent.poll() is None:
             agent.terminate()
             agent.wait(30)
+        traces.close()
 
 
 def stream(gateway_url: str, path: str, body: dict[str, Any], *, prefer: str | None = None,
-           on_token: Callable[[int], None] | None = None) -> StreamResult:
-    """One streaming request through the gateway, token ids asked for, pinned to `prefer`; every frame recorded."""
+           on_token: Callable[[int], None] | None = None, traceparent: str | None = None) -> StreamResult:
+    """One streaming request through the gateway, token ids asked for, pinned to `prefer`, in the client's trace
+    `traceparent`; every frame recorded."""
+    headers = {"X-Lifeline-Prefer-Instance": prefer} if prefer else {}
+    if traceparent:
+        headers["traceparent"] = traceparent
     return stream_completion(gateway_url, {**body, "return_token_ids": True}, path=path, timeout=300,
-                             headers={"X-Lifeline-Prefer-Instance": prefer} if prefer else None, on_token=on_token)
+                             headers=headers, on_token=on_token)

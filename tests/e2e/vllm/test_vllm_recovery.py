@@ -19,6 +19,7 @@ checks that sampler against the reference engine's own draws.
 
 from __future__ import annotations
 
+import secrets
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -178,6 +179,49 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
     assert set(vllm_stack.leased()) == set(instances)
 
 
+def moved_tokens(result: StreamResult) -> int:
+    """Tokens the stream got after its first move (chunks of epoch > 0)."""
+    return sum(len(chunk["choices"][0].get("token_ids", [])) for chunk in result.chunks
+               if chunk.get("choices") and chunk.get("lifeline", {}).get("epoch", 0) > 0)
+
+
+def test_a_stream_moved_off_a_killed_vllm_is_one_trace_down_to_the_survivors_own_span(
+        vllm_stack: VllmStack, undisturbed: dict[str, list[int]]) -> None:
+    """The client's trace through the gateway to stock vLLM: each gateway attempt sends its W3C `traceparent`,
+    and the vLLM that finishes the stream exports its `llm_request` span as a child of that attempt, counting
+    the tokens it made. The victim is SIGKILLed, so its own span is never sent: the gateway's failed attempt
+    is the trace's record of it. The killed vLLM is left down: the next test restarts it its own way."""
+    vllm_stack.wait_all_routable()
+    survivor, victim = list(vllm_stack.servers)
+    server = vllm_stack.servers[victim]
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+
+    def on_token(count: int) -> None:
+        if count >= 8 and server.alive():
+            server.kill()
+
+    result = stream(vllm_stack.gateway.url, *body("completion-greedy"), prefer=victim, on_token=on_token,
+                    traceparent=f"00-{trace_id}-{client_span}-01")
+    assert not server.alive(), "the stream ended before the kill"
+    assert result.error is None and result.done and result.token_ids == undisturbed["completion-greedy"]
+    assert max(result.epochs) > 0
+
+    def exported() -> list[dict[str, Any]] | None:
+        spans = vllm_stack.traces.in_trace(trace_id)
+        return spans if any(span["name"] == "llm_request" for span in spans) else None
+
+    spans = until(exported, "the survivor vLLM's span in the client's trace", timeout=60)
+    [root] = [s for s in spans if s["name"] == "gateway stream"]
+    attempts = sorted((s for s in spans if s["name"] == "engine attempt"), key=lambda s: s["attributes"]["lifeline.epoch"])
+    assert root["parent"] == client_span and all(a["parent"] == root["span_id"] for a in attempts)
+    assert attempts[0]["attributes"]["lifeline.instance"] == victim and attempts[0]["status"] == 2  # an error
+    finished = attempts[-1]
+    assert finished["attributes"]["lifeline.instance"] == survivor and finished["status"] != 2
+    [vllm_span] = [s for s in spans if s["name"] == "llm_request"]
+    assert vllm_span["parent"] == finished["span_id"]
+    assert vllm_span["attributes"]["gen_ai.usage.completion_tokens"] == moved_tokens(result)
+
+
 def sampling_of(stack: VllmStack, instance_id: str) -> str | None:
     return next((lease.sampling for lease in stack.reader.list_instances(REGION) if lease.instance_id == instance_id),
                 None)
@@ -192,10 +236,9 @@ def test_without_the_sampler_a_seeded_stream_is_refused_and_an_unseeded_one_says
     reproducible output) ends `not_resumable`; the one the gateway seeded continues on the other vLLM and
     says `continuation: may_differ` from the first moved token on.
     """
-    vllm_stack.wait_all_routable()
     plain = list(vllm_stack.servers)[1]
     server = vllm_stack.servers[plain]
-    server.stop()
+    server.stop()  # whatever the test before left of it (the trace test kills it)
     server.logits_processor = False
     server.start()
     server.wait_ready()
