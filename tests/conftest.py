@@ -9,7 +9,8 @@ test-fast` runs `unit or contract`.
 Under pytest-xdist (`make test`) a module is one unit of work, so its
 module-scoped processes start once, and tests/e2e/vllm — every test that
 starts real vLLM — is one unit: two cores hold two vLLM servers, not four.
-The longest units go first. Each worker, and every process it starts, draws
+The longest units go first (a module of minutes carries `pytestmark =
+pytest.mark.long`). Each worker, and every process it starts, draws
 ports from its own slice (common/ports.py), so parallel starters never race
 for one. docs/testing.md has the tiers' times.
 """
@@ -43,11 +44,13 @@ def work_unit(nodeid: str) -> str:
     return VLLM_TESTS if module.startswith(VLLM_TESTS + "/") else module
 
 
-def _schedule_rank(item: pytest.Item) -> int:
-    """Longest first, so no worker is left with a long tail: real vLLM, then e2e, integration, unit."""
+def _schedule_rank(item: pytest.Item) -> tuple[int, int]:
+    """Longest first, so no worker is left with a long tail: real vLLM, then e2e, integration, unit; within a
+    tier, the modules marked `long` (pytestmark) first. xdist hands out work units in this order, one at a time."""
     if work_unit(item.nodeid) == VLLM_TESTS:
-        return 0
-    return {"e2e": 1, "gpu": 1, "integration": 2, "unit": 3}[item.path.relative_to(TESTS).parts[0]]
+        return 0, 0
+    tier = {"e2e": 1, "gpu": 1, "integration": 2, "unit": 3}[item.path.relative_to(TESTS).parts[0]]
+    return tier, 0 if item.get_closest_marker("long") else 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -35,6 +35,8 @@ from bench.snapshot_propagation import MODEL, SnapshotFleet, answer, wait_answer
 from common import oneshot_http
 from lifeline.processes import built_model
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 SEED0, SEED1 = "tiny-seed0", "tiny-seed1"
 _HOP_BY_HOP = {"host", "content-length", "connection", "accept-encoding", "transfer-encoding", "content-encoding"}
 

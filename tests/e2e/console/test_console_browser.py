@@ -46,6 +46,8 @@ from lifeline.processes import (
     free_port,
 )
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = Path(os.environ.get("LIFELINE_TEST_ARTIFACTS", ROOT / ".lifeline" / "test-artifacts")) / "console"
 CHROMIUM = "/usr/bin/chromium"

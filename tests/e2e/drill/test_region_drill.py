@@ -72,6 +72,8 @@ from tests.e2e.replication.conftest import Replication
 from tests.support.controlplane_testing import throwaway_database
 from tests.support.served_controlplane import serve_in_thread
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 ANSWERS = {"eu": "192.0.2.10", "us": "198.51.100.10"}
 DNS_NAME = "api.lifeline.test."
 PREFIX = "203.0.113.10/32"

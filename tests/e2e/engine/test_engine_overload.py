@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from common import oneshot_http
 from lifeline.processes import GatewayProcess, free_port, gateway_config, scrape_metric
 from tests.support.sse import StreamResult, stream_completion
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
 
 # One decode slot, one queue place, and every sequence held 8 s before its first token (in the scheduler, not on
 # the wire): an engine that stays full for that long however fast this machine decodes.

@@ -15,8 +15,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from lifeline.processes import EngineProcess, GatewayProcess, built_model, free_port, gateway_config, scrape_metric
 from tests.e2e.gateway.conftest import StreamResult, direct_tokens, stream
+
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
 
 PROMPTS = ["Roll the first zone", "Every stream survives the upgrade", "Drain, restart, rejoin the pool"]
 MAX_TOKENS = 32

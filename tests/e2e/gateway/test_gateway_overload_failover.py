@@ -20,6 +20,8 @@ from lifeline.processes import gateway_config, scrape_metric
 from tests.e2e.gateway.conftest import direct_tokens, parse_events, resume, stream
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BODY = {"model": "tiny", "prompt": "A burst arrives", "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
 

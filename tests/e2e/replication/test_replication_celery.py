@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from common.clock import SystemClock
@@ -33,6 +34,8 @@ from lifeline.processes import scrape_metric
 from tests.e2e.kv.conftest import PROMPT, metric, prompt_ids, tokens
 from tests.e2e.replication.conftest import wait_for
 from tests.integration.replication.conftest import ROOT, write_checkpoint
+
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
 
 
 def set_policy(session_factory: Any, session_class: str, source: str, target: str, **extra: Any) -> int:

@@ -16,10 +16,14 @@ import signal
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.support.pool_agent import ticking_agent
 from tests.support.waiting import until
 from warm_pool.settings import AgentSettings
 from warm_pool.states import InstanceState
+
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REGION = "r-pool"

@@ -32,6 +32,8 @@ from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.controlplane.test_controlplane_timestamps_walk import PER_ROUTE, QUERY
 from tests.support.controlplane_seed import seed_fleet
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 MAX_EXAMPLES = 6  # per operation and mode
 WAITS_ON_THE_DATA_PLANE = re.compile(r"^/api/v1/(cutovers/\{cutover_id\}/|zonal-shifts|cutover-escalations)")
 

@@ -22,6 +22,8 @@ from schemathesis import GenerationMode
 from controlplane.config import ControlPlaneSettings
 from lifeline.daemons import MotoServer
 
+pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def moto_s3() -> Iterator[MotoServer]:

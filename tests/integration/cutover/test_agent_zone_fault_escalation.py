@@ -43,7 +43,7 @@ from warm_pool.agent import Agent
 from warm_pool.fault import FaultReporter
 from warm_pool.settings import AgentSettings
 
-pytestmark = pytest.mark.usefixtures("topology_two_regions")
+pytestmark = [pytest.mark.usefixtures("topology_two_regions"), pytest.mark.long]
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LAB_ZONE = {"eu-a": "zone-a", "eu-b": "zone-b"}

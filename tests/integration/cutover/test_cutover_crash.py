@@ -33,7 +33,7 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     topology_two_regions,
 )
 
-pytestmark = pytest.mark.usefixtures("topology_two_regions")
+pytestmark = [pytest.mark.usefixtures("topology_two_regions"), pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[3]
 PREFIX = "203.0.113.0/24"
