@@ -98,9 +98,10 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     config = workdir / "agent.yaml"
     config.write_text(yaml.safe_dump({
-        # Probes get room on two shared cores (an idle vLLM's /health took over 1.5 s at load 9 here); a killed
-        # vLLM still loses its lease at the first refused probe, and the gateway suppresses it at once.
-        "registry_prefix": prefix, "lease_ttl": 5.0, "probe_interval": 0.25, "probe_timeout": 3.0,
+        # Probes get room on two shared cores: while one vLLM streams, the idle one's /health has taken over 3 s
+        # (and a starved agent tick let 5 s leases lapse). A killed vLLM still loses its lease at the first
+        # refused probe, and the gateway suppresses it at once.
+        "registry_prefix": prefix, "lease_ttl": 10.0, "probe_interval": 0.25, "probe_timeout": 5.0,
         "renew_leases_for": [{"url": server.url, "instance_id": instance_id, "version": SERVED, "zone": zone}
                              for (instance_id, server), zone in zip(servers.items(), ZONES, strict=True)]}))
     agent_log = open(workdir / "agent.log", "ab")  # noqa: SIM115
@@ -136,3 +137,4 @@ def stream(gateway_url: str, path: str, body: dict[str, Any], *, prefer: str | N
         headers["traceparent"] = traceparent
     return stream_completion(gateway_url, {**body, "return_token_ids": True}, path=path, timeout=300,
                              headers=headers, on_token=on_token)
+

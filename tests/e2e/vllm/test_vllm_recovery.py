@@ -6,7 +6,7 @@ others may have fewer, or none yet: a kill before the first token), checks
 each stream against the same request run undisturbed: the exact token ids,
 each sequence number once, ended by the model (`length`), and moved
 (`epoch` > 0). The victim is started again in the background and the next
-round kills the other one, so every round crosses engines both ways.
+round kills the other one, so the rounds cross engines both ways.
 
 SIGKILL is a lost node. SIGTERM is every rolling update: the servers here
 drain for only 1 s (`--shutdown-timeout 1`), so vLLM cuts the streams off
@@ -34,15 +34,18 @@ from tests.e2e.vllm.conftest import REGION, SERVED, VllmStack, stream, until
 from tests.support.sse import StreamResult
 
 MAX_TOKENS = 200
-LONG_TOKENS = 1000
-# Each round restarts a vLLM (~40 s of CPU), so rounds are few: three per signal, each killing at a different
-# point (6, 15, 24 tokens into the first stream), both engines victims, x 5 streams per round.
-ROUNDS_PER_SIGNAL = 3
+# A stream that is surely still being made when its first token reaches the client: vLLM on two busy cores
+# sends its SSE in bursts (its API server starved by its engine core), and a client has seen the first token
+# of a 1000-token stream 4.5 s into its 5 s (2048 is the servers' max_model_len).
+LONG_TOKENS = 2000
+# Each round restarts a vLLM (~40 s of CPU), so rounds are few: two per signal, one per engine as the victim,
+# killing at a different point (6 and 20 tokens into the first stream), x 5 streams per round.
+ROUNDS_PER_SIGNAL = 2
 SPARE_ROUNDS = 2  # more rounds, only while too few have moved streams
 # Rounds that must have moved a stream. A SIGKILL moves every stream in flight. A SIGTERM lets vLLM drain: a
 # stream may finish whole on the dying server (seen in 1 to 3 rounds of 5 on two cores), which is the drain
 # doing its work; what must never happen is an answer cut short, and every round checks that.
-MOVED_ROUNDS = {signal.SIGKILL: ROUNDS_PER_SIGNAL, signal.SIGTERM: 2}
+MOVED_ROUNDS = {signal.SIGKILL: ROUNDS_PER_SIGNAL, signal.SIGTERM: 1}
 
 REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "completion-greedy": ("/v1/completions", {"prompt": "The region failed over while the stream", "temperature": 0.0}),
@@ -142,7 +145,7 @@ def run_round(stack: VllmStack, victim: str, sig: signal.Signals, kill_after: in
     return results
 
 
-@pytest.mark.timeout(900)  # three to five restarts of a vLLM, 20-60 s each on two busy cores
+@pytest.mark.timeout(900)  # two to four restarts of a vLLM, 20-60 s each on two busy cores
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         vllm_stack: VllmStack, undisturbed: dict[str, list[int]], sig: signal.Signals) -> None:
@@ -160,7 +163,7 @@ def test_streams_continue_identically_when_the_vllm_serving_them_dies(
         vllm_stack.wait_all_routable()
         victim = instances[round_no % 2]
         generation = vllm_stack.leased()[victim]
-        results = run_round(vllm_stack, victim, sig, kill_after=6 + 9 * (round_no % ROUNDS_PER_SIGNAL))
+        results = run_round(vllm_stack, victim, sig, kill_after=6 + 14 * (round_no % ROUNDS_PER_SIGNAL))
         for name, result in results.items():
             where = f"{sig.name} round {round_no}, {name}"
             assert result.error is None, (where, result.error)
@@ -185,25 +188,29 @@ def moved_tokens(result: StreamResult) -> int:
                if chunk.get("choices") and chunk.get("lifeline", {}).get("epoch", 0) > 0)
 
 
-def test_a_stream_moved_off_a_killed_vllm_is_one_trace_down_to_the_survivors_own_span(
-        vllm_stack: VllmStack, undisturbed: dict[str, list[int]]) -> None:
+def test_a_stream_moved_off_a_killed_vllm_is_one_trace_down_to_the_survivors_own_span(vllm_stack: VllmStack) -> None:
     """The client's trace through the gateway to stock vLLM: each gateway attempt sends its W3C `traceparent`,
     and the vLLM that finishes the stream exports its `llm_request` span as a child of that attempt, counting
     the tokens it made. The victim is SIGKILLed, so its own span is never sent: the gateway's failed attempt
     is the trace's record of it. The killed vLLM is left down: the next test restarts it its own way."""
     vllm_stack.wait_all_routable()
     survivor, victim = list(vllm_stack.servers)
-    server = vllm_stack.servers[victim]
+    path, request = body("completion-greedy")
+    request = {**request, "max_tokens": LONG_TOKENS}
+    reference = stream(vllm_stack.gateway.url, path, request, prefer=survivor)
+    assert reference.error is None and len(reference.token_ids) == LONG_TOKENS
+    vllm_stack.wait_all_routable()  # the victim sat idle through that stream: its probes may have timed out
     trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    server = vllm_stack.servers[victim]
 
-    def on_token(count: int) -> None:
-        if count >= 8 and server.alive():
+    def on_token(count: int) -> None:  # the first bytes the client has: a request with none is retried, not moved
+        if server.alive():
             server.kill()
 
-    result = stream(vllm_stack.gateway.url, *body("completion-greedy"), prefer=victim, on_token=on_token,
-                    traceparent=f"00-{trace_id}-{client_span}-01")
-    assert not server.alive(), "the stream ended before the kill"
-    assert result.error is None and result.done and result.token_ids == undisturbed["completion-greedy"]
+    result = stream(vllm_stack.gateway.url, path, request, prefer=victim, traceparent=f"00-{trace_id}-{client_span}-01",
+                    on_token=on_token)
+    assert moved_tokens(result) > 0, "the stream ended before the kill"
+    assert result.error is None and result.done and result.token_ids == reference.token_ids
     assert max(result.epochs) > 0
 
     def exported() -> list[dict[str, Any]] | None:
@@ -245,15 +252,14 @@ def test_without_the_sampler_a_seeded_stream_is_refused_and_an_unseeded_one_says
     until(lambda: sampling_of(vllm_stack, plain) == "engine_default", f"{plain} leased as engine_default", 120)
     vllm_stack.wait_all_routable()
     path, seeded = body("completion-seeded")
-    # Long streams: the two start together but not in step (CI saw one finish 200 tokens before the other had
-    # 12), and the kill must find both in flight.
+    # Long streams, so that the kill finds both in flight: they start together but not in step.
     seeded = {**seeded, "max_tokens": LONG_TOKENS}
     unseeded = {k: v for k, v in seeded.items() if k != "seed"}
     progress = {"seeded": 0, "unseeded": 0}
 
     def on_token(name: str, count: int) -> None:
         progress[name] = count
-        if min(progress.values()) >= 12 and server.alive():
+        if min(progress.values()) > 0 and server.alive():  # the client has bytes of both
             server.kill()
 
     with ThreadPoolExecutor(2) as pool:
@@ -263,7 +269,7 @@ def test_without_the_sampler_a_seeded_stream_is_refused_and_an_unseeded_one_says
         refused, moved = (futures[name].result(timeout=300) for name in ("seeded", "unseeded"))
     assert not server.alive(), f"the streams ended before the kill: {progress}"
     assert refused.error is not None and refused.error["type"] == "not_resumable", refused.error
-    assert "X-Lifeline-Continuation" in refused.error["message"] and len(refused.token_ids) >= 12
+    assert "X-Lifeline-Continuation" in refused.error["message"]
     assert moved.error is None and moved.done and len(moved.token_ids) == LONG_TOKENS, moved.error
     moved_at = moved.continuations.index("may_differ")
     assert moved.epochs[moved_at] > 0 and set(moved.continuations[moved_at:]) == {"may_differ"}
