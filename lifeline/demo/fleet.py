@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,16 +340,24 @@ class DemoFleet:
                 self._stray_pids.add(pid)
         return sorted(found, key=lambda e: (e.zone, e.instance_id))
 
-    def pool_layout(self, region: Region) -> dict[str, dict[str, int]]:
-        """zone → {serving, warm} as the agent reports it, counting only instances whose canary passed."""
+    def pool_layout(self, region: Region, *, gone: Collection[str] = ()) -> dict[str, dict[str, int]]:
+        """zone → {serving, warm} as the agent reports it, counting only instances whose canary passed.
+
+        RuntimeError while the report still lists an instance of `gone`: it predates their loss.
+        """
         layout = {zone: {"serving": 0, "warm": 0} for zone in region.zones}
-        for i in self.instances(region):
+        instances = self.instances(region)
+        if stale := sorted({i["instance_id"] for i in instances} & set(gone)):
+            raise RuntimeError(f"{region.name}: the agent's last report still lists {stale}")
+        for i in instances:
             if i.get("origin") == "pool" and i.get("pool_state") in ("serving", "warm") and i.get("verdict") == "ok":
                 layout.setdefault(i["zone"], {"serving": 0, "warm": 0})[i["pool_state"]] += 1
         return layout
 
-    def wait_pool(self, region: Region, timeout: float | None = None) -> dict[str, dict[str, int]]:
-        """Until the agent reports the planned pool and the gateway routes to every serving instance."""
+    def wait_pool(self, region: Region, timeout: float | None = None, *,
+                  gone: Collection[str] = ()) -> dict[str, dict[str, int]]:
+        """Until the agent reports the planned pool and the gateway routes to every serving instance; after a
+        loss, in a report that no longer lists the instances `gone` (one sent before it still counts them)."""
         timeout = self.pool_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         layout: dict[str, dict[str, int]] = {}
@@ -356,7 +365,7 @@ class DemoFleet:
             if not region.agent.alive():
                 raise RuntimeError(f"agent {region.name} exited:\n{region.agent.log_path.read_text()[-3000:]}")
             try:
-                layout = self.pool_layout(region)
+                layout = self.pool_layout(region, gone=gone)
             except RuntimeError:
                 layout = {}
             if layout == region.plan and _routable(region.gateway) >= r_serving(region):

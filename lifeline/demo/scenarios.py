@@ -341,7 +341,7 @@ def engine_kill(ctx: Context) -> Row:
                "a warm instance promoted" if warm_planned else "the zone backfilled from cold",
                60 if warm_planned else fleet.pool_timeout)
     promoted_at = time.monotonic()
-    layout = fleet.wait_pool(region)
+    layout = fleet.wait_pool(region, gone=[victim.instance_id])
     # The agent posts its events in batches after it acts: the gateways can see the promotion in the snapshot
     # before the event log does, so wait for the event rather than read the log at one instant.
     promoted = _events_of_kind(fleet, first, "pool.promoted", timeout=EVENT_FLUSH_S)
@@ -491,7 +491,7 @@ def zone_loss(ctx: Context, tiers: RealTiers) -> Row:
     promoted = wait_until(lambda: len([e for e in fleet.engines(region, state="serving") if e.zone in other]) >=
                           sum(region.plan[z]["serving"] for z in region.plan) and time.monotonic(),
                           f"{'/'.join(other)} serving the region's N alone", 90)
-    layout = fleet.wait_pool(region, timeout=240)
+    layout = fleet.wait_pool(region, timeout=240, gone=[v.instance_id for v in victims])
     if shift is not None:
         fleet.api("DELETE", f"/zonal-shifts/{shift['id']}", params={"reason": f"demo: {zone} back"})
     else:
