@@ -126,6 +126,10 @@ class TierDriverAdapter(Generic[S]):
         """A stored state as the driver's typed one (the tier in the JSON picks the model)."""
         return parse_state(state)  # type: ignore[return-value]
 
+    def _observed(self, observed: TierState, expected: Mapping[str, Any]) -> dict[str, Any]:
+        """The observed state as the step stores it."""
+        return observed.model_dump(mode="json")
+
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
         try:
             proof = self.driver.verify(self._typed(expected), timeout)
@@ -133,7 +137,7 @@ class TierDriverAdapter(Generic[S]):
             proof = exc.verification
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
-        return StepCheck(proof.verified, proof.observed.model_dump(mode="json"), proof.model_dump(mode="json"))
+        return StepCheck(proof.verified, self._observed(proof.observed, expected), proof.model_dump(mode="json"))
 
 
 class ScopedTierDriverAdapter(TierDriverAdapter[S]):
@@ -175,14 +179,5 @@ class ScopedTierDriverAdapter(TierDriverAdapter[S]):
         scope = self._split(before["target"])[1]
         return self._dump(self._scoped_desired_for(self._typed(before), target_state, scope), before["target"])
 
-    def apply(self, desired: dict[str, Any]) -> None:
-        self.driver.apply(self._typed(desired))
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        try:
-            proof = self.driver.verify(self._typed(expected), timeout)
-        except VerificationFailed as exc:
-            proof = exc.verification
-        except DriverError as exc:
-            return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
-        return StepCheck(proof.verified, self._dump(proof.observed, expected["target"]), proof.model_dump(mode="json"))
+    def _observed(self, observed: TierState, expected: Mapping[str, Any]) -> dict[str, Any]:
+        return self._dump(observed, expected["target"])
