@@ -37,6 +37,7 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 from redis import sentinel
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -104,12 +105,14 @@ def parse_redis_url(url: str) -> RedisTarget:
     return RedisTarget("sentinel", url, tuple(sentinels), service, int(db), password, username, options)
 
 
-def _common_kwargs(target: RedisTarget, decode_responses: bool) -> dict[str, Any]:
+def _common_kwargs(target: RedisTarget, decode_responses: bool, *, asyncio: bool = False) -> dict[str, Any]:
+    # No retry inside redis-py: callers decide (a lease renewal must fail fast). An asyncio client takes
+    # redis.asyncio's Retry (redis-py 8 warns on, and converts, the synchronous one).
     return {
         "decode_responses": decode_responses,
         "socket_timeout": target.options.get("socket_timeout", DEFAULT_TIMEOUT_S),
         "socket_connect_timeout": target.options.get("socket_connect_timeout", DEFAULT_TIMEOUT_S),
-        "retry": Retry(NoBackoff(), 0),
+        "retry": (AsyncRetry if asyncio else Retry)(NoBackoff(), 0),
     }
 
 
@@ -126,7 +129,7 @@ def redis_client(url: str, *, decode_responses: bool = True) -> redis.Redis:
 def async_redis_client(url: str, *, decode_responses: bool = True) -> aioredis.Redis:
     """An asyncio client for `url` (gateway registry and token log, engine lease transport)."""
     target = parse_redis_url(url)
-    kwargs = _common_kwargs(target, decode_responses)
+    kwargs = _common_kwargs(target, decode_responses, asyncio=True)
     if target.kind == "redis":
         return aioredis.Redis.from_url(_without_options(url) if target.options else url, **kwargs)
     watcher = aiosentinel.Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(kwargs), **kwargs)
