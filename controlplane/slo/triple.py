@@ -17,9 +17,11 @@ processor `lifeline_vllm` is loaded). Now each sentence is built from:
 - **the engine kind and its sampler**, as the newest run that recorded them
   saw (`controlplane/drill/engines.py`): reference engine — greedy and
   seeded identical; vLLM with `lifeline_vllm` — greedy and seeded
-  identical; vLLM without it — greedy identical, seeded and other sampled
-  streams continue and may differ; never recorded — the weakest of these,
-  said to be unverified;
+  identical; vLLM without it — greedy identical, a seeded stream that
+  must move ends `not_resumable` unless its request allows a continuation
+  that may differ (`X-Lifeline-Continuation: may-differ`, gateway/serving.py),
+  other sampled streams continue and may differ; never recorded — the
+  weakest of these, said to be unverified;
 - **the replication policies** of the model: the RPO_context each declares
   per session class (`controlplane/replication`), which bounds the session
   context a region loss may cost;
@@ -117,12 +119,18 @@ def engine_evidence(runs: Sequence[Any]) -> EngineEvidence:
     return EngineEvidence(engines=[], sampling=None, run_id=None)
 
 
+# What the gateway does with a client-seeded stream that must move to an engine that cannot redraw it
+# (gateway/recovery.py `_allow_inexact`): the client asked for reproducible output.
+SEEDED_WITHOUT_SAMPLER = ("ends not_resumable after a move, unless the request sends "
+                          "X-Lifeline-Continuation: may-differ: then continues, may differ")
+
+
 def continuation(engine: EngineEvidence) -> ContinuationPromise:
     """Which decodings continue token-identical after a migration on the same weights, for these engines."""
     if engine.run_id is None:
         return ContinuationPromise(
             greedy="token-identical on the same weights",
-            seeded="continues, may differ (no drill recorded the engine: token-identical only on the reference "
+            seeded=f"{SEEDED_WITHOUT_SAMPLER} (no drill recorded the engine: token-identical only on the reference "
                    "engine, or on vLLM with Lifeline's logits processor lifeline_vllm loaded; unverified)",
             sampled="continues, may differ", verified=False)
     if engine.sampling == "position_keyed":
@@ -135,7 +143,7 @@ def continuation(engine: EngineEvidence) -> ContinuationPromise:
     why = ("vLLM without Lifeline's logits processor lifeline_vllm: one generator per request"
            if engine.sampling == "engine_default" else "an engine did not say how it samples")
     return ContinuationPromise(greedy="token-identical on the same weights",
-                               seeded=f"continues, may differ ({why}; run {engine.run_id})",
+                               seeded=f"{SEEDED_WITHOUT_SAMPLER} ({why}; run {engine.run_id})",
                                sampled="continues, may differ", verified=engine.sampling is not None)
 
 

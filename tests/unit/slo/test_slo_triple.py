@@ -96,10 +96,10 @@ VLLM_WITHOUT = {"engines": ["vllm"], "sampling": "engine_default"}
     (REFERENCE, "token-identical on the same weights (the reference engine's position-keyed sampler; run 3)", True),
     (VLLM_WITH, "token-identical on the same weights (vLLM with Lifeline's logits processor lifeline_vllm loaded; "
                 "run 3)", True),
-    (VLLM_WITHOUT, "continues, may differ (vLLM without Lifeline's logits processor lifeline_vllm: one generator "
-                   "per request; run 3)", True),
-    ({"engines": ["vllm"], "sampling": None}, "continues, may differ (an engine did not say how it samples; run 3)",
-     False),
+    (VLLM_WITHOUT, f"{triple.SEEDED_WITHOUT_SAMPLER} (vLLM without Lifeline's logits processor lifeline_vllm: "
+                   "one generator per request; run 3)", True),
+    ({"engines": ["vllm"], "sampling": None},
+     f"{triple.SEEDED_WITHOUT_SAMPLER} (an engine did not say how it samples; run 3)", False),
 ])
 def test_continuations_follow_the_engine_kind_and_its_sampler(seen: dict[str, Any], seeded: str,
                                                                verified: bool) -> None:
@@ -111,7 +111,7 @@ def test_continuations_follow_the_engine_kind_and_its_sampler(seen: dict[str, An
 
 def test_without_a_recorded_engine_seeded_is_not_promised() -> None:
     promise = triple.continuation(triple.engine_evidence([ran(3, "instance")]))
-    assert promise.verified is False and promise.seeded.startswith("continues, may differ")
+    assert promise.verified is False and promise.seeded.startswith("ends not_resumable after a move")
     assert "lifeline_vllm" in promise.seeded
 
 
