@@ -13,6 +13,7 @@ from controlplane.drill import service
 from controlplane.drill.cli import drill_app
 from controlplane.drill.schemas import DrillSpec
 from controlplane.drill.states import DrillRunEvent
+from controlplane.slo import triple
 from controlplane.slo.cli import slo_app
 
 SPEC = {"name": "kill-one", "model": "tiny", "scope": "instance", "fault": "sigkill",
@@ -191,8 +192,8 @@ def test_lost_kept_and_recovery_come_from_the_runs_the_engines_and_the_policies(
     assert "chat: at most 30 s of context without a checkpoint at the standby (critical)" in k["kept"]
     assert document["rpo_context_policies"][0]["session_class"] == "chat"
     assert document["continuation"]["greedy"] == "token-identical on the same weights"
-    assert document["continuation"]["seeded"].startswith("continues, may differ (vLLM without")
-    assert "seeded: continues, may differ" in c["kept"]
+    assert document["continuation"]["seeded"].startswith(f"{triple.SEEDED_WITHOUT_SAMPLER} (vLLM without")
+    assert f"seeded: {triple.SEEDED_WITHOUT_SAMPLER}" in c["kept"]
     md = client.get("/api/v1/slo/tiny", params={"format": "md"}, headers=viewer).text
     assert "## RPO_context declared per session class" in md and "| chat | critical |" in md
     assert f"Engines: vllm, sampling engine_default (drill run {run_id})." in md
