@@ -31,7 +31,8 @@ class AgentReporting:
         agent = self.agent
         agent.shipper.emit(DataPlaneEvent(
             kind=kind, routing_tier="l7", actor=agent.actor, region=agent.settings.region,  # type: ignore[arg-type]
-            instance_id=instance.instance_id, generation=instance.lease.generation if instance.lease else None,
+            instance_id=instance.instance_id,
+            generation=instance.lease.generation if instance.lease is not None else instance.generation,
             reason=reason[:2000], at=agent.clock.utcnow(),
             detail={"zone": instance.zone, "version": instance.version, **detail}))
 

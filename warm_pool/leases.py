@@ -120,6 +120,7 @@ class LeaseKeeper:
         lease, instance.lease = instance.lease, None
         if lease is None:
             return
+        instance.generation = lease.generation  # what the events that follow judged (it was routed under it)
         instance.released_seq = self.agent.next_seq()
         with contextlib.suppress(Exception):
             await self.agent.registry.release(lease.instance_id, lease.generation)

@@ -262,7 +262,8 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     states = {i.zone: i.state for i in agent.instances.values()}
     assert states == {"z1": InstanceState.SERVING, "z2": InstanceState.WARM}
     [serving] = [i for i in agent.instances.values() if i.state is InstanceState.SERVING]
-    assert [lease.instance_id for lease in await registry.live()] == [serving.instance_id]
+    [lease] = await registry.live()
+    assert lease.instance_id == serving.instance_id
 
     fleet.engines[serving.instance_id].live = False  # SIGKILL
     await settle(agent, clock)
@@ -271,6 +272,9 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     assert [lease.instance_id for lease in await registry.live()] == [promoted.instance_id]
     kinds = [(e.kind, e.detail.get("zone")) for e in shipper.buffer if e.kind.startswith("pool.")]
     assert ("pool.lost", "z1") in kinds and ("pool.promoted", "z2") in kinds
+    # each event names the incarnation it judged: the lost one under the lease it had, though that is gone now
+    [lost] = [e for e in shipper.buffer if e.kind == "pool.lost"]
+    assert (lost.instance_id, lost.generation) == (serving.instance_id, lease.generation)
     assert {e.kind: e.detail["changes_routing"] for e in shipper.buffer if e.kind.startswith("pool.")} == {
         "pool.started": False, "pool.lost": True, "pool.promoted": True}
     # z1 is backfilled cold, becomes warm and takes its serving share back; z2's instance is retired
@@ -281,7 +285,8 @@ async def test_pool_fills_zones_then_promotes_warm_across_zones_and_backfills_a_
     [z1_serving] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
     assert [lease.instance_id for lease in await registry.live()] == [z1_serving]
     assert promoted.instance_id not in agent.instances and promoted.instance_id in agent.driver.stopped
-    assert [e.instance_id for e in shipper.buffer if e.kind == "pool.stopped"] == [promoted.instance_id]
+    [stopped] = [e for e in shipper.buffer if e.kind == "pool.stopped"]
+    assert stopped.instance_id == promoted.instance_id and stopped.generation is not None
 
 
 async def test_an_instance_the_agent_forgets_leaves_no_per_instance_series_behind(tmp_path: Path) -> None:
@@ -375,6 +380,7 @@ async def test_serving_instance_that_blips_is_demoted_and_leased_again_later(tmp
     assert agent.instances[z1].state is InstanceState.WARM  # released and demoted, not stopped
     [demoted] = [e for e in shipper.buffer if e.kind == "pool.demoted"]
     assert demoted.instance_id == z1 and demoted.routing_tier == "l7" and demoted.detail["state"] == "warm"
+    assert demoted.generation == 1  # the lease it was ejected under, released just before the event
     [promoted] = [i.instance_id for i in agent.instances.values() if i.state is InstanceState.SERVING]
     assert promoted != z1 and [lease.instance_id for lease in await registry.live()] == [promoted]
     fleet.engines[z1].live = True
