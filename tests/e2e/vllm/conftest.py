@@ -93,7 +93,9 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
     traces = TraceReceiver()
     # vLLM's own drain is short here so that a SIGTERM cuts streams off mid-way (abort or silence),
     # which is what the gateway must survive; deploy/ sets 20 s, within the pod's grace period.
-    servers = {f"vllm-{zone}": module_vllm_factory(SERVED, shutdown_timeout=1.0, otlp_traces_endpoint=traces.url)
+    # Both start at once (a start is mostly one process's imports, one core each), and are waited for below.
+    servers = {f"vllm-{zone}": module_vllm_factory(SERVED, shutdown_timeout=1.0, otlp_traces_endpoint=traces.url,
+                                                   wait_ready=False)
                for zone in ZONES}
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     config = workdir / "agent.yaml"
@@ -117,6 +119,8 @@ def vllm_stack(module_vllm_factory: Any, tmp_path_factory: pytest.TempPathFactor
     gateway.start()
     stack = VllmStack(servers, gateway, agent, RedisLeaseReader.from_url(REDIS_URL, prefix=prefix), workdir, traces)
     try:
+        for server in servers.values():
+            server.wait_ready()
         gateway.wait_live()
         stack.wait_all_routable(timeout=120)
         yield stack

@@ -94,13 +94,14 @@ def drill_fleet(module_vllm_factory: Any, tiny_model: Path,
     workdir = tmp_path_factory.mktemp("vllm-drill")
     pid_file = workdir / "victim.pid"
     with served_controlplane(workdir) as controlplane, contextlib.ExitStack() as stack:
-        victim = module_vllm_factory(SERVED, shutdown_timeout=1.0)
+        victim = module_vllm_factory(SERVED, shutdown_timeout=1.0, wait_ready=False)  # starts beside the survivor
         pid_file.write_text(str(victim.process.pid))
         survivor = EngineProcess(tiny_model, free_port(), "survivor", workdir / "survivor-state",
                                  workdir / "survivor.log", extra_args=["--served-model-name", SERVED])
         survivor.start()
         stack.callback(survivor.kill)
         survivor.wait_ready()
+        victim.wait_ready()
         prefix = f"test-{uuid.uuid4().hex[:8]}"
         # The canary the agent holds every engine to: recorded from the victim, through /v1/completions alone
         _, canary = asyncio.run(record_canary(victim.url, CANARY_PROMPT, max_tokens=6, max_ttft_s=30.0))
