@@ -10,7 +10,9 @@ over and opens the same allocation; a SIGKILLed holder comes back adopting
 its region file (checked against its seal, no shard read) and uploads again,
 and tenants open the new handle. The ledger and leases are the CPU path's.
 
-Skipped only when no CUDA device is present (the one accepted skip). The
+Skipped only when no CUDA device is present (the one accepted skip; the
+driver is asked, `tests.support.gpu`); on a GPU machine whose torch is the
+CPU wheel `.venv` pins, it fails naming how to run it under a CUDA torch. The
 parts that need no device (the setting, the handle records, the refusals)
 are tests/unit/holder/test_holder_device.py.
 """
@@ -31,17 +33,25 @@ import pytest
 
 from holder.process import HolderProcess
 from lifeline.processes import built_model, free_port
-
-
-def cuda_device_present() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
+from tests.support.gpu import cuda_device_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_device_present(), reason="needs a CUDA device: the holder's CUDA IPC path (the CPU side is tests/unit/holder/test_holder_device.py)")]
+
+# The holder runs under this interpreter (holder.process: sys.executable), so its torch must have CUDA.
+CUDA_TORCH_HOWTO = ("python3 -m venv .lifeline/tools/holder-cuda && .lifeline/tools/holder-cuda/bin/pip install "
+                    "torch -e '.[engine,dev]' && .lifeline/tools/holder-cuda/bin/python -m pytest -m gpu "
+                    "tests/gpu/test_holder_cuda_ipc.py")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cuda_torch() -> None:
+    """A GPU machine whose torch is the CPU wheel fails here, loudly, instead of skipping."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail(f"a CUDA device is present, but this interpreter's torch {torch.__version__} has no CUDA "
+                    f"(.venv pins the CPU wheel); run this test under a CUDA torch: {CUDA_TORCH_HOWTO}")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -41,27 +41,12 @@ import pytest
 import yaml
 
 from lifeline.processes import GatewayProcess, built_model, free_port, gateway_config, wait_for_http_ok
+from tests.support.gpu import cuda_device_present
 
 REDIS_URL = os.environ.get("LIFELINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REGION = "r-gpu"
 MAX_TOKENS = 192
 KILL_AFTER_TOKENS = 24
-
-
-def cuda_device_present() -> bool:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    except ImportError:
-        pass
-    # .venv holds the CPU torch wheel; vLLM's own venv has the CUDA one.
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    return listing.returncode == 0 and "GPU" in listing.stdout
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
