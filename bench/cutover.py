@@ -49,7 +49,8 @@ from bench.docs import replace_section
 from common.clock import SystemClock
 from controlplane.db import build_engine, build_session_factory, session_scope
 from cutover import flows, service as cutover_service, zonal_shift
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime

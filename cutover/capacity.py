@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contract.pool_plan import PlanInputs
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 from warm_pool.capacity import CapacityPlan, PlanError, plan_inputs
 
 

@@ -73,7 +73,7 @@ def plan(
 
     from controlplane.db import session_scope
     from cutover import service
-    from cutover.models import Scope
+    from cutover.scope import Scope
     from cutover.schemas import CutoverPlanRequest
 
     kind = "instance" if instance else "zone" if zone else "region"

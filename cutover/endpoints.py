@@ -36,7 +36,7 @@ from controlplane.types import Reason
 from cutover import flows, zonal_shift
 from cutover import service as cutover_service
 from cutover.errors import BreakGlassNeedsAdmin
-from cutover.models import Scope
+from cutover.scope import Scope
 from cutover.runtime import CutoverRuntime
 from cutover.schemas import (
     CutoverPlanRequest,

@@ -60,7 +60,7 @@ from typing import Any
 
 from contract.routing_tier import RoutingTier
 from cutover.errors import EvidenceRequired
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 
 
 class Outcome(StrEnum):

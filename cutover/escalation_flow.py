@@ -25,7 +25,8 @@ from cutover import flows, service as cutover_service
 from cutover.errors import NothingToCutOver, SafetyRuleViolation
 from cutover.escalation import RUNGS, Action, Attempt, Decision, Fault, Outcome, decide, fault_evidence
 from cutover.metrics import ESCALATION_DECISIONS
-from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import Cutover, CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.runtime import CutoverRuntime
 from cutover.states import ACTIVE_STATES, CutoverState

@@ -8,7 +8,6 @@ so a runner that lost its claim cannot write a step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -29,33 +28,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db import Base, UTCDateTime
-
-
-class ScopeKind(StrEnum):
-    INSTANCE = "instance"
-    ZONE = "zone"
-    REGION = "region"
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What a cutover moves: one instance, zone or region (a row stores it as scope_kind, region, scope_name)."""
-
-    kind: ScopeKind
-    region: str
-    name: str  # the zone or instance id; the region's own name for a region scope
-
-    @property
-    def key(self) -> str:
-        """The event log's scope string, as topology writes it."""
-        if self.kind == ScopeKind.REGION:
-            return f"region:{self.region}"
-        return f"region:{self.region}/{self.kind.value}:{self.name}"
-
-
-class TargetState(StrEnum):
-    OUT = "out"  # take the scope out of routing at this tier
-    IN = "in"  # return it
 
 
 class CutoverMode(StrEnum):

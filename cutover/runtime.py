@@ -57,7 +57,7 @@ from cutover.drivers_file import (
     load,
 )
 from cutover.errors import TierNotConfigured
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.safety import CapacityPlan
 

@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 
 from common.clock import Clock
 from cutover import repository
-from cutover.models import Cutover, Scope, ScopeKind, TargetState
+from cutover.models import Cutover
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.policy import CutoverPolicy, aware
 
 

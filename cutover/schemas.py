@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.routing_tier import RoutingTier
 from controlplane.types import Name, Reason
-from cutover.models import CutoverMode, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import ScopeKind, TargetState
 from cutover.states import CutoverState, StepStatus
 
 IdempotencyKey = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")

@@ -20,7 +20,8 @@ from controlplane.event import service as event_service
 from cutover import repository
 from cutover.errors import CutoverNotFound, EvidenceRequired, NothingToCutOver
 from cutover.metrics import GATE_CHANGES
-from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep, Scope, ScopeKind, TargetState
+from cutover.models import Cutover, CutoverGate, CutoverMode, CutoverStep
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.runtime import CutoverRuntime
 from cutover.safety import Violation, evaluate

@@ -33,7 +33,8 @@ from controlplane.event import service as event_service
 from cutover import flows, repository
 from cutover import service as cutover_service
 from cutover.errors import InvalidExpiry, ZonalShiftActive, ZonalShiftEnded, ZonalShiftNotFound
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState, ZonalShift
+from cutover.models import CutoverMode, ZonalShift
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.policy import aware
 from cutover.runtime import CutoverRuntime
 from cutover.states import CutoverState

@@ -40,7 +40,7 @@ def receive_alerts(body: AlertmanagerWebhook, request: Request, principal: Alert
     from cutover.endpoints import runtime_for
     from cutover.escalation import Fault
     from cutover.escalation_flow import escalate as run_ladder
-    from cutover.models import Scope, ScopeKind
+    from cutover.scope import Scope, ScopeKind
 
     routes = request.app.state.alert_routes
     if routes is None:

@@ -42,7 +42,7 @@ from cutover import flows, safety, zonal_shift
 from cutover import service as cutover_service
 from cutover.endpoints import runtime_for
 from cutover.errors import BreakGlassNeedsAdmin
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 from cutover.runner import abort_request
 from cutover.schemas import CutoverPlanRequest, ExecuteRequest, RollbackRequest, ZonalShiftStart
 from cutover.states import CutoverState

@@ -36,7 +36,7 @@ from cutover.drivers.base import (
     parse_target,
 )
 from cutover.errors import MeshNoDestinationLeft
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 
 
 def apportion(shares: Mapping[str, float], total: int) -> dict[str, int]:

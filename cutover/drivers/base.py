@@ -111,7 +111,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from common.errors import LifelineError
 from contract.routing_tier import RoutingTier
-from cutover.models import Scope, TargetState
+from cutover.scope import Scope, TargetState
 
 # ---------------------------------------------------------------- errors
 

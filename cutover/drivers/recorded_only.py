@@ -7,7 +7,7 @@ from typing import Any
 
 from contract.routing_tier import RoutingTier
 from cutover.drivers.base import StepCheck
-from cutover.models import Scope, TargetState
+from cutover.scope import Scope, TargetState
 
 RECORDED_ONLY = "recorded-only"
 

@@ -42,7 +42,7 @@ from controlplane.topology import service as topology_service
 from controlplane.topology.models import ClusterState
 from controlplane.topology.schemas import ClusterUpdate
 from contract.routing_tier import RoutingTier
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.drivers.base import StepCheck
 
 ACTOR = "controlplane:cutover"

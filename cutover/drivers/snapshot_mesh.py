@@ -33,7 +33,7 @@ from controlplane.mesh_route.schemas import MeshRouteSpec
 from controlplane.mesh_route.service import put_route
 from cutover.drivers.adapter import mesh_weights
 from cutover.drivers.snapshot_l7 import ACTOR, SnapshotL7Driver
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 
 
 def _key(destination: dict[str, Any]) -> str:

@@ -24,7 +24,8 @@ from controlplane.event import service as event_service
 from controlplane.event.repository import EventFilter
 from cutover import flows, service as cutover_service
 from cutover.drivers.snapshot_l7 import SnapshotL7Driver
-from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import Cutover, CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime

@@ -15,7 +15,8 @@ from controlplane.topology import service as topology
 from cutover import flows
 from cutover import service as cutover_service
 from cutover.errors import InvalidTransition
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,

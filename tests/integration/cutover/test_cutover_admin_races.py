@@ -26,7 +26,8 @@ from cutover import flows
 from cutover import service as cutover_service
 from cutover.drivers.base import StepCheck
 from cutover.errors import InvalidTransition
-from cutover.models import Cutover, CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import Cutover, CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,

@@ -27,7 +27,7 @@ from cutover.runtime import CutoverRuntime, build_drivers
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
 from cutover.drivers.snapshot_l7 import SnapshotL7Driver
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures

@@ -14,7 +14,8 @@ from controlplane.gateway_report import service as reports
 from controlplane.snapshot import service as snapshot_service
 from cutover import flows, service as cutover_service
 from cutover.drivers.snapshot_l7 import ReportedGatewayVersions, SnapshotL7Driver
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime

@@ -20,7 +20,8 @@ from cutover import flows, service as cutover_service
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
 from cutover.drivers.snapshot_l7 import SnapshotL7Driver
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime

@@ -17,7 +17,7 @@ from controlplane.topology import service as topology
 from controlplane.topology.schemas import ClusterCreate
 from cutover.drivers.snapshot_l7 import SnapshotL7Driver
 from contract.routing_tier import RoutingTier
-from cutover.models import Scope, TargetState
+from cutover.scope import Scope, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime
 from cutover.drivers.base import StepCheck

@@ -30,7 +30,7 @@ from cutover.drivers.base import (
 from cutover.runtime import build_drivers
 from cutover.drivers_file import load
 from cutover.drivers.dns import Rfc2136Driver, Route53Driver
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 from lifeline.processes import free_port
 from tests.integration.cutover.conftest import REGION_A, REGION_B, dns_drivers_table
 from lifeline.daemons import MotoServer, BindServer

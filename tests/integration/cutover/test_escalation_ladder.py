@@ -21,7 +21,7 @@ from controlplane.event.repository import EventFilter
 from cutover import service as cutover_service
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures

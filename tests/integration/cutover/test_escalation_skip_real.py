@@ -36,7 +36,8 @@ from cutover.drivers.snapshot_l7 import SnapshotL7Driver
 from cutover.drivers.snapshot_mesh import SnapshotMeshDriver
 from cutover.escalation import Action, Fault
 from cutover.escalation_flow import escalate
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from lifeline.daemons import BindServer

@@ -21,7 +21,8 @@ from cutover.drivers.base import DriverRejected, DriverUnavailable, MeshState, M
 from cutover.drivers.istio import IstioVirtualServiceDriver
 from cutover.errors import MeshNoDestinationLeft
 from cutover.drivers.snapshot_l7 import SnapshotL7Driver
-from cutover.models import CutoverMode, Scope, ScopeKind, TargetState
+from cutover.models import CutoverMode
+from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.runtime import CutoverRuntime
 from cutover.drivers.adapter import TierDriverAdapter

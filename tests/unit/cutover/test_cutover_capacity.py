@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cutover.capacity import WarmPoolCapacity
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 from warm_pool.capacity import InstanceCapacity, PlanRequest, RegionDemand, plan
 
 

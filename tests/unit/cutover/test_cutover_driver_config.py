@@ -11,7 +11,7 @@ from common.clock import ManualClock
 from contract.routing_tier import RoutingTier
 from cutover.drivers.base import parse_state
 from cutover.drivers_file import CutoverDriverConfigError, load
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.runtime import build_drivers
 
 EU, EU_A, ENGINE = (Scope(ScopeKind.REGION, "eu", "eu"), Scope(ScopeKind.ZONE, "eu", "eu-a"),

@@ -7,7 +7,7 @@ import pytest
 from contract.routing_tier import RoutingTier as T
 from cutover.errors import EvidenceRequired
 from cutover.escalation import Action, Attempt, Fault, Outcome, decide
-from cutover.models import Scope, ScopeKind
+from cutover.scope import Scope, ScopeKind
 
 ENGINE = Scope(ScopeKind.INSTANCE, "eu", "engine-7")
 EU_A = Scope(ScopeKind.ZONE, "eu", "eu-a")

@@ -18,7 +18,7 @@ from cutover.drivers.base import (
     describe_target,
 )
 from cutover.drivers.polling import PollingDriver
-from cutover.models import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, ScopeKind, TargetState
 
 ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.2")
 
