@@ -54,7 +54,7 @@ from cutover.scope import Scope, ScopeKind, TargetState
 from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime
-from cutover.drivers.adapter import ScopedTierDriverAdapter, TierDriverAdapter
+from cutover.drivers.adapter import TierDriverAdapter
 from cutover.drivers.base import StepDriver
 
 HEADING = "## Whole cutovers per tier (bench/cutover.py)"
@@ -222,9 +222,8 @@ def _dns_adapter(driver: Any, name: str, target: Any) -> StepDriver:
 
     regions = {"eu": DnsRegion(answer=["192.0.2.10"], failover_to="us"),
                "us": DnsRegion(answer=["198.51.100.10"], failover_to="eu")}
-    return ScopedTierDriverAdapter(driver, tier=RoutingTier.DNS, name=name,
-                                   desired_for=dns_desired(regions, EXTERNAL_TTL_S),
-                                   targets_for=lambda scope: [target] if scope == EU else [])
+    return TierDriverAdapter(driver, tier=RoutingTier.DNS, name=name, desired_for=dns_desired(regions, EXTERNAL_TTL_S),
+                             targets_for=lambda scope: [target.model_copy(update={"scope": scope})] if scope == EU else [])
 
 
 @contextmanager

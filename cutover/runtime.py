@@ -16,7 +16,8 @@ rules:
 
 Each configured table becomes one `StepDriver`: a routing system's typed
 driver (cutover/drivers/) behind a `TierDriverAdapter` whose `targets_for`
-maps a scope to that system's targets as the table says. Nothing is
+maps a scope to that system's targets as the table says (a DNS target
+carries the scope it moves, whose answer `dns_desired` takes). Nothing is
 dialled here: a routing system that is down is a
 `cutover_driver_unavailable` step at execute time, not a control plane
 that will not start. A bad file is `CutoverDriverConfigError`, naming the
@@ -34,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from common.clock import Clock, SystemClock
 from contract.routing_tier import RoutingTier
-from cutover.drivers.adapter import ScopedTierDriverAdapter, TierDriverAdapter
+from cutover.drivers.adapter import TierDriverAdapter
 from cutover.drivers.base import (
     INTERNAL_TTL_S,
     AnycastTarget,
@@ -163,14 +164,17 @@ def _anycast(config: AnycastConfig, clock: Clock) -> StepDriver:
 
 
 def dns_desired(regions: Mapping[str, DnsRegion], ttl_s: int,
-                internal_ttl_s: int = INTERNAL_TTL_S) -> Callable[[DnsState, TargetState, Scope], DnsState]:
-    """out: the answer of the region that takes over; in: the region's own.
+                internal_ttl_s: int = INTERNAL_TTL_S) -> Callable[[DnsState, TargetState], DnsState]:
+    """out: the answer of the region that takes over; in: the region's own (the region of the target's scope).
 
     On the external record with its short TTL, and on the internal one (where
     the target has it) with its long TTL (cutover/drivers/dns.py says why both).
     """
 
-    def desired_for(before: DnsState, target_state: TargetState, scope: Scope) -> DnsState:
+    def desired_for(before: DnsState, target_state: TargetState) -> DnsState:
+        scope = before.target.scope
+        if scope is None:  # not a target of `_dns`'s targets_for, which plans one in
+            raise ValueError(f"dns target {before.target.name} names no cutover scope: no region's answer to take")
         region = regions[scope.region]
         answer = tuple(sorted(regions[region.failover_to].answer if target_state == TargetState.OUT
                               else region.answer))
@@ -189,7 +193,7 @@ def _dns(config: DnsConfig, clock: Clock) -> list[StepDriver]:
         if scope.kind != ScopeKind.REGION or scope.region not in config.regions:
             return []
         return [DnsTarget(zone=config.zone, name=config.name, rdtype=config.rdtype,
-                          internal_name=config.internal_name)]
+                          internal_name=config.internal_name, scope=scope)]
 
     desired_for = dns_desired(config.regions, config.ttl_s, config.internal_ttl_s)
     drivers: list[StepDriver] = []
@@ -198,15 +202,15 @@ def _dns(config: DnsConfig, clock: Clock) -> list[StepDriver]:
         driver = Rfc2136Driver(server=spec.server, port=spec.port, key_name=spec.key_name,
                                key_secret=spec.key_secret_file.read_text().strip(), key_algorithm=spec.key_algorithm,
                                io_timeout_s=spec.io_timeout_s, clock=clock)
-        drivers.append(ScopedTierDriverAdapter(driver, tier=RoutingTier.DNS, name="rfc2136", targets_for=targets_for,
-                                               desired_for=desired_for))
+        drivers.append(TierDriverAdapter(driver, tier=RoutingTier.DNS, name="rfc2136", targets_for=targets_for,
+                                         desired_for=desired_for))
     if config.route53 is not None:
         import boto3
 
         client = boto3.client("route53", endpoint_url=config.route53.endpoint_url,
                               region_name=config.route53.region_name)
-        drivers.append(ScopedTierDriverAdapter(Route53Driver(client, clock=clock), tier=RoutingTier.DNS,
-                                               name="route53", targets_for=targets_for, desired_for=desired_for))
+        drivers.append(TierDriverAdapter(Route53Driver(client, clock=clock), tier=RoutingTier.DNS,
+                                         name="route53", targets_for=targets_for, desired_for=desired_for))
     return drivers
 
 

@@ -10,8 +10,8 @@ record, which prefix and next hop, which HAProxy servers) is deployment
 configuration, so the adapter is given `targets_for` (cutover/runtime.py
 builds it from the drivers file); what "out" and "in" mean per tier has
 defaults (`desired_out_in`) except for DNS, where "out" means "the answer
-of the region that takes over" and must be configured
-(`ScopedTierDriverAdapter`).
+of the region that takes over", configured, and read from the scope the
+target carries (`cutover.runtime.dns_desired`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ from cutover.drivers.base import (
     parse_target,
 )
 from cutover.errors import MeshNoDestinationLeft
-from cutover.scope import Scope, ScopeKind, TargetState
+from cutover.scope import Scope, TargetState
+
+# A step's evidence names the record as the routing system has it: a DNS target's cutover scope is left out.
+_RECORD_ONLY = {"expected": {"target": {"scope"}}, "observed": {"target": {"scope"}}}
 
 
 def apportion(shares: Mapping[str, float], total: int) -> dict[str, int]:
@@ -126,10 +129,6 @@ class TierDriverAdapter(Generic[S]):
         """A stored state as the driver's typed one (the tier in the JSON picks the model)."""
         return parse_state(state)  # type: ignore[return-value]
 
-    def _observed(self, observed: TierState, expected: Mapping[str, Any]) -> dict[str, Any]:
-        """The observed state as the step stores it."""
-        return observed.model_dump(mode="json")
-
     def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
         try:
             proof = self.driver.verify(self._typed(expected), timeout)
@@ -137,47 +136,5 @@ class TierDriverAdapter(Generic[S]):
             proof = exc.verification
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
-        return StepCheck(proof.verified, self._observed(proof.observed, expected), proof.model_dump(mode="json"))
-
-
-class ScopedTierDriverAdapter(TierDriverAdapter[S]):
-    """A TierDriverAdapter whose desired state depends on the scope, not only on the state before.
-
-    DNS is the case: one record answers for every region, and "region eu
-    out" means "the answer of the region that takes over from eu", which
-    the record's current answer cannot tell. Each target carries its scope
-    (`"scope": {...}`) through planning and the stored step; it is removed
-    before the typed driver sees the target.
-    """
-
-    def __init__(self, driver: TierDriver[S], *, tier: RoutingTier, name: str,
-                 targets_for: Callable[[Scope], Sequence[Target]],
-                 desired_for: Callable[[S, TargetState, Scope], S]) -> None:
-        super().__init__(driver, tier=tier, name=name, targets_for=targets_for)
-        self._scoped_desired_for = desired_for
-
-    @staticmethod
-    def _split(target: Mapping[str, Any]) -> tuple[dict[str, Any], Scope]:
-        plain = {k: v for k, v in target.items() if k != "scope"}
-        scope = target["scope"]
-        return plain, Scope(ScopeKind(scope["kind"]), scope["region"], scope["name"])
-
-    def _typed(self, state: Mapping[str, Any]) -> S:
-        return parse_state({**state, "target": self._split(state["target"])[0]})  # type: ignore[return-value]
-
-    def _dump(self, typed: TierState, target: Mapping[str, Any]) -> dict[str, Any]:
-        return {**typed.model_dump(mode="json"), "target": dict(target)}
-
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        where = {"kind": scope.kind.value, "region": scope.region, "name": scope.name}
-        return [{**t.model_dump(mode="json"), "scope": where} for t in self._targets_for(scope)]
-
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return self._dump(self.driver.read_state(parse_target(self._split(target)[0])), target)
-
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        scope = self._split(before["target"])[1]
-        return self._dump(self._scoped_desired_for(self._typed(before), target_state, scope), before["target"])
-
-    def _observed(self, observed: TierState, expected: Mapping[str, Any]) -> dict[str, Any]:
-        return self._dump(observed, expected["target"])
+        return StepCheck(proof.verified, proof.observed.model_dump(mode="json"),
+                         proof.model_dump(mode="json", exclude=_RECORD_ONLY))

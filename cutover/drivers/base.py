@@ -50,7 +50,7 @@ before/after and rebuild it after a restart with `parse_state(json)`:
 
     tier      target (what)                          state (how it is)
     dns       DnsTarget(zone, name, rdtype,          DnsState(values, ttl_s,
-                        internal_name?)                        internal_values?, internal_ttl_s?)
+                        internal_name?, scope?)               internal_values?, internal_ttl_s?)
     anycast   AnycastTarget(prefix, zone, next_hop)  AnycastState(announced)
     l7        L7Target(backend, server)              L7State(admin_state, weight)
     mesh      MeshTarget(namespace, virtual_service, MeshState(weights per destination,
@@ -168,6 +168,12 @@ class DnsTarget(_Record):
     of the same type; the driver writes both in one UPDATE (one Route 53
     change batch). Unset, it is left out of the JSON, so a target stored
     before it existed reads and labels as it always did.
+
+    `scope` is the cutover's (a cutover plans it in): one record answers for
+    every region, and "region eu out" means the answer of the region that
+    takes over from eu, which the record's current answer cannot tell. It is
+    not part of the record: the drivers never send it, and key what they
+    know of a record by `record()`. Unset, it is left out of the JSON too.
     """
 
     tier: Literal[RoutingTier.DNS] = RoutingTier.DNS
@@ -176,6 +182,11 @@ class DnsTarget(_Record):
     rdtype: str = "A"
     internal_name: str | None = Field(
         None, exclude_if=_unset, description="the long-TTL internal record, absolute: 'api.internal.lifeline.test.'")
+    scope: Scope | None = Field(None, exclude_if=_unset, description="the cutover scope whose answer it takes")
+
+    def record(self) -> DnsTarget:
+        """The record set(s) alone, without the cutover's scope."""
+        return self if self.scope is None else self.model_copy(update={"scope": None})
 
     def names(self) -> tuple[str, ...]:
         return (self.name,) if self.internal_name is None else (self.name, self.internal_name)

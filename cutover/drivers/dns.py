@@ -38,6 +38,12 @@ Two drivers, one `DnsState`:
   authoritative server has the change; until `GetChange` says INSYNC the
   driver reports the records it replaced, so `verify` waits for INSYNC.
   Tested against moto's server (an emulator: no DNS server behind it).
+
+A cutover's target names its scope (`DnsTarget.scope`, which decides the
+answer "out" means). Neither driver sends it, and each keys what it knows
+of a record (the answer it replaced, a pending change) by the record alone
+(`DnsTarget.record()`); the states it reads back carry the target it was
+given, scope included, so they compare equal to the step's.
 """
 
 from __future__ import annotations
@@ -75,10 +81,10 @@ class _DnsPolling(PollingDriver[DnsState]):
 
     def __init__(self, *, clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(clock=clock, sleep=sleep)
-        self._replaced: dict[DnsTarget, DnsState] = {}
+        self._replaced: dict[DnsTarget, DnsState] = {}  # by `target.record()`: what the server held before a write
 
     def client_cache_ttl_s(self, expected: DnsState) -> int | None:
-        replaced = self._replaced.get(expected.target)
+        replaced = self._replaced.get(expected.target.record())
         if replaced is not None and replaced.values and replaced.values != expected.values:
             return replaced.ttl_s
         return expected.ttl_s
@@ -86,7 +92,7 @@ class _DnsPolling(PollingDriver[DnsState]):
     def internal_cache_ttl_s(self, expected: DnsState) -> int | None:
         if expected.internal_values is None:
             return None  # the target has no internal record
-        replaced = self._replaced.get(expected.target)
+        replaced = self._replaced.get(expected.target.record())
         if replaced is not None and replaced.internal_values and replaced.internal_values != expected.internal_values:
             return replaced.internal_ttl_s
         return expected.internal_ttl_s
@@ -135,7 +141,7 @@ class Rfc2136Driver(_DnsPolling):
     def _write(self, desired: DnsState) -> None:  # type: ignore[override]
         replaced = self.read_state(desired.target)
         self._send_update(desired)
-        self._replaced[desired.target] = replaced
+        self._replaced[desired.target.record()] = replaced
 
     @retry_unavailable()
     def _send_update(self, desired: DnsState) -> None:
@@ -168,7 +174,7 @@ class Route53Driver(_DnsPolling):
         super().__init__(clock=clock, sleep=sleep)
         self.client = client
         self._zone_ids: dict[str, str] = {}
-        self._pending: dict[DnsTarget, str] = {}  # target -> change id not yet INSYNC
+        self._pending: dict[DnsTarget, str] = {}  # target.record() -> change id not yet INSYNC
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
@@ -210,13 +216,14 @@ class Route53Driver(_DnsPolling):
 
     @retry_unavailable()
     def observe(self, target: DnsTarget) -> tuple[DnsState, str]:  # type: ignore[override]
-        change_id = self._pending.get(target)
+        record = target.record()
+        change_id = self._pending.get(record)
         if change_id is not None:
             status = self._call("get_change", Id=change_id)["ChangeInfo"]["Status"]
             if status != "INSYNC":
-                replaced = self._replaced[target]
+                replaced = self._replaced[record].model_copy(update={"target": target})
                 return replaced, f"route53 change {change_id} {status}: authoritative servers still serve {replaced.values}"
-            del self._pending[target]
+            del self._pending[record]
         found = [self._read_back(name, self._record_set(target, name)) for name in target.names()]
         evidence = " | ".join(f"route53 {r.name} {r.ttl_s} {target.rdtype} {' '.join(r.values)} (INSYNC)" if r.values
                               else f"route53 {r.name} {target.rdtype}: no record set" for r in found)
@@ -226,7 +233,7 @@ class Route53Driver(_DnsPolling):
     def _write(self, desired: DnsState) -> None:  # type: ignore[override]
         target = desired.target
         current = {name: self._record_set(target, name) for name in target.names()}
-        self._replaced[target] = DnsState.from_record_sets(
+        self._replaced[target.record()] = DnsState.from_record_sets(
             target, [self._read_back(name, record_set) for name, record_set in current.items()])
         changes: list[dict[str, Any]] = []
         for record_set in desired.record_sets():  # one change batch: Route 53 applies all of it or none
@@ -241,4 +248,4 @@ class Route53Driver(_DnsPolling):
         info = self._call("change_resource_record_sets", HostedZoneId=self._zone_id(target.zone),
                           ChangeBatch={"Comment": "lifeline cutover", "Changes": changes})["ChangeInfo"]
         if info["Status"] != "INSYNC":
-            self._pending[target] = info["Id"]
+            self._pending[target.record()] = info["Id"]

@@ -125,6 +125,8 @@ def test_bind_drivers_file_with_an_internal_name_moves_both_records_with_the_con
     step_driver.apply(out)
     check = step_driver.verify(out, TIMEOUT)
     assert check.verified, check.evidence
+    assert check.observed == out  # read back with the step's target, its cutover scope included
+    assert "scope" not in check.evidence["expected"]["target"]  # the evidence names the record, as it always did
     assert (check.evidence["client_cache_ttl_s"], check.evidence["internal_cache_ttl_s"]) == (
         EXTERNAL_TTL_S, INTERNAL_TTL_S)  # the replaced answers' TTLs, as seeded
     assert authoritative(bind_server, EXTERNAL.name) == ([REGION_B], EXTERNAL_TTL_S)
@@ -247,6 +249,21 @@ def test_route53_unreachable_endpoint_is_unavailable() -> None:
                           config=Config(retries={"max_attempts": 1}, connect_timeout=0.5))
     with pytest.raises(DriverUnavailable):
         Route53Driver(client).read_state(EXTERNAL)
+
+
+def test_bind_ignores_a_targets_cutover_scope_and_reads_back_the_target_it_was_given(
+        bind_server: BindServer) -> None:
+    scoped = EXTERNAL.model_copy(update={"scope": Scope(ScopeKind.REGION, "eu", "eu")})
+    driver = rfc2136(bind_server)
+    before = driver.read_state(scoped)
+    assert before == DnsState(target=scoped, values=(REGION_A,), ttl_s=EXTERNAL_TTL_S)
+    after = before.model_copy(update={"values": (REGION_B,)})
+    driver.apply(after)
+    proof = driver.verify(after, TIMEOUT)
+    assert proof.verified and proof.observed == after
+    assert proof.client_cache_ttl_s == EXTERNAL_TTL_S  # the answer it replaced, known by the record alone
+    assert rfc2136(bind_server).read_state(EXTERNAL).values == (REGION_B,)  # one record, whoever's scope moved it
+    assert driver.restore(before, TIMEOUT).verified
 
 
 def test_bind_rollback_after_a_restart_from_the_stored_before_state(bind_server: BindServer) -> None:
