@@ -55,7 +55,7 @@ from contract.routing_tier import RoutingTier
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime
 from cutover.drivers.adapter import TierDriverAdapter
-from cutover.drivers.base import StepDriver
+from cutover.drivers.step import StepDriver
 
 HEADING = "## Whole cutovers per tier (bench/cutover.py)"
 ZONE_A = Scope(ScopeKind.ZONE, "eu", "zone-a")

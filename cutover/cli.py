@@ -28,6 +28,7 @@ from cutover.mesh_cli import mesh_route_app
 from cutover.zonal_shift_cli import zonal_shift_app
 
 if TYPE_CHECKING:
+    from cutover.drivers.step import StepState
     from cutover.runtime import CutoverRuntime
 
 __all__ = ["cutover_app", "zonal_shift_app"]
@@ -53,8 +54,8 @@ def _summary(cutover: Any) -> str:
     return "\n".join(lines)
 
 
-def _brief(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k != "target"}
+def _brief(state: StepState) -> dict[str, Any]:
+    return state.model_dump(mode="json", exclude={"target"})
 
 
 @cutover_app.command()

@@ -3,7 +3,9 @@
 A cutover row is changed only by compare-and-set on `(state, revision)`
 (`repository.compare_and_set`); its steps are written only by the runner
 that holds the cutover's claim, in the same transaction as a claim renewal,
-so a runner that lost its claim cannot write a step.
+so a runner that lost its claim cannot write a step. A step's states are
+typed (`cutover.drivers.step.StepState`) in Python and JSON in the row:
+`StepStateJSON` is the one place that JSON is parsed.
 """
 
 from __future__ import annotations
@@ -26,8 +28,28 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 from controlplane.db import Base, UTCDateTime
+from cutover.drivers.step import StepState, parse_step_state
+
+
+class StepStateJSON(TypeDecorator[StepState]):
+    """A step's state: the typed model in Python, its `model_dump(mode="json")` in the row.
+
+    Parsed on load, here and nowhere else, so every reader of a step (the
+    runner, the API, the CLI, the console) holds the typed state; the JSON
+    is what every release has stored (cutover/drivers/step.py).
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: StepState | None, dialect: Any) -> dict[str, Any] | None:
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Any) -> StepState | None:
+        return None if value is None else parse_step_state(value)
 
 
 class CutoverMode(StrEnum):
@@ -99,12 +121,12 @@ class CutoverStep(Base):
     tier: Mapped[str] = mapped_column(String(8))
     # Which configured driver of the tier acts (snapshot, haproxy, rfc2136, route53, exabgp, …).
     driver: Mapped[str] = mapped_column(String(64))
-    # What the driver acts on: "cluster:<name>", "instance:<region>/<id>@<generation>", a DNS name, a prefix.
+    # What the driver acts on, as a label: "cluster=c-eu-a,kind=cluster,region=eu" (drivers.step.describe_target).
     driver_target: Mapped[str] = mapped_column(String(400))
-    expected_before: Mapped[dict[str, Any]] = mapped_column(JSON)
-    expected_after: Mapped[dict[str, Any]] = mapped_column(JSON)
+    expected_before: Mapped[StepState] = mapped_column(StepStateJSON())
+    expected_after: Mapped[StepState] = mapped_column(StepStateJSON())
     # Read from the tier just before it was changed; what rollback restores.
-    actual_before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    actual_before: Mapped[StepState | None] = mapped_column(StepStateJSON(), nullable=True)
     timeout_s: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16))
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from contract.routing_tier import RoutingTier
 from controlplane.mesh_route.models import MeshRouteRecord
+from cutover.drivers.step import MeshRouteTarget
 from cutover.models import Cutover, CutoverGate, CutoverStep, ZonalShift
 from cutover.states import ACTIVE_STATES, CutoverState
 
@@ -126,10 +127,9 @@ def mesh_route_holders(session: Session, route: MeshRouteRecord) -> list[int]:
     held = [s.value for s in ACTIVE_STATES | {CutoverState.COMPLETED, CutoverState.FAILED}]
     steps = session.scalars(select(CutoverStep).join(Cutover, Cutover.id == CutoverStep.cutover_id).where(
         CutoverStep.tier == RoutingTier.MESH.value, Cutover.state.in_(held))).all()
-    return sorted({step.cutover_id for step in steps
-                   if ((step.expected_before or {}).get("target") or {}).get("kind") == "mesh_route"
-                   and (step.expected_before["target"].get("model"), step.expected_before["target"].get("route_region"),
-                        step.expected_before["target"].get("cohort")) == (route.model, route.region, route.cohort)})
+    targets = [(step.cutover_id, step.expected_before.target) for step in steps]
+    return sorted({cutover_id for cutover_id, target in targets if isinstance(target, MeshRouteTarget)
+                   and (target.model, target.route_region, target.cohort) == (route.model, route.region, route.cohort)})
 
 
 def counts_by_tier_and_state(session: Session) -> dict[tuple[str, str], int]:

@@ -28,7 +28,7 @@ from cutover.policy import aware
 from cutover.runtime import CutoverRuntime
 from cutover.service import get_or_raise
 from cutover.states import TERMINAL_STATES, TOUCHED_STEPS, CutoverEvent, CutoverState, StepStatus, transition
-from cutover.drivers.base import StepCheck
+from cutover.drivers.step import StepCheck, StepState, StepTarget
 
 log = get_logger(__name__)
 
@@ -102,7 +102,7 @@ class Runner:
         with session_scope(self.rt.factory) as session:
             return list(get_or_raise(session, cutover_id=self.cutover_id, fresh=True).steps)
 
-    def _check(self, step: CutoverStep, expected: dict[str, Any], *, apply: bool) -> StepCheck:
+    def _check(self, step: CutoverStep, expected: StepState, *, apply: bool) -> StepCheck:
         driver = self.rt.driver_named(step.tier, step.driver)
         if driver is None:
             return StepCheck(False, None, {"error": "tier_not_configured",
@@ -117,14 +117,14 @@ class Runner:
             log.error("cutover_driver_crashed", cutover_id=self.cutover_id, step=step.position, error=repr(exc))
             return StepCheck(False, None, {"error": "driver_error", "message": repr(exc)[:500]})
 
-    def _step_event(self, session: Any, cutover: Cutover, step: CutoverStep, *, kind: str, before: Any,
-                    expected: Any, check: StepCheck, started_at: Any) -> None:
+    def _step_event(self, session: Any, cutover: Cutover, step: CutoverStep, *, kind: str, before: StepState | None,
+                    expected: StepState, check: StepCheck, started_at: Any) -> None:
         cutover_service.record(
             session, cutover, kind=kind, actor=self.actor, reason=self.reason, clock=self.rt.clock,
             routing_tier=RoutingTier(step.tier), started_at=started_at,
             outcome="succeeded" if check.verified else "failed",
-            before={"state": before, "target": step.driver_target},
-            after={"state": check.observed, "expected": expected, "target": step.driver_target,
+            before={"state": _as_json(before), "target": step.driver_target},
+            after={"state": _as_json(check.observed), "expected": _as_json(expected), "target": step.driver_target,
                    "cutover_id": cutover.id, "step": step.position, "driver": step.driver,
                    "evidence": check.evidence},
         )
@@ -274,5 +274,10 @@ def abort_request(session: Any, cutover: Cutover) -> Any | None:
     return next((e for e in found if (e.after or {}).get("cutover_id") == cutover.id), None)
 
 
-def target_of(step: CutoverStep) -> dict[str, Any]:
-    return dict(step.expected_before.get("target") or {})
+def target_of(step: CutoverStep) -> StepTarget:
+    return step.expected_before.target
+
+
+def _as_json(state: StepState | None) -> dict[str, Any] | None:
+    """A state as an event stores it: the JSON its step's row holds."""
+    return None if state is None else state.model_dump(mode="json")

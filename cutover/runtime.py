@@ -43,8 +43,8 @@ from cutover.drivers.base import (
     DnsTarget,
     L7Target,
     MeshTarget,
-    StepDriver,
 )
+from cutover.drivers.step import StepDriver
 from cutover.drivers.recorded_only import RECORDED_ONLY, RecordedOnlyDriver
 from cutover.drivers.snapshot_l7 import GatewayVersionReader, SnapshotL7Driver
 from cutover.drivers.snapshot_mesh import SnapshotMeshDriver

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.routing_tier import RoutingTier
 from controlplane.types import Name, Reason
+from cutover.drivers.step import StepState
 from cutover.models import CutoverMode
 from cutover.scope import ScopeKind, TargetState
 from cutover.states import CutoverState, StepStatus
@@ -73,9 +74,9 @@ class StepRead(BaseModel):
     tier: RoutingTier
     driver: str
     driver_target: str
-    expected_before: dict[str, Any]
-    expected_after: dict[str, Any]
-    actual_before: dict[str, Any] | None
+    expected_before: StepState
+    expected_after: StepState
+    actual_before: StepState | None
     timeout_s: float
     status: StepStatus
     outcome: str | None

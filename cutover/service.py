@@ -26,7 +26,7 @@ from contract.routing_tier import RoutingTier
 from cutover.runtime import CutoverRuntime
 from cutover.safety import Violation, evaluate
 from cutover.states import CutoverState, StepStatus
-from cutover.drivers.base import describe_target
+from cutover.drivers.step import describe_target
 from cutover.drivers.recorded_only import RECORDED_ONLY
 
 log = get_logger(__name__)

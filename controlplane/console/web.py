@@ -63,6 +63,8 @@ def _when(value: datetime | float | None) -> str:
 def _as_json(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, BaseModel):  # a typed record (a cutover step's state): its JSON, as the API renders it
+        value = value.model_dump(mode="json")
     return json.dumps(value, sort_keys=True, default=str, indent=1)
 
 

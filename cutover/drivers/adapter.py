@@ -1,24 +1,23 @@
-"""A routing system's typed `TierDriver` as the workflow's `StepDriver` (cutover/drivers/base.py has both).
+"""A routing system's typed `TierDriver` as the workflow's `StepDriver` (cutover/drivers/base.py and step.py).
 
-The workflow stores every state as JSON (a step's expected/actual
-before-state, the event's before/after) and must rebuild it after a
-restart; a typed driver (BIND9 / Route 53, ExaBGP, HAProxy, Istio) takes
-and returns frozen pydantic states. `TierDriverAdapter` sits between: its
-typed states go out through `model_dump(mode="json")` and come back
-through `parse_state`, once per call. Which targets a scope maps to (which
-record, which prefix and next hop, which HAProxy servers) is deployment
-configuration, so the adapter is given `targets_for` (cutover/runtime.py
-builds it from the drivers file); what "out" and "in" mean per tier has
-defaults (`desired_out_in`) except for DNS, where "out" means "the answer
-of the region that takes over", configured, and read from the scope the
-target carries (`cutover.runtime.dns_desired`).
+A typed driver (BIND9 / Route 53, ExaBGP, HAProxy, Istio) and the workflow
+speak the same states: the step's are the driver's models, parsed once
+when the step is loaded (cutover/models.py). `TierDriverAdapter` adds what
+the workflow asks and a routing system cannot know: the driver's name,
+which targets a scope maps to (which record, which prefix and next hop,
+which HAProxy servers: deployment configuration, so the adapter is given
+`targets_for`, which cutover/runtime.py builds from the drivers file) and
+what "out" and "in" mean per tier (`desired_out_in`, except for DNS, where
+"out" means "the answer of the region that takes over", configured, read
+from the scope its target carries: `cutover.runtime.dns_desired`). Its
+`verify` turns the driver's `Verification`, or its error, into a `StepCheck`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Generic
+from typing import Generic
 
 from contract.routing_tier import RoutingTier
 from cutover.drivers.base import (
@@ -27,14 +26,12 @@ from cutover.drivers.base import (
     L7State,
     MeshState,
     S,
-    StepCheck,
     Target,
     TierDriver,
     TierState,
     VerificationFailed,
-    parse_state,
-    parse_target,
 )
+from cutover.drivers.step import StepCheck
 from cutover.errors import MeshNoDestinationLeft
 from cutover.scope import Scope, TargetState
 
@@ -96,7 +93,7 @@ def desired_out_in(before: TierState, target_state: TargetState) -> TierState:
 
 
 class TierDriverAdapter(Generic[S]):
-    """A typed `TierDriver` as a `StepDriver`."""
+    """A typed `TierDriver` as a `StepDriver`: its states in and out as they are."""
 
     def __init__(
         self,
@@ -113,28 +110,23 @@ class TierDriverAdapter(Generic[S]):
         self._targets_for = targets_for
         self._desired_for = desired_for
 
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [t.model_dump(mode="json") for t in self._targets_for(scope)]
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[Target]:
+        return list(self._targets_for(scope))
 
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return self.driver.read_state(parse_target(target)).model_dump(mode="json")
+    def read_state(self, target: Target) -> S:
+        return self.driver.read_state(target)
 
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return self._desired_for(self._typed(before), target_state).model_dump(mode="json")
+    def desired(self, before: S, target_state: TargetState) -> S:
+        return self._desired_for(before, target_state)
 
-    def apply(self, desired: dict[str, Any]) -> None:
-        self.driver.apply(self._typed(desired))
+    def apply(self, desired: S) -> None:
+        self.driver.apply(desired)
 
-    def _typed(self, state: Mapping[str, Any]) -> S:
-        """A stored state as the driver's typed one (the tier in the JSON picks the model)."""
-        return parse_state(state)  # type: ignore[return-value]
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+    def verify(self, expected: S, timeout: timedelta) -> StepCheck:
         try:
-            proof = self.driver.verify(self._typed(expected), timeout)
+            proof = self.driver.verify(expected, timeout)
         except VerificationFailed as exc:
             proof = exc.verification
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
-        return StepCheck(proof.verified, proof.observed.model_dump(mode="json"),
-                         proof.model_dump(mode="json", exclude=_RECORD_ONLY))
+        return StepCheck(proof.verified, proof.observed, proof.model_dump(mode="json", exclude=_RECORD_ONLY))

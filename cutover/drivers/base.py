@@ -1,30 +1,10 @@
-"""The one interface every cutover tier's driver implements: the workflow's `StepDriver`, and the typed `TierDriver`.
+"""The typed interface of a routing system's driver (`TierDriver`), and each such tier's typed target and state.
 
-A driver changes one routing tier of the real system and reads it back.
-The cutover workflow (plan → execute → verify → complete | roll back)
-only ever talks to `StepDriver`; it never knows whether DNS is BIND9 or
-Route 53. Its states are the JSON a step stores (expected and actual
-before-state, the event's before/after), each carrying its own target, so
-a cutover can be resumed or rolled back by another process after a crash:
-
-    class StepDriver(Protocol):
-        tier, name                              the tier it acts at; which driver of it (stored per step)
-        targets(scope, generation?) -> [target] what this tier changes for the scope (planning)
-        read_state(target) -> state             the real state now
-        desired(before, target_state) -> state  the state the tier should show after the step
-        apply(desired) -> None                  write it (idempotent: a resumed step writes it again)
-        verify(expected, timeout) -> StepCheck  poll until the tier shows it; never raises on a
-                                                mismatch (a driver error is a failed check)
-
-Every tier driver lives in cutover/drivers/ and is one of
-
-    snapshot_l7.py, snapshot_mesh.py   the built-in l7 and mesh tiers, through the control plane's snapshot
-                                       (StepDrivers themselves: their states are rows of the control plane)
-    dns.py, anycast.py, haproxy.py,    a routing system's `TierDriver` (below), which the workflow reaches
-    istio.py                           through `adapter.TierDriverAdapter`: typed states in, JSON out
-    recorded_only.py                   a tier with no driver configured: recorded, nothing changed
-
-A routing system's driver is typed:
+A driver changes one routing tier of the real system (BIND9 or Route 53,
+ExaBGP and BIRD, HAProxy, Istio) and reads it back. The cutover workflow
+never calls one directly: it speaks `StepDriver` (cutover/drivers/step.py),
+and reaches these through `adapter.TierDriverAdapter`, which hands them the
+step's states as they are. A routing system's driver is typed:
 
     class TierDriver(Protocol[S]):
         tier                                  RoutingTier this driver acts at
@@ -42,11 +22,12 @@ A cutover step through it is therefore
     driver.apply(after)                       # after = before.model_copy(update=...)
     proof = driver.verify(after, timeout)     # raises VerificationFailed on timeout
     ...
-    driver.restore(before, timeout)           # rollback, itself evented
+    driver.restore(before, timeout)           # rollback (apply + verify of the recorded before), evented
 
-States are frozen pydantic models, one per tier, discriminated by `tier`, so
-the adapter can store `state.model_dump(mode="json")` as the step's
-before/after and rebuild it after a restart with `parse_state(json)`:
+States are frozen pydantic models, one per tier, discriminated by `tier`,
+each carrying its target; they are members of the workflow's `StepState`
+(step.py), which a step stores as `state.model_dump(mode="json")` and
+rebuilds on load after a restart:
 
     tier      target (what)                          state (how it is)
     dns       DnsTarget(zone, name, rdtype,          DnsState(values, ttl_s,
@@ -66,9 +47,10 @@ answer that was replaced (its TTL), which bounds the real cutover time; and,
 where the target has the long-TTL internal record, `internal_cache_ttl_s`:
 the same for the region's own services (cutover/drivers/dns.py says why).
 
-Over 300 lines on purpose: both faces of the protocol and every tier's
-typed target and state are one contract, read together, and split they
-would be read apart.
+Over 300 lines on purpose: the protocol and every routing system's typed
+target and state are one contract, read together, and split they would be
+read apart. The workflow's face (`StepDriver`, the built-in tiers' states,
+the union a step stores) is step.py's.
 
 Errors (all `LifelineError`, rendered by the control plane's one handler):
 
@@ -93,25 +75,15 @@ so the loop is bounded by the timeout and testable on virtual time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import (
-    Annotated,
-    Any,
-    ClassVar,
-    Literal,
-    NamedTuple,
-    Protocol,
-    TypeVar,
-    runtime_checkable,
-)
+from typing import Annotated, ClassVar, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.errors import LifelineError
 from contract.routing_tier import RoutingTier
-from cutover.scope import Scope, TargetState
+from cutover.scope import Scope
 
 # ---------------------------------------------------------------- errors
 
@@ -306,19 +278,6 @@ class MeshState(_Record):
 Target = Annotated[DnsTarget | AnycastTarget | L7Target | MeshTarget, Field(discriminator="tier")]
 TierState = Annotated[DnsState | AnycastState | L7State | MeshState, Field(discriminator="tier")]
 
-_STATE_ADAPTER: TypeAdapter[DnsState | AnycastState | L7State | MeshState] = TypeAdapter(TierState)
-_TARGET_ADAPTER: TypeAdapter[DnsTarget | AnycastTarget | L7Target | MeshTarget] = TypeAdapter(Target)
-
-
-def parse_state(data: object) -> DnsState | AnycastState | L7State | MeshState:
-    """Rebuild a state stored as JSON (an event's before/after) — e.g. to roll back after a restart."""
-    return _STATE_ADAPTER.validate_python(data)
-
-
-def parse_target(data: object) -> DnsTarget | AnycastTarget | L7Target | MeshTarget:
-    return _TARGET_ADAPTER.validate_python(data)
-
-
 class Verification(_Record):
     """Proof that the real system shows a state, or the last observation when it did not."""
 
@@ -353,34 +312,3 @@ class TierDriver(Protocol[S]):
     def verify(self, expected: S, timeout: timedelta) -> Verification: ...
 
     def restore(self, before: S, timeout: timedelta) -> Verification: ...
-
-
-# ---------------------------------------------------------------- the protocol, as the workflow speaks it
-
-
-@dataclass(frozen=True)
-class StepCheck:
-    verified: bool
-    observed: dict[str, Any] | None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-class StepDriver(Protocol):
-    tier: RoutingTier
-    name: str
-
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]: ...
-
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]: ...
-
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]: ...
-
-    def apply(self, desired: dict[str, Any]) -> None: ...
-
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck: ...
-
-
-def describe_target(target: Mapping[str, Any]) -> str:
-    """A short, stable label for a step's driver_target column."""
-    parts = [f"{k}={target[k]}" for k in sorted(target) if k != "tier"]
-    return ",".join(parts)[:400]

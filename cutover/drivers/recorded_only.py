@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from contract.routing_tier import RoutingTier
-from cutover.drivers.base import StepCheck
+from cutover.drivers.step import RecordedOnlyState, RecordedOnlyTarget, StepCheck
 from cutover.scope import Scope, TargetState
 
 RECORDED_ONLY = "recorded-only"
@@ -27,19 +26,19 @@ class RecordedOnlyDriver:
     def __init__(self, tier: RoutingTier) -> None:
         self.tier = tier
 
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [{"tier": self.tier.value, "recorded_only": True, "scope": scope.key}]
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[RecordedOnlyTarget]:
+        return [RecordedOnlyTarget(tier=self.tier, scope=scope.key)]
 
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return {"target": target, "target_state": None}
+    def read_state(self, target: RecordedOnlyTarget) -> RecordedOnlyState:
+        return RecordedOnlyState(target=target, target_state=None)
 
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return {**before, "target_state": target_state.value}
+    def desired(self, before: RecordedOnlyState, target_state: TargetState) -> RecordedOnlyState:
+        return before.model_copy(update={"target_state": target_state})
 
-    def apply(self, desired: dict[str, Any]) -> None:
+    def apply(self, desired: RecordedOnlyState) -> None:
         return None
 
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+    def verify(self, expected: RecordedOnlyState, timeout: timedelta) -> StepCheck:
         return StepCheck(True, expected, {
             "recorded_only": True,
             "message": f"no {self.tier.value} driver is configured: nothing was changed at this tier",

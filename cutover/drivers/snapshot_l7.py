@@ -5,10 +5,11 @@ update or ejection an operator could make (with its own topology event and
 a snapshot version bump), in a unit of work of its own that is committed
 before `verify` starts: gateways can only see committed rows.
 
-    target                                         state
-    {"kind": "cluster", "cluster", "region"}       {"target", "state": active|draining|ejected, "weight"}
-    {"kind": "instance", "region", "instance_id",  {"target", "ejected": bool}
-     "generation"}
+    target (cutover/drivers/step.py)               state
+    SnapshotClusterTarget(cluster, region)         SnapshotClusterState(state: active|draining|ejected|absent,
+                                                                        weight)
+    SnapshotInstanceTarget(region, instance_id,    SnapshotInstanceState(ejected)
+                           generation)
 
 "out" drains a cluster (it finishes what it has and takes nothing new; the
 snapshot's tier weight for its zone drops to zero) or ejects an instance
@@ -42,8 +43,15 @@ from controlplane.topology import service as topology_service
 from controlplane.topology.models import ClusterState
 from controlplane.topology.schemas import ClusterUpdate
 from contract.routing_tier import RoutingTier
+from cutover.drivers.step import (
+    MeshRouteState,
+    SnapshotClusterState,
+    SnapshotClusterTarget,
+    SnapshotInstanceState,
+    SnapshotInstanceTarget,
+    StepCheck,
+)
 from cutover.scope import Scope, ScopeKind, TargetState
-from cutover.drivers.base import StepCheck
 
 ACTOR = "controlplane:cutover"
 
@@ -112,90 +120,94 @@ class SnapshotL7Driver:
         self.poll_interval_s = poll_interval_s
 
     # -- planning
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
+    def targets(self, scope: Scope, *, generation: int | None = None
+                ) -> list[SnapshotClusterTarget | SnapshotInstanceTarget]:
         if scope.kind == ScopeKind.INSTANCE:
             if generation is None:
                 return []
-            return [{"kind": "instance", "region": scope.region, "instance_id": scope.name, "generation": generation}]
+            return [SnapshotInstanceTarget(region=scope.region, instance_id=scope.name, generation=generation)]
         with session_scope(self.read_factory) as session:
             clusters = topology.list_clusters(session, model=None, region=scope.region)
             return [
-                {"kind": "cluster", "cluster": c.name, "region": c.region}
+                SnapshotClusterTarget(cluster=c.name, region=c.region)
                 for c in clusters
                 if scope.kind == ScopeKind.REGION or c.zone == scope.name
             ]
 
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        if before["target"]["kind"] == "instance":
-            return {**before, "ejected": target_state == TargetState.OUT}
-        return {**before, "state": "active" if target_state == TargetState.IN else "draining"}
+    def desired(self, before: SnapshotClusterState | SnapshotInstanceState,
+                target_state: TargetState) -> SnapshotClusterState | SnapshotInstanceState:
+        if isinstance(before, SnapshotInstanceState):
+            return before.model_copy(update={"ejected": target_state == TargetState.OUT})
+        state = ClusterState.ACTIVE if target_state == TargetState.IN else ClusterState.DRAINING
+        return before.model_copy(update={"state": state})
 
     # -- reading
-    def _read(self, session: Session, target: dict[str, Any]) -> dict[str, Any]:
-        if target["kind"] == "instance":
+    def _read(self, session: Session, target: SnapshotClusterTarget | SnapshotInstanceTarget
+              ) -> SnapshotClusterState | SnapshotInstanceState:
+        if isinstance(target, SnapshotInstanceTarget):
             ejection = topology.find_ejection(
-                session, region=target["region"], instance_id=target["instance_id"], generation=target["generation"]
+                session, region=target.region, instance_id=target.instance_id, generation=target.generation
             )
-            return {"target": target, "ejected": ejection is not None}
-        cluster = topology.get_cluster(session, name=target["cluster"])
+            return SnapshotInstanceState(target=target, ejected=ejection is not None)
+        cluster = topology.get_cluster(session, name=target.cluster)
         if cluster is None:
-            return {"target": target, "state": "absent", "weight": 0}
-        return {"target": target, "state": cluster.state, "weight": cluster.weight}
+            return SnapshotClusterState(target=target, state="absent", weight=0)
+        return SnapshotClusterState(target=target, state=cluster.state, weight=cluster.weight)
 
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
+    def read_state(self, target: SnapshotClusterTarget | SnapshotInstanceTarget
+                   ) -> SnapshotClusterState | SnapshotInstanceState:
         with session_scope(self.read_factory) as session:
             return self._read(session, target)
 
     # -- writing
-    def apply(self, desired: dict[str, Any]) -> None:
-        target = desired["target"]
+    def apply(self, desired: SnapshotClusterState | SnapshotInstanceState) -> None:
         with session_scope(self.factory) as session:
-            current = self._read(session, target)
-            if current == desired:
+            if self._read(session, desired.target) == desired:
                 return  # idempotent: a resumed step finds its change already made
-            if target["kind"] == "instance":
-                if desired["ejected"]:
+            if isinstance(desired, SnapshotInstanceState):
+                if desired.ejected:
                     topology_service.eject_instance(
-                        session, region=target["region"], instance_id=target["instance_id"],
-                        generation=target["generation"], reason="cutover", actor=ACTOR, clock=self.clock,
+                        session, region=desired.target.region, instance_id=desired.target.instance_id,
+                        generation=desired.target.generation, reason="cutover", actor=ACTOR, clock=self.clock,
                     )
                 else:
                     ejection = topology.find_ejection(
-                        session, region=target["region"], instance_id=target["instance_id"],
-                        generation=target["generation"],
+                        session, region=desired.target.region, instance_id=desired.target.instance_id,
+                        generation=desired.target.generation,
                     )
                     if ejection is not None:
                         topology_service.lift_ejection(
-                            session, region=target["region"], ejection_id=ejection.id, reason="cutover",
+                            session, region=desired.target.region, ejection_id=ejection.id, reason="cutover",
                             actor=ACTOR, clock=self.clock,
                         )
                 return
             topology_service.update_cluster(
-                session, name=target["cluster"],
-                change=ClusterUpdate(state=ClusterState(desired["state"]), weight=desired["weight"],
+                session, name=desired.target.cluster,
+                change=ClusterUpdate(state=ClusterState(desired.state), weight=desired.weight,
                                      reason="cutover", routing_tier=RoutingTier.L7),
                 actor=ACTOR, clock=self.clock,
             )
 
     # -- verifying
-    def _in_snapshot(self, snapshot: RoutingSnapshot, expected: dict[str, Any]) -> bool:
-        target = expected["target"]
-        if target["kind"] == "instance":
+    def _in_snapshot(self, snapshot: RoutingSnapshot, expected: SnapshotClusterState | SnapshotInstanceState) -> bool:
+        if isinstance(expected, SnapshotInstanceState):
+            target = expected.target
             present = any(
-                e.region == target["region"] and e.instance_id == target["instance_id"]
-                and e.generation == target["generation"]
+                (e.region, e.instance_id, e.generation) == (target.region, target.instance_id, target.generation)
                 for e in snapshot.ejections
             )
-            return present == expected["ejected"]
+            return present == expected.ejected
         for cluster in snapshot.clusters:
-            if cluster.name == target["cluster"]:
-                return cluster.state == expected["state"] and cluster.weight == expected["weight"]
+            if cluster.name == expected.target.cluster:
+                return cluster.state == expected.state and cluster.weight == expected.weight
         return False
 
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+    def verify(self, expected: SnapshotClusterState | SnapshotInstanceState | MeshRouteState,
+               timeout: timedelta) -> StepCheck:
+        """Poll the snapshot and the gateways' reports until both show `expected` (the mesh tier's too)."""
         started = self.clock.now()
         deadline = started + timeout.total_seconds()
-        region = expected["target"]["region"]
+        region = expected.target.region
         # Bounded by polls as well as by the clock: a clock that does not move (a test's) cannot make it spin forever.
         max_polls = int(timeout.total_seconds() / self.poll_interval_s) + 2
         polls = 0
@@ -203,7 +215,7 @@ class SnapshotL7Driver:
             polls += 1
             with session_scope(self.read_factory) as session:
                 snapshot = snapshot_service.build_snapshot(session)
-                observed = self._read(session, expected["target"])
+                observed = self._read(session, expected.target)
             version = snapshot.version
             in_snapshot = self._in_snapshot(snapshot, expected)
             reports = self.gateways.applied_versions(region)

@@ -1,9 +1,32 @@
-"""Every cutover tier's typed state, one union a step stores: `StepState`.
+"""The cutover workflow's face of every tier driver: `StepDriver`, and the one typed state a step stores.
 
-A step stores its tier's state three times (expected and actual
-before-state, expected after-state), each carrying its target, so a cutover
-can be resumed or rolled back by another process after a crash. One model
-per shape:
+The workflow (plan → execute → verify → complete | roll back) only ever
+talks to `StepDriver`; it never knows whether DNS is BIND9 or Route 53.
+Its states are frozen pydantic models, each carrying its own target, which
+a step stores (expected and actual before-state, expected after-state) and
+its events copy as `model_dump(mode="json")`, so a cutover can be resumed or
+rolled back by another process after a crash:
+
+    class StepDriver(Protocol):
+        tier, name                                   the tier it acts at; which driver of it (stored per step)
+        targets(scope, generation?) -> [StepTarget]  what this tier changes for the scope (planning)
+        read_state(target) -> StepState              the real state now
+        desired(before, target_state) -> StepState  the state the tier should show after the step
+        apply(desired) -> None                       write it (idempotent: a resumed step writes it again)
+        verify(expected, timeout) -> StepCheck       poll until the tier shows it; never raises on a
+                                                     mismatch (a driver error is a failed check)
+
+A driver is only handed targets and states of its own kind: a step stores
+its driver's name, and the runner asks that driver. Every tier driver lives
+in cutover/drivers/ and is one of
+
+    snapshot_l7.py, snapshot_mesh.py   the built-in l7 and mesh tiers, through the control plane's snapshot
+                                       (StepDrivers themselves, with the states below)
+    dns.py, anycast.py, haproxy.py,    a routing system's `TierDriver` (cutover/drivers/base.py), which the
+    istio.py                           workflow reaches through `adapter.TierDriverAdapter`
+    recorded_only.py                   a tier with no driver configured: recorded, nothing changed
+
+`StepState` is every tier's state, one model per shape:
 
     driver           target                                   state
     dns, anycast,    DnsTarget, AnycastTarget, L7Target,      DnsState, AnycastState, L7State, MeshState
@@ -18,12 +41,15 @@ per shape:
 The built-in tiers' states carry no `tier`; they are told apart by their
 target's `kind` (or its `recorded_only`). That is the JSON every release
 has stored, so a row written before these models existed parses into them
-(`parse_step_state`) and dumps back to the same JSON.
+and dumps back to the same JSON. It is parsed in one place: the step
+columns' type (`StepStateJSON`, cutover/models.py), on load.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
 
@@ -40,7 +66,7 @@ from cutover.drivers.base import (
     MeshState,
     MeshTarget,
 )
-from cutover.scope import TargetState
+from cutover.scope import Scope, TargetState
 
 
 class _Record(BaseModel):
@@ -108,6 +134,9 @@ class RecordedOnlyState(_Record):
     target_state: TargetState | None  # None: as read (nothing to read); out | in: as the step would leave it
 
 
+StepTarget = (DnsTarget | AnycastTarget | L7Target | MeshTarget | SnapshotClusterTarget | SnapshotInstanceTarget
+              | MeshRouteTarget | RecordedOnlyTarget)
+
 _TAGS: dict[type[BaseModel], str] = {
     DnsState: "dns", AnycastState: "anycast", L7State: "l7", MeshState: "mesh",
     SnapshotClusterState: "cluster", SnapshotInstanceState: "instance", MeshRouteState: "mesh_route",
@@ -139,5 +168,38 @@ _STEP_STATE: TypeAdapter[StepState] = TypeAdapter(StepState)
 
 
 def parse_step_state(stored: object) -> StepState:
-    """A step's state from the JSON its row holds (the one parser of it: every shape above, by `_shape`)."""
+    """A step's state from the JSON its row holds. Only the step columns' type calls it (cutover/models.py)."""
     return _STEP_STATE.validate_python(stored)
+
+
+def describe_target(target: StepTarget) -> str:
+    """A short, stable label for a step's driver_target column: the target's JSON fields but `tier`, by name."""
+    fields = target.model_dump(mode="json")
+    return ",".join(f"{k}={fields[k]}" for k in sorted(fields) if k != "tier")[:400]
+
+
+# ---------------------------------------------------------------- the protocol
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """A step's verification: whether the tier shows the expected state, what it showed, and the driver's evidence."""
+
+    verified: bool
+    observed: StepState | None  # None: nothing could be read (the driver failed)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class StepDriver(Protocol):
+    tier: RoutingTier
+    name: str
+
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[StepTarget]: ...
+
+    def read_state(self, target: StepTarget) -> StepState: ...
+
+    def desired(self, before: StepState, target_state: TargetState) -> StepState: ...
+
+    def apply(self, desired: StepState) -> None: ...
+
+    def verify(self, expected: StepState, timeout: timedelta) -> StepCheck: ...

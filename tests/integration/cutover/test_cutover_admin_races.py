@@ -24,7 +24,8 @@ from controlplane.event.repository import EventFilter
 from controlplane.topology import service as topology
 from cutover import flows
 from cutover import service as cutover_service
-from cutover.drivers.base import StepCheck
+from cutover.drivers.base import AnycastState
+from cutover.drivers.step import StepCheck
 from cutover.errors import InvalidTransition
 from cutover.models import Cutover, CutoverMode
 from cutover.scope import Scope, ScopeKind, TargetState
@@ -126,8 +127,8 @@ class FinalReadHeld(ScriptedDriver):
         self.release = threading.Event()
         self.in_final_read = threading.Event()
 
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        prefix = expected["target"]["prefix"]
+    def verify(self, expected: AnycastState, timeout: timedelta) -> StepCheck:  # type: ignore[override]
+        prefix = expected.target.prefix
         self.verified[prefix] = self.verified.get(prefix, 0) + 1
         if self.verified[prefix] == 2:
             self.in_final_read.set()

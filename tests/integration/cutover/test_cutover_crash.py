@@ -129,7 +129,7 @@ def kill_mid_step(processes: Any, operator: dict[str, str], tmp_path: Path, sess
     with session_scope(session_factory) as session:
         left = cutover_service.get_or_raise(session, cutover_id=cutover_id)
         assert left.state == "executing"
-        assert [(s.status, s.actual_before["announced"]) for s in left.steps] == [("applying", True)]
+        assert [(s.status, s.actual_before.announced) for s in left.steps] == [("applying", True)]
     return cutover_id
 
 

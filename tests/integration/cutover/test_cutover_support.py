@@ -20,7 +20,8 @@ from contract.routing_tier import RoutingTier
 from cutover.scope import Scope, TargetState
 from cutover.policy import CutoverPolicy
 from cutover.runtime import CutoverRuntime
-from cutover.drivers.base import StepCheck
+from cutover.drivers.base import AnycastState, AnycastTarget, DnsState, DnsTarget, L7State, L7Target
+from cutover.drivers.step import StepCheck
 
 
 @pytest.fixture
@@ -28,8 +29,54 @@ def read_factory(db_engine: Any) -> Any:
     return build_session_factory(db_engine, read_only=True)
 
 
+ScriptedTarget = AnycastTarget | L7Target | DnsTarget
+ScriptedState = AnycastState | L7State | DnsState
+SERVING, TAKEN_OVER = ("192.0.2.10",), ("198.51.100.10",)  # a scripted DNS record's answer in and out
+
+
+def scripted_target(tier: RoutingTier, key: str) -> ScriptedTarget:
+    """A scripted tier's target, named by `key`: an anycast prefix, an HAProxy "backend/server", a DNS name."""
+    if tier == RoutingTier.ANYCAST:
+        return AnycastTarget(prefix=key, zone="zone-s", next_hop="192.0.2.254")  # one speaker stands in for all
+    if tier == RoutingTier.L7:
+        backend, server = key.split("/")
+        return L7Target(backend=backend, server=server)
+    if tier == RoutingTier.DNS:
+        return DnsTarget(zone="lifeline.test.", name=key)
+    raise ValueError(f"no scripted {tier} tier")
+
+
+def scripted_key(target: ScriptedTarget) -> str:
+    if isinstance(target, AnycastTarget):
+        return target.prefix
+    if isinstance(target, L7Target):
+        return f"{target.backend}/{target.server}"
+    return target.name
+
+
+def scripted_state(target: ScriptedTarget, announced: bool) -> ScriptedState:
+    """The tier's state for "announced" (in routing) or not: announced, ready or drain, the answer of which region."""
+    if isinstance(target, AnycastTarget):
+        return AnycastState(target=target, announced=announced)
+    if isinstance(target, L7Target):
+        return L7State(target=target, admin_state="ready" if announced else "drain", weight=100)
+    return DnsState(target=target, values=SERVING if announced else TAKEN_OVER, ttl_s=60)
+
+
+def announced_in(state: ScriptedState) -> bool:
+    if isinstance(state, AnycastState):
+        return state.announced
+    if isinstance(state, L7State):
+        return state.admin_state == "ready"
+    return state.values == SERVING
+
+
 class ScriptedDriver:
-    """An in-memory tier (standing in for a routing system) whose verification and apply can be scripted."""
+    """An in-memory tier (standing in for a routing system) whose verification and apply can be scripted.
+
+    Its targets are keyed (`scope_targets`, `announced`, `applied`, `never_verify`) by a prefix, a
+    "backend/server" or a DNS name, as its tier has them (`scripted_target`); its states are that tier's.
+    """
 
     def __init__(self, tier: RoutingTier = RoutingTier.ANYCAST, name: str = "scripted", *,
                  targets: dict[str, list[str]] | None = None) -> None:
@@ -43,30 +90,29 @@ class ScriptedDriver:
         self.blocked = threading.Event()
         self.crash_on_apply: str | None = None
 
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [{"tier": self.tier.value, "prefix": p} for p in self.scope_targets.get(scope.key, [])]
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[ScriptedTarget]:
+        return [scripted_target(self.tier, key) for key in self.scope_targets.get(scope.key, [])]
 
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        return {"target": target, "announced": self.announced.setdefault(target["prefix"], True)}
+    def read_state(self, target: ScriptedTarget) -> ScriptedState:
+        return scripted_state(target, self.announced.setdefault(scripted_key(target), True))
 
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return {**before, "announced": target_state == TargetState.IN}
+    def desired(self, before: ScriptedState, target_state: TargetState) -> ScriptedState:
+        return scripted_state(before.target, target_state == TargetState.IN)
 
-    def apply(self, desired: dict[str, Any]) -> None:
-        prefix = desired["target"]["prefix"]
-        if self.crash_on_apply == prefix:
+    def apply(self, desired: ScriptedState) -> None:
+        key = scripted_key(desired.target)
+        if self.crash_on_apply == key:
             self.crash_on_apply = None
-            raise SimulatedCrash(prefix)
+            raise SimulatedCrash(key)
         if self.block is not None:
             self.blocked.set()
             self.block.wait(60)
-        self.applied.append((prefix, desired["announced"]))
-        if prefix not in self.never_verify:
-            self.announced[prefix] = desired["announced"]
+        self.applied.append((key, announced_in(desired)))
+        if key not in self.never_verify:
+            self.announced[key] = announced_in(desired)
 
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
-        prefix = expected["target"]["prefix"]
-        observed = {"target": expected["target"], "announced": self.announced.get(prefix, True)}
+    def verify(self, expected: ScriptedState, timeout: timedelta) -> StepCheck:
+        observed = scripted_state(expected.target, self.announced.get(scripted_key(expected.target), True))
         return StepCheck(observed == expected, observed, {"observer": "scripted", "timeout_s": timeout.total_seconds()})
 
 
@@ -127,24 +173,24 @@ class FileTierDriver:
     def _path(self, prefix: str) -> Any:
         return self.root / prefix.replace("/", "_")
 
-    def targets(self, scope: Scope, *, generation: int | None = None) -> list[dict[str, Any]]:
-        return [{"tier": self.tier.value, "prefix": p} for p in self.scope_targets.get(scope.key, [])]
+    def targets(self, scope: Scope, *, generation: int | None = None) -> list[ScriptedTarget]:
+        return [scripted_target(self.tier, p) for p in self.scope_targets.get(scope.key, [])]
 
-    def read_state(self, target: dict[str, Any]) -> dict[str, Any]:
-        path = self._path(target["prefix"])
-        return {"target": target, "announced": not path.exists() or path.read_text() == "announced"}
+    def read_state(self, target: AnycastTarget) -> AnycastState:
+        path = self._path(target.prefix)
+        return AnycastState(target=target, announced=not path.exists() or path.read_text() == "announced")
 
-    def desired(self, before: dict[str, Any], target_state: TargetState) -> dict[str, Any]:
-        return {**before, "announced": target_state == TargetState.IN}
+    def desired(self, before: AnycastState, target_state: TargetState) -> AnycastState:
+        return before.model_copy(update={"announced": target_state == TargetState.IN})
 
-    def apply(self, desired: dict[str, Any]) -> None:
-        self._path(desired["target"]["prefix"]).write_text("announced" if desired["announced"] else "withdrawn")
+    def apply(self, desired: AnycastState) -> None:
+        self._path(desired.target.prefix).write_text("announced" if desired.announced else "withdrawn")
 
-    def verify(self, expected: dict[str, Any], timeout: timedelta) -> StepCheck:
+    def verify(self, expected: AnycastState, timeout: timedelta) -> StepCheck:
         import time
 
-        (self.root / "verifying").write_text(expected["target"]["prefix"])
+        (self.root / "verifying").write_text(expected.target.prefix)
         while (self.root / "hold").exists():
             time.sleep(0.05)
-        observed = self.read_state(expected["target"])
+        observed = self.read_state(expected.target)
         return StepCheck(observed == expected, observed, {"observer": "files"})

@@ -75,7 +75,7 @@ def test_plan_lists_every_step_and_changes_nothing(runtime: CutoverRuntime) -> N
     cutover_id = plan(runtime)
     with session_scope(runtime.factory) as session:
         cutover = cutover_service.get_or_raise(session, cutover_id=cutover_id)
-        steps = [(s.driver_target, s.expected_before["state"], s.expected_after["state"], s.status)
+        steps = [(s.driver_target, s.expected_before.state, s.expected_after.state, s.status)
                  for s in cutover.steps]
         assert (cutover.state, cutover.scope) == ("planned", "region:eu")
     assert steps == [("cluster=c-eu-a,kind=cluster,region=eu", "active", "draining", "pending"),
@@ -103,7 +103,7 @@ def test_region_cutover_drains_its_clusters_and_writes_one_event_per_step(runtim
     for event, step in zip(step_events, done.steps, strict=True):
         assert (event.routing_tier, event.actor, event.reason, event.scope, event.outcome) == (
             "l7", "token:op#1", "eu is degraded", "region:eu", "succeeded")
-        assert event.before["state"] == {**step.expected_before}
+        assert event.before["state"] == step.expected_before.model_dump(mode="json")  # the row's JSON
         assert event.after["state"]["state"] == "draining"
         assert event.after["evidence"]["gateway_reports"].startswith("unavailable")
         assert event.started_at <= event.ended_at
@@ -263,7 +263,7 @@ def test_a_crash_mid_step_is_resumed_by_execute_after_the_claim_lapses(
         left = cutover_service.get_or_raise(session, cutover_id=cutover_id)
         assert left.state == "executing"
         assert [s.status for s in left.steps] == ["verified", "applying"]
-        assert left.steps[1].actual_before["announced"] is True
+        assert left.steps[1].actual_before.announced is True
     # The same key while the dead runner's claim is live: reported, not run.
     assert flows.execute(runtime, cutover_id=cutover_id, idempotency_key="k", actor="op").state == "executing"
     with pytest.raises(CutoverInProgress):

@@ -25,11 +25,11 @@ from cutover.drivers.base import (
     DriverRejected,
     DriverUnavailable,
     VerificationFailed,
-    parse_state,
 )
 from cutover.runtime import build_drivers
 from cutover.drivers_file import load
 from cutover.drivers.dns import Rfc2136Driver, Route53Driver
+from cutover.models import StepStateJSON
 from cutover.scope import Scope, ScopeKind, TargetState
 from lifeline.processes import free_port
 from tests.integration.cutover.conftest import REGION_A, REGION_B, dns_drivers_table
@@ -119,8 +119,8 @@ def test_bind_drivers_file_with_an_internal_name_moves_both_records_with_the_con
     (target,) = step_driver.targets(Scope(ScopeKind.REGION, "eu", "eu"))
     before = step_driver.read_state(target)
     out = step_driver.desired(before, TargetState.OUT)
-    assert (out["values"], out["ttl_s"], out["internal_values"], out["internal_ttl_s"]) == (
-        [REGION_B], EXTERNAL_TTL_S, [REGION_B], 900)
+    assert (out.values, out.ttl_s, out.internal_values, out.internal_ttl_s) == (
+        (REGION_B,), EXTERNAL_TTL_S, (REGION_B,), 900)
 
     step_driver.apply(out)
     check = step_driver.verify(out, TIMEOUT)
@@ -267,15 +267,15 @@ def test_bind_ignores_a_targets_cutover_scope_and_reads_back_the_target_it_was_g
 
 
 def test_bind_rollback_after_a_restart_from_the_stored_before_state(bind_server: BindServer) -> None:
-    """The service stores before/after as JSON in its events; a new process rolls back from that alone."""
+    """The service stores a step's before-state as JSON in its row; a new process rolls back from that alone."""
     first = rfc2136(bind_server)
     before = first.read_state(EXTERNAL)
-    stored = json.loads(json.dumps(before.model_dump(mode="json")))
+    stored = json.loads(json.dumps(StepStateJSON().process_bind_param(before, None)))
     first.apply(before.model_copy(update={"values": (REGION_B,)}))
     del first  # the control plane that made the change is gone
 
     restarted = rfc2136(bind_server)
-    rebuilt = parse_state(stored)
+    rebuilt = StepStateJSON().process_result_value(stored, None)
     assert rebuilt == before
     proof = restarted.restore(rebuilt, TIMEOUT)
     assert proof.verified and restarted.read_state(EXTERNAL).values == (REGION_A,)

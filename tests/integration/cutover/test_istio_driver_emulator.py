@@ -192,7 +192,7 @@ def test_emulated_istio_mesh_cutover_of_a_zone_completes_and_rolls_back(
             session, mesh_runtime, scope=Scope(ScopeKind.ZONE, "eu", "eu-a"), tiers=[RoutingTier.MESH],
             target_state=TargetState.OUT, reason="eu-a packet loss", mode=CutoverMode.MANUAL, actor="op")
         cutover_id = cutover.id
-        assert [s.expected_after["weights"] for s in cutover.steps] == [{f"{HOST}/eu-a": 0, f"{HOST}/eu-b": 100}]
+        assert [s.expected_after.weights for s in cutover.steps] == [{f"{HOST}/eu-a": 0, f"{HOST}/eu-b": 100}]
     assert _weights(emulator) == {"eu-a": 50, "eu-b": 50}  # plan changes nothing
     done = flows.execute(mesh_runtime, cutover_id=cutover_id, idempotency_key="k1", actor="op")
     assert done.state == "completed"

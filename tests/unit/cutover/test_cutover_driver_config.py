@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy.dialects import sqlite
 
 from common.clock import ManualClock
 from contract.routing_tier import RoutingTier
-from cutover.drivers.base import parse_state
+from cutover.drivers.base import DnsState
 from cutover.drivers_file import CutoverDriverConfigError, load
+from cutover.models import StepStateJSON
 from cutover.scope import Scope, ScopeKind, TargetState
 from cutover.runtime import build_drivers
 
@@ -87,38 +89,38 @@ def test_every_tier_builds_from_the_file_and_maps_scopes_to_targets(tmp_path: Pa
     assert sorted((t.value, n) for t, n in drivers) == [
         ("anycast", "exabgp"), ("dns", "rfc2136"), ("dns", "route53"), ("l7", "haproxy"), ("mesh", "istio")]
     haproxy = drivers[(RoutingTier.L7, "haproxy")]
-    assert [t["server"] for t in haproxy.targets(EU)] == ["s1", "s3"]  # a region covers its zones and instances
-    assert [t["server"] for t in haproxy.targets(EU_A)] == ["s1"]
-    assert [t["server"] for t in haproxy.targets(ENGINE)] == ["s3"]
+    assert [t.server for t in haproxy.targets(EU)] == ["s1", "s3"]  # a region covers its zones and instances
+    assert [t.server for t in haproxy.targets(EU_A)] == ["s1"]
+    assert [t.server for t in haproxy.targets(ENGINE)] == ["s3"]
     anycast = drivers[(RoutingTier.ANYCAST, "exabgp")]
-    assert [t["zone"] for t in anycast.targets(EU)] == ["eu-a", "eu-b"]
-    assert [t["next_hop"] for t in anycast.targets(EU_A)] == ["127.0.0.2"]
+    assert [t.zone for t in anycast.targets(EU)] == ["eu-a", "eu-b"]
+    assert [t.next_hop for t in anycast.targets(EU_A)] == ["127.0.0.2"]
     assert anycast.targets(ENGINE) == []
     dns = drivers[(RoutingTier.DNS, "rfc2136")]
     (target,) = dns.targets(EU)
-    assert target["name"] == "api.lifeline.test." and target["scope"]["region"] == "eu"
+    assert target.name == "api.lifeline.test." and target.scope == EU
     assert dns.targets(EU_A) == []
     assert str(drivers[(RoutingTier.DNS, "rfc2136")].driver.key_name) == "lifeline."
-    assert [t["route"] for t in drivers[(RoutingTier.MESH, "istio")].targets(EU_A)] == ["default"]
+    assert [t.route for t in drivers[(RoutingTier.MESH, "istio")].targets(EU_A)] == ["default"]
 
 
 def test_dns_out_is_the_takeover_regions_answer_with_the_short_ttl(tmp_path: Path) -> None:
     config = load(_write(tmp_path, _full(tmp_path)))
     dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "rfc2136")
     (target,) = dns.targets(EU)
-    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 600}
+    before = DnsState(target=target, values=("192.0.2.10",), ttl_s=600)
     out = dns.desired(before, TargetState.OUT)
-    assert (out["values"], out["ttl_s"], out["target"]) == (["198.51.100.10"], 60, target)
-    assert dns.desired(out, TargetState.IN)["values"] == ["192.0.2.10"]
+    assert (out.values, out.ttl_s, out.target) == (("198.51.100.10",), 60, target)
+    assert dns.desired(out, TargetState.IN).values == ("192.0.2.10",)
 
 
 def test_dns_without_an_internal_name_stores_the_same_target_and_state_as_before(tmp_path: Path) -> None:
     config = load(_write(tmp_path, _full(tmp_path)))
     dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "rfc2136")
     (target,) = dns.targets(EU)
-    assert sorted(target) == ["name", "rdtype", "scope", "tier", "zone"]
-    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60}
-    assert sorted(dns.desired(before, TargetState.OUT)) == ["target", "tier", "ttl_s", "values"]
+    assert sorted(target.model_dump(mode="json")) == ["name", "rdtype", "scope", "tier", "zone"]
+    before = DnsState(target=target, values=("192.0.2.10",), ttl_s=60)
+    assert sorted(dns.desired(before, TargetState.OUT).model_dump(mode="json")) == ["target", "tier", "ttl_s", "values"]
 
 
 def _dual(tmp_path: Path, lines: str) -> str:
@@ -131,14 +133,14 @@ def test_dns_internal_name_moves_with_the_external_record_at_its_long_ttl(tmp_pa
     assert (config.dns.ttl_s, config.dns.internal_ttl_s) == (60, 600)  # the seed's defaults
     dns = next(d for d in build_drivers(config, clock=ManualClock()) if d.name == "route53")
     (target,) = dns.targets(EU)
-    assert target["internal_name"] == "api.internal.lifeline.test."
-    before = {"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60,
-              "internal_values": ["192.0.2.10"], "internal_ttl_s": 600}
+    assert target.internal_name == "api.internal.lifeline.test."
+    before = DnsState(target=target, values=("192.0.2.10",), ttl_s=60, internal_values=("192.0.2.10",),
+                      internal_ttl_s=600)
     out = dns.desired(before, TargetState.OUT)
-    assert (out["values"], out["ttl_s"], out["internal_values"], out["internal_ttl_s"]) == (
-        ["198.51.100.10"], 60, ["198.51.100.10"], 600)
+    assert (out.values, out.ttl_s, out.internal_values, out.internal_ttl_s) == (
+        ("198.51.100.10",), 60, ("198.51.100.10",), 600)
     back = dns.desired(out, TargetState.IN)
-    assert (back["values"], back["internal_values"]) == (["192.0.2.10"], ["192.0.2.10"])
+    assert (back.values, back.internal_values) == (("192.0.2.10",), ("192.0.2.10",))
 
 
 def test_dns_ttls_are_configurable(tmp_path: Path) -> None:
@@ -171,11 +173,13 @@ def test_a_bad_dual_ttl_stops_start_up_naming_the_key(tmp_path: Path, lines: str
 def test_a_stored_dns_state_is_refused_when_its_internal_record_is_half_there() -> None:
     target = {"tier": "dns", "zone": "lifeline.test.", "name": "api.lifeline.test.",
               "internal_name": "api.internal.lifeline.test."}
+    column = StepStateJSON()  # how a step's row is loaded
     with pytest.raises(ValidationError, match="internal_values and internal_ttl_s"):
-        parse_state({"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60})
+        column.process_result_value({"tier": "dns", "target": target, "values": ["192.0.2.10"], "ttl_s": 60},
+                                    sqlite.dialect())
     with pytest.raises(ValidationError, match="internal_values and internal_ttl_s"):
-        parse_state({"tier": "dns", "target": {**target, "internal_name": None}, "values": [], "ttl_s": 0,
-                     "internal_values": [], "internal_ttl_s": 0})
+        column.process_result_value({"tier": "dns", "target": {**target, "internal_name": None}, "values": [],
+                                     "ttl_s": 0, "internal_values": [], "internal_ttl_s": 0}, sqlite.dialect())
 
 
 def test_an_empty_file_configures_only_the_snapshot_tiers(tmp_path: Path) -> None:

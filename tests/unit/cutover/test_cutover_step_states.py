@@ -1,8 +1,9 @@
 """Every step-state JSON earlier releases stored parses into its typed model and dumps back to the same bytes.
 
-The examples are what the drivers write while states are JSON (the
+The examples are what the drivers wrote before states were typed (the
 adapter's `model_dump` for a routing system, dict literals for the built-in
-tiers), captured from that code.
+tiers), captured from that code; they go through the step columns' type
+(`cutover.models.StepStateJSON`) as a row's JSON does, both ways.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import json
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy.dialects import postgresql, sqlite
 
-from cutover.drivers.base import AnycastState, DnsState, L7State, MeshState, describe_target
+from cutover.drivers.base import AnycastState, DnsState, L7State, MeshState
 from cutover.drivers.step import (
     MeshRouteState,
     RecordedOnlyState,
     SnapshotClusterState,
     SnapshotInstanceState,
-    parse_step_state,
+    describe_target,
 )
+from cutover.models import StepStateJSON
 from cutover.scope import Scope, ScopeKind
 
 DNS_TARGET = ('{"tier": "dns", "zone": "lifeline.test.", "name": "api.lifeline.test.", "rdtype": "A", '
@@ -80,22 +83,30 @@ STORED = [
 ]
 
 
+@pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.dialect()], ids=["sqlite", "postgresql"])
 @pytest.mark.parametrize(("model", "stored", "label"), STORED, ids=[f"{m.__name__}-{i}" for i, (m, _, _) in
                                                                      enumerate(STORED)])
-def test_a_stored_state_parses_into_its_model_and_dumps_back_byte_for_byte(model: type, stored: str,
-                                                                             label: str) -> None:
-    state = parse_step_state(json.loads(stored))
+def test_a_stored_state_parses_into_its_model_and_dumps_back_byte_for_byte(
+        model: type, stored: str, label: str, dialect: object) -> None:
+    column = StepStateJSON()
+    state = column.process_result_value(json.loads(stored), dialect)
     assert type(state) is model
-    assert json.dumps(state.model_dump(mode="json")) == stored
-    assert describe_target(state.target.model_dump(mode="json")) == label  # the step's driver_target
+    assert json.dumps(column.process_bind_param(state, dialect)) == stored
+    assert describe_target(state.target) == label  # the step's driver_target, as it always read
 
 
 def test_a_dns_targets_scope_is_the_cutovers_and_not_the_records() -> None:
-    state = parse_step_state(json.loads(STORED[0][1]))
+    state = StepStateJSON().process_result_value(json.loads(STORED[0][1]), sqlite.dialect())
     assert isinstance(state, DnsState)
     assert state.target.scope == Scope(ScopeKind.REGION, "eu", "eu")
     assert state.target.record().model_dump(mode="json") == {
         "tier": "dns", "zone": "lifeline.test.", "name": "api.lifeline.test.", "rdtype": "A"}
+
+
+def test_a_missing_state_is_null_both_ways() -> None:
+    column = StepStateJSON()
+    assert column.process_result_value(None, sqlite.dialect()) is None
+    assert column.process_bind_param(None, sqlite.dialect()) is None
 
 
 @pytest.mark.parametrize("stored", [
@@ -109,4 +120,4 @@ def test_a_dns_targets_scope_is_the_cutovers_and_not_the_records() -> None:
 ])
 def test_a_state_of_no_known_shape_is_refused_on_load(stored: object) -> None:
     with pytest.raises(ValidationError):
-        parse_step_state(stored)
+        StepStateJSON().process_result_value(stored, sqlite.dialect())

@@ -15,9 +15,9 @@ from cutover.drivers.base import (
     DriverUnavailable,
     L7State,
     L7Target,
-    describe_target,
 )
 from cutover.drivers.polling import PollingDriver
+from cutover.drivers.step import RecordedOnlyTarget, SnapshotInstanceTarget, describe_target
 from cutover.scope import Scope, ScopeKind, TargetState
 
 ZONE_A = AnycastTarget(prefix="203.0.113.10/32", zone="eu-a", next_hop="127.0.0.2")
@@ -77,42 +77,45 @@ def test_one_routing_tier_is_what_the_events_and_cutovers_tables_allow() -> None
 
 
 def test_describe_target_is_stable_and_bounded() -> None:
-    assert describe_target({"tier": "anycast", "zone": "a", "prefix": "p"}) == "prefix=p,zone=a"
-    assert len(describe_target({"name": "x" * 1000})) == 400
+    assert describe_target(ZONE_A) == "next_hop=127.0.0.2,prefix=203.0.113.10/32,zone=eu-a"
+    assert describe_target(RecordedOnlyTarget(tier=RoutingTier.DNS, scope="region:eu")) == (
+        "recorded_only=True,scope=region:eu")
+    assert len(describe_target(SnapshotInstanceTarget(region="eu", instance_id="x" * 1000, generation=1))) == 400
 
 
-def test_the_adapter_plans_applies_and_verifies_through_json() -> None:
+def test_the_adapter_plans_applies_and_verifies_the_drivers_own_states() -> None:
     clock = ManualClock()
     driver = MemoryAnycast(clock, lag=3)  # read_state takes one poll of the lag
     tier = adapter(driver)
     (target,) = tier.targets(Scope(ScopeKind.ZONE, "eu", "eu-a"))
+    assert target == ZONE_A
     before = tier.read_state(target)
-    assert before == {"tier": "anycast", "target": target, "announced": True}
+    assert before == AnycastState(target=ZONE_A, announced=True)
     after = tier.desired(before, TargetState.OUT)
-    assert after["announced"] is False
+    assert after == AnycastState(target=ZONE_A, announced=False)
     tier.apply(after)
     check = tier.verify(after, timedelta(seconds=1))
     assert check.verified and check.observed == after
     assert check.evidence["polls"] == 3 and check.evidence["measured_from"] == "apply"
+    assert check.evidence["expected"] == after.model_dump(mode="json")  # the Verification, as JSON
 
 
 def test_a_verification_timeout_is_a_failed_check_with_the_last_observation() -> None:
     clock = ManualClock()
     driver = MemoryAnycast(clock, lag=10_000)
     tier = adapter(driver)
-    after = tier.desired(tier.read_state(ZONE_A.model_dump(mode="json")), TargetState.OUT)
+    after = tier.desired(tier.read_state(ZONE_A), TargetState.OUT)
     tier.apply(after)
     check = tier.verify(after, timedelta(milliseconds=50))
     assert not check.verified
-    assert check.observed is not None and check.observed["announced"] is True
+    assert check.observed == AnycastState(target=ZONE_A, announced=True)
     assert check.evidence["evidence"] == "route 203.0.113.10/32"
 
 
 def test_an_unreachable_tier_is_a_failed_check_not_an_exception() -> None:
     clock = ManualClock()
     tier = adapter(MemoryAnycast(clock, down=True))
-    check = tier.verify({"tier": "anycast", "target": ZONE_A.model_dump(mode="json"), "announced": False},
-                        timedelta(seconds=1))
+    check = tier.verify(AnycastState(target=ZONE_A, announced=False), timedelta(seconds=1))
     assert (check.verified, check.evidence["error"]) == (False, "cutover_driver_unavailable")
 
 
