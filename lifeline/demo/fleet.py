@@ -287,8 +287,7 @@ class DemoFleet:
             "region": name, "agent_id": f"agent-{name}", "controlplane_url": self.controlplane.url,
             "controlplane_token": self.agent_token, "snapshot_cache": str(state / f"agent-{name}" / "snapshot.json"),
             "snapshot_poll_interval": 0.5, "report_interval": 0.5,
-            "registry": self.registry_url, "registry_prefix": self.registry_prefix, "lease_ttl": 2.0,
-            "probe_interval": 0.25, "probe_timeout": 1.5,
+            "registry": self.registry_url, "registry_prefix": self.registry_prefix, **self._probing(),
             "canary_per_instance_per_s": CANARY_PER_INSTANCE_PER_S, "canary_jitter": CANARY_JITTER,
             "pool": {"driver": "local", "model": MODEL, "alias": "prod",
                      "versions": {self.model_dir.name: str(self.model_dir)}, "zones": plan,
@@ -299,6 +298,14 @@ class DemoFleet:
         gateway.start()
         agent.start()
         return region
+
+    def _probing(self) -> dict[str, float]:
+        """The agent's lease and probe bounds. Two vLLMs streaming on two cores starve the agent's tick and slow
+        the idle server's /health past 1.5 s: 2 s leases lapsed together there (the kill's stream then met a 503).
+        A killed engine still loses its lease at the first refused probe, by release, not by the TTL."""
+        if self.engine == "vllm":
+            return {"lease_ttl": 10.0, "probe_interval": 0.25, "probe_timeout": 5.0}
+        return {"lease_ttl": 2.0, "probe_interval": 0.25, "probe_timeout": 1.5}
 
     def _engine_pool(self, region: str) -> dict[str, Any]:
         """The pool's engine settings: `lifeline engine serve` flags, or stock vLLM's command template."""

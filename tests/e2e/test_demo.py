@@ -28,33 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.demo_runs import ENV, left_running
+
 pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
-
-ENV = {"COLUMNS": "400", "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
-
-
-def _demo(workdir: Path, *flags: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lifeline.cli", "demo", "--workdir", str(workdir), *flags],
-                          check=False, capture_output=True, text=True, timeout=timeout, env=ENV)
-
-
-def _left_running(workdir: Path) -> list[str]:
-    """Processes whose argv or environment names the work dir: whatever the demo started and did not stop."""
-    left = []
-    needle = str(workdir).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in argv or needle in environ:
-            shown = argv.replace(b"\0", b" ").decode(errors="replace")[:200]
-            left.append(f"{entry.name}: {shown}")
-    return left
-
 
 def _report_files(workdir: Path, scenarios: int) -> None:
     reports = workdir / "reports"
@@ -95,7 +71,7 @@ def test_demo_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
     reader.start()
     try:
         assert pool_up.wait(300), "".join(lines)
-        assert _left_running(tmp_path), "nothing was running to stop"
+        assert left_running(tmp_path), "nothing was running to stop"
         os.killpg(demo.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
         assert demo.wait(timeout=120) == 130, "".join(lines)
     finally:
@@ -105,9 +81,9 @@ def test_demo_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
     out = "".join(lines)
     assert "interrupted" in out and "stopped every process the demo started" in out, out
     deadline = time.monotonic() + 5  # SIGKILLed children may take a moment to be reaped
-    while _left_running(tmp_path) and time.monotonic() < deadline:
+    while left_running(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _left_running(tmp_path) == []
+    assert left_running(tmp_path) == []
 
 
 @pytest.mark.timeout(900)  # the bound the demo's own subprocess timeout sets; pytest's default 300 s cut it first
@@ -166,4 +142,4 @@ def test_demo_full_run_keeps_every_promise_on_real_tiers(tmp_path: Path) -> None
     _report_files(tmp_path, 8)
     # The control-plane-down drill's run is the control plane's own record: the exported SLO document cites it.
     assert "demo-controlplane-down v1" in (tmp_path / "reports" / "slo.md").read_text()
-    assert _left_running(tmp_path) == []
+    assert left_running(tmp_path) == []
