@@ -32,6 +32,12 @@ from tests.support.demo_runs import ENV, left_running
 
 pytestmark = pytest.mark.long  # scheduled first in its tier (tests/conftest.py)
 
+
+def _demo(workdir: Path, *flags: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lifeline.cli", "demo", "--workdir", str(workdir), *flags],
+                          check=False, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
 def _report_files(workdir: Path, scenarios: int) -> None:
     reports = workdir / "reports"
     table = (reports / "demo.md").read_text()
