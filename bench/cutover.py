@@ -186,16 +186,18 @@ def snapshot_mesh(factory: Any, reads: Any, workdir: Path) -> Iterator[StepDrive
     from controlplane.mesh_route.models import ANY, MeshRouteRecord
 
     clock = SystemClock()
-    with session_scope(factory) as session:
-        if session.query(MeshRouteRecord).filter_by(model="m").count():  # the zonal-shift row reuses it
-            yield SnapshotMeshDriver(factory, read_factory=reads, clock=clock, poll_interval_s=0.005)
-            return
-        session.add(MeshRouteRecord(model="m", region=ANY, cohort=ANY, revision=1, reason="bench", updated_by="bench",
-                                    updated_at=clock.utcnow(), destinations=[
-                                        {"version": "v1", "zone": "zone-a", "weight": 50},
-                                        {"version": "v1", "zone": "zone-b", "weight": 49},
-                                        {"version": "v2", "zone": "zone-b", "weight": 1}]))
-        routing_version.bump(session, clock=clock)
+    # Every session here ends before the driver is yielded: one held open across the yield kept SQLite's write
+    # lock, and the zonal-shift row, which reuses the route, failed with "database is locked".
+    with session_scope(reads) as session:
+        written = session.query(MeshRouteRecord).filter_by(model="m").count()  # the zonal-shift row reuses it
+    if not written:
+        with session_scope(factory) as session:
+            session.add(MeshRouteRecord(model="m", region=ANY, cohort=ANY, revision=1, reason="bench",
+                                        updated_by="bench", updated_at=clock.utcnow(), destinations=[
+                                            {"version": "v1", "zone": "zone-a", "weight": 50},
+                                            {"version": "v1", "zone": "zone-b", "weight": 49},
+                                            {"version": "v2", "zone": "zone-b", "weight": 1}]))
+            routing_version.bump(session, clock=clock)
     yield SnapshotMeshDriver(factory, read_factory=reads, clock=clock, poll_interval_s=0.005)
 
 
