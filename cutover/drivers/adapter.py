@@ -36,7 +36,7 @@ from cutover.errors import MeshNoDestinationLeft
 from cutover.scope import Scope, TargetState
 
 # A step's evidence names the record as the routing system has it: a DNS target's cutover scope is left out.
-_RECORD_ONLY = {"expected": {"target": {"scope"}}, "observed": {"target": {"scope"}}}
+_WITHOUT_SCOPE = {"expected": {"target": {"scope"}}, "observed": {"target": {"scope"}}}
 
 
 def apportion(shares: Mapping[str, float], total: int) -> dict[str, int]:
@@ -129,4 +129,4 @@ class TierDriverAdapter(Generic[S]):
             proof = exc.verification
         except DriverError as exc:
             return StepCheck(False, None, {"error": exc.error_type, "message": exc.message})
-        return StepCheck(proof.verified, proof.observed, proof.model_dump(mode="json", exclude=_RECORD_ONLY))
+        return StepCheck(proof.verified, proof.observed, proof.model_dump(mode="json", exclude=_WITHOUT_SCOPE))
