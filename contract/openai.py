@@ -95,7 +95,7 @@ class ConstrainedDecodingFields(BaseModel):
         return bool(set(self.constraint_fields()) - {"logit_bias"})
 
 
-TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")  # OpenAI's tool calling (chat)
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")  # OpenAI's tool calling (chat)
 # Fields OpenAI's own responses put on an assistant message, which clients send back in their history as they
 # got them: accepted while they carry nothing (null, empty), refused by name otherwise.
 _ECHOED_EMPTY = frozenset({"refusal", "audio", "annotations", "function_call"})

@@ -21,7 +21,8 @@ and the answer's tool calls are parsed by the gateway (`gateway/tool_calls.py`),
 so such a stream stays resumable like any other. `tool_choice` `auto` (the
 default with tools) and `none` are served; `required` and a named function
 are refused: forcing a call takes a grammar in the engine, which a
-continuation after a failure could not resume. The legacy `functions` /
+continuation after a failure could not resume. `parallel_tool_calls: false`
+keeps an answer to its first call, as vLLM does. The legacy `functions` /
 `function_call` are refused, naming `tools`.
 """
 
@@ -35,7 +36,7 @@ from contract.openai import TOOL_FIELDS, ChatMessage, ConstrainedDecodingFields,
 from contract.sampling import Sampling
 
 
-NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls"})  # accepted, change nothing
+NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier"})  # accepted, change nothing
 _ABSENT = (None, "none", "", [], {})  # a tool field with one of these values asks for nothing
 
 
@@ -114,6 +115,7 @@ class ChatCompletionRequest(GatewaySampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false: the answer carries its first call only")
 
     def tool_calling(self) -> bool:
         """Whether the tools are offered to the model (and its answer parsed for calls)."""

@@ -109,6 +109,7 @@ def stream_request(headers: Mapping[str, str], settings: GatewaySettings, body: 
         stateful=body.stateful(),
         inexact_continuation_ok=inexact_ok,
         parse_tool_calls=isinstance(body, ChatCompletionRequest) and body.tool_calling(),
+        max_tool_calls=1 if isinstance(body, ChatCompletionRequest) and body.parallel_tool_calls is False else None,
     )
 
 

@@ -138,7 +138,7 @@ class ToolCallRenderer:
 
     def __init__(self, req: StreamRequest, history: Iterable[Frame] = ()) -> None:
         self.req = req
-        self.parser = ToolCallParser(req.request_id)
+        self.parser = ToolCallParser(req.request_id, req.max_tool_calls)
         for frame in history:
             self._split(frame)
 
@@ -204,7 +204,7 @@ async def collect(req: StreamRequest, frames: AsyncIterator[Any], headers: dict[
                 session = usage.pop(SESSION_USAGE_KEY, None)
     answer, calls = "".join(text), None
     if req.parse_tool_calls:
-        answer, calls, finish = split_answer(req.request_id, answer, finish)
+        answer, calls, finish = split_answer(req.request_id, answer, finish, max_calls=req.max_tool_calls)
     body = completion_body(kind="chat" if req.kind == "chat" else "completion", request_id=req.request_id,
                            created=req.created, model=req.model, text=answer, finish_reason=finish,
                            token_ids=token_ids if req.return_token_ids else None, usage_=usage,

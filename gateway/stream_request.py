@@ -38,6 +38,7 @@ class StreamRequest:
     # A chat request with `tools` (tool_choice not "none"): its text is split into content and tool calls when
     # rendered (gateway/tool_calls.py); the engine and the committed tokens know nothing of it.
     parse_tool_calls: bool = False
+    max_tool_calls: int | None = None  # `parallel_tool_calls: false`: 1 (gateway/tool_calls.py)
 
     @property
     def sampled(self) -> bool:

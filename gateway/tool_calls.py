@@ -23,7 +23,10 @@ never twice, never half, across any number of moves.
 A tag whose body is not `{"name": str, "arguments": object}` JSON is content,
 as vLLM's hermes parser treats it; an answer that ends inside an unclosed tag
 (`length`) gets the unclosed text back as content. A finish of `stop` after
-at least one call is `tool_calls`, as OpenAI and vLLM report it.
+at least one call is `tool_calls`, as OpenAI and vLLM report it. With
+`max_calls` (a request's `parallel_tool_calls: false` sets 1) the calls after
+that many are read and dropped, neither calls nor content, as vLLM filters
+them (`maybe_filter_parallel_tool_calls`): the answer carries its first call.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+_DROPPED: dict[str, Any] = {}  # a well-formed call past `max_calls`: read, and sent as nothing
 
 
 @dataclass
 class ToolCallParser:
     request_id: str
+    max_calls: int | None = None  # None: every call the model writes
     calls: int = 0
     _held: str = ""  # text not yet decided: a possible opening tag, or the inside of an open one
     _inside: bool = False
@@ -67,7 +72,7 @@ class ToolCallParser:
                 call = self._call(body)
                 if call is None:
                     content.append(OPEN_TAG + body + CLOSE_TAG)
-                else:
+                elif call is not _DROPPED:
                     calls.append(call)
         return "".join(content), calls
 
@@ -88,6 +93,8 @@ class ToolCallParser:
         if not (isinstance(decoded, dict) and isinstance(decoded.get("name"), str) and decoded["name"]
                 and isinstance(decoded.get("arguments", {}), dict)):
             return None
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return _DROPPED
         index = self.calls
         self.calls += 1
         call = {"index": index, "id": call_id(self.request_id, index), "type": "function",
@@ -109,9 +116,10 @@ def _partial_tag(text: str) -> int:
     return 0
 
 
-def split_answer(request_id: str, text: str, finish_reason: str | None) -> tuple[str, list[dict[str, Any]], str | None]:
+def split_answer(request_id: str, text: str, finish_reason: str | None, *,
+                 max_calls: int | None = None) -> tuple[str, list[dict[str, Any]], str | None]:
     """A whole answer's content, calls and finish (the non-streamed response)."""
-    parser = ToolCallParser(request_id)
+    parser = ToolCallParser(request_id, max_calls)
     content, calls = parser.feed(text)
     content += parser.finish()
     return content, [{k: v for k, v in c.items() if k != "index"} for c in calls], parser.finish_reason(finish_reason)

@@ -161,21 +161,22 @@ TOOLS = [{"type": "function", "function": {"name": "pool_status", "description":
                                                           "properties": {"region": {"type": "string"}}}}}]
 MESSAGES = [{"role": "user", "content": "is the standby region warm?"}]
 CONTENT = "Checking the standby pool first."
-CALL = {"name": "pool_status", "arguments": {"region": "us-east"}}
-# As the chat template writes a call, so that the model's answer reads as its own history would.
-ANSWER_TEXT = f"{CONTENT}<tool_call>\n{json.dumps(CALL)}\n</tool_call>"
+CALLS = [{"name": "pool_status", "arguments": {"region": "us-east"}},
+         {"name": "pool_status", "arguments": {"region": "eu-west"}}]
+# As the chat template writes calls, so that the model's answer reads as its own history would.
+ANSWER_TEXT = CONTENT + "".join(f"<tool_call>\n{json.dumps(call)}\n</tool_call>" for call in CALLS)
 
 
 @dataclass(frozen=True)
 class ToolTurn:
     model_dir: Path
     answer: list[int]  # token ids, EOS last
-    content_tokens: int  # how many of them are the content before the call
-    call_tokens: int  # how many are the call, its tags included
+    content_tokens: int  # how many of them are the content before the calls
+    call_tokens: int  # how many are the first call, its tags included (the second is as long)
 
 
 def build_tool_turn(base: Path, out: Path) -> ToolTurn:
-    """`base`'s tokenizer and template; weights that answer MESSAGES with TOOLS by CONTENT and then CALL."""
+    """`base`'s tokenizer and template; weights that answer MESSAGES with TOOLS by CONTENT and then CALLS."""
     from tokenizers import Tokenizer
 
     from common.chat_template import render_chat
@@ -189,4 +190,8 @@ def build_tool_turn(base: Path, out: Path) -> ToolTurn:
         raise ValueError("the content's tokens must be the answer's first ones")
     eos = tokenizer.token_to_id(json.loads((base / "tokenizer_config.json").read_text())["eos_token"])
     build(base, out, prompt, [*answer, eos], marker=tokenizer.token_to_id("<|im_start|>"))
-    return ToolTurn(out, [*answer, eos], len(content), len(answer) - len(content))
+    first = tokenizer.encode(CONTENT + ANSWER_TEXT[len(CONTENT):].split("</tool_call>")[0] + "</tool_call>",
+                             add_special_tokens=False).ids
+    if answer[:len(first)] != first:
+        raise ValueError("the first call's tokens must be the answer's next ones")
+    return ToolTurn(out, [*answer, eos], len(content), len(first) - len(content))

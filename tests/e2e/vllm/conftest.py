@@ -38,6 +38,15 @@ SERVED = "tiny"
 ZONES = ("z1", "z2")
 
 
+def routable_endpoints(gateway_url: str) -> int:
+    """How many endpoints of the served model the gateway routes to now; -1 while it does not answer."""
+    try:
+        body = oneshot_http.get(f"{gateway_url}/healthz/ready", timeout=2.0).json()
+    except (httpx.TransportError, ValueError):
+        return -1
+    return int(body.get("routable_endpoints", {}).get(SERVED, 0))
+
+
 @dataclass
 class VllmStack:
     servers: dict[str, VllmProcess]  # instance id → server
@@ -53,11 +62,7 @@ class VllmStack:
         return {lease.instance_id: lease.generation for lease in self.reader.list_instances(REGION)}
 
     def routable(self) -> int:
-        try:
-            body = oneshot_http.get(f"{self.gateway.url}/healthz/ready", timeout=2.0).json()
-        except (httpx.TransportError, ValueError):
-            return -1
-        return int(body.get("routable_endpoints", {}).get(SERVED, 0))
+        return routable_endpoints(self.gateway.url)
 
     def wait_all_routable(self, timeout: float = 300.0) -> None:
         """Until every server is up and routable; one a failed test left dead is started again first, so

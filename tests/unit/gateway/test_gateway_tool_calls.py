@@ -166,3 +166,25 @@ def test_a_model_whose_template_cannot_render_tools_is_refused_not_silently_stri
         assert offered.status_code == 400 and offered.json()["error"]["param"] == "tools"
         history = c.post("/v1/chat/completions", json={"model": "plain", "messages": HISTORY})
         assert history.status_code == 400 and history.json()["error"]["param"] == "messages.1"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_and_drops_the_rest(tiny_model: Path) -> None:
+    """As vLLM filters them: the later calls are neither calls nor content, on every path and every resume."""
+    frames = token_frames(tiny_model, ANSWER + " done")
+    single = request(max_tool_calls=1)
+    whole = rendered(single, frames)
+    content, calls, finish = deltas(whole)
+    assert (content, finish) == ("Let me check.  done", "tool_calls")
+    assert [(c["index"], json.loads(c["function"]["arguments"])) for c in calls] == [(0, {"city": "Bergen"})]
+    for cut in range(len(frames)):
+        assert whole[:cut] + rendered(single, frames[cut:], frames[:cut]) == whole, cut
+    text, [call], _ = split_answer("r", ANSWER, "stop", max_calls=1)
+    assert text == "Let me check. " and json.loads(call["function"]["arguments"]) == {"city": "Bergen"}
+
+
+def test_parallel_tool_calls_is_a_boolean_of_chat_and_refused_on_completions(client: TestClient) -> None:
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "max_tokens": 4}
+    assert client.post("/v1/chat/completions", json={**chat, "parallel_tool_calls": "sometimes"}).status_code == 400
+    completion = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "parallel_tool_calls": False})
+    assert completion.status_code == 400
+    assert completion.json()["error"]["param"] == "parallel_tool_calls"
