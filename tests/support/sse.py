@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,12 @@ class StreamResult:
     seqs: list[int] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)
     continuations: list[str | None] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # time.monotonic() per chunk with `lifeline`, when read
+
+    def move_gap(self) -> float | None:
+        """Seconds between the last chunk before the first move and the first chunk after it; None if none moved."""
+        moved = next((i for i, epoch in enumerate(self.epochs) if epoch > 0), None)
+        return None if not moved else self.arrived[moved] - self.arrived[moved - 1]
 
 
 def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_chunks: int | None = None,
@@ -51,6 +58,7 @@ def stream_completion(base_url: str, body: dict, *, timeout: float = 60.0, max_c
                     result.seqs.append(lifeline["seq"])
                     result.epochs.append(lifeline.get("epoch", 0))
                     result.continuations.append(lifeline.get("continuation"))
+                    result.arrived.append(time.monotonic())
                 choice = chunk["choices"][0] if chunk.get("choices") else None
                 if choice is not None:
                     result.token_ids += choice.get("token_ids", [])
