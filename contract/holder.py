@@ -19,6 +19,7 @@ import hashlib
 import json
 import re
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -201,7 +202,7 @@ class KVLayout(BaseModel):
         return 2 * self.num_layers * self.num_kv_heads * self.block_tokens * self.head_dim * itemsize
 
 
-def kv_layout_from_config(config: dict, *, block_tokens: int, dtype: str) -> KVLayout:
+def kv_layout_from_config(config: dict, *, block_tokens: int, dtype: str, kv_order: str = KV_ORDER) -> KVLayout:
     """The layout a model's `config.json` implies: the holder and the engine derive it the same way."""
     heads = config["num_attention_heads"]
     rope_theta = config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)
@@ -210,7 +211,7 @@ def kv_layout_from_config(config: dict, *, block_tokens: int, dtype: str) -> KVL
     return KVLayout(block_tokens=block_tokens, num_layers=config["num_hidden_layers"], num_heads=heads,
                     num_kv_heads=config.get("num_key_value_heads", heads),
                     head_dim=config.get("head_dim") or config["hidden_size"] // heads, dtype=dtype,
-                    rope_theta=float(rope_theta), rope_style=style)
+                    kv_order=kv_order, rope_theta=float(rope_theta), rope_style=style)
 
 
 def tokenizer_digest(tokenizer_json: bytes | None) -> str:
@@ -238,6 +239,20 @@ class KVValidity(BaseModel):
         mine, theirs = self.model_dump(), other.model_dump()
         differ = [k for k in ("weights_digest", "tokenizer_digest") if mine[k] != theirs[k]]
         return differ + [f"layout.{k}" for k in mine["layout"] if mine["layout"][k] != theirs["layout"].get(k)]
+
+
+def engine_validity(model_dir: Path, weights_digest: str, *, block_tokens: int, dtype: str,
+                    kv_order: str = KV_ORDER) -> KVValidity:
+    """An engine's validity tuple: its weights' content, tokenizer, dtype, block size, geometry, RoPE, and how
+    its blocks' bytes are laid out (`kv_order`: the reference engine's axis order, or an engine's own layout).
+
+    One derivation for every engine kind (the reference engine, stock vLLM through `lifeline_vllm.kv_connector`,
+    the holder): two engines share checkpoints exactly when this gives them the same tuple."""
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer = model_dir / "tokenizer.json"
+    return KVValidity(weights_digest=weights_digest,
+                      tokenizer_digest=tokenizer_digest(tokenizer.read_bytes() if tokenizer.exists() else None),
+                      layout=kv_layout_from_config(config, block_tokens=block_tokens, dtype=dtype, kv_order=kv_order))
 
 
 def kv_root_hash(validity: KVValidity) -> str:

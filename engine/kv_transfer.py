@@ -33,7 +33,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -42,7 +41,7 @@ from safetensors.torch import save as save_tensors
 
 from common.clock import Clock
 from common.logs import get_logger
-from contract.holder import KVValidity, kv_chain_hashes, kv_layout_from_config, tokenizer_digest
+from contract.holder import KVValidity, kv_chain_hashes
 from contract.kv_checkpoint import (
     BLOCK_TENSOR,
     KVBlockEntry,
@@ -68,15 +67,6 @@ CHECKPOINT_QUEUE = 64  # checkpoints waiting for the writer; more are skipped, n
 WRITER_REQUESTS = 1024  # sequences whose chain the writer remembers
 FORGET = -1  # a CheckpointJob's first_index that ends a sequence's chain
 STORED_CHECKSUMS = 65536  # block checksums known to be in the store (~150 bytes each)
-
-
-def engine_validity(model_dir: Path, weights_digest: str, *, block_tokens: int, dtype: str) -> KVValidity:
-    """This engine's validity tuple: its weights' content, tokenizer, dtype, block size, geometry, RoPE."""
-    config = json.loads((model_dir / "config.json").read_text())
-    tokenizer = model_dir / "tokenizer.json"
-    return KVValidity(weights_digest=weights_digest,
-                      tokenizer_digest=tokenizer_digest(tokenizer.read_bytes() if tokenizer.exists() else None),
-                      layout=kv_layout_from_config(config, block_tokens=block_tokens, dtype=dtype))
 
 
 def manifest_for(validity: KVValidity, root_hash: str, blocks: list[KVBlock], checksums: list[str], *,

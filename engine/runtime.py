@@ -31,10 +31,10 @@ from engine.holder_client import (
     map_weights,
     region_file_id,
 )
-from contract.holder import AttachResponse, KVValidity, WeightsDescription
+from contract.holder import AttachResponse, KVValidity, WeightsDescription, engine_validity
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
 from engine.kv_pool import HolderKVPool
-from engine.kv_transfer import KVCheckpointer, engine_validity
+from engine.kv_transfer import KVCheckpointer
 from engine.lifecycle import EngineStatus, InvalidTransition, LifecycleEvent, transition
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel

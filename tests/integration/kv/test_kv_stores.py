@@ -23,7 +23,8 @@ from contract.kv_checkpoint import (
     block_object_checksum,
     open_kv_store,
 )
-from engine.kv_transfer import KVCheckpointer, engine_validity
+from contract.holder import engine_validity
+from engine.kv_transfer import KVCheckpointer
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache

@@ -10,7 +10,8 @@ import torch
 
 from common.clock import ManualClock
 from contract.kv_checkpoint import FilesystemKVStore, KVCheckpointStore, block_key, manifest_key
-from engine.kv_transfer import KVCheckpointer, engine_validity
+from contract.holder import engine_validity
+from engine.kv_transfer import KVCheckpointer
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract.holder import KVValidity, kv_chain_hashes, kv_root_hash
+from contract.holder import KVValidity, engine_validity, kv_chain_hashes, kv_root_hash
 from contract.kv_checkpoint import KVCheckpointInvalid, KVValidityMismatch, verify_manifest
-from engine.kv_transfer import decode_bundle, encode_bundle, engine_validity, manifest_for
+from engine.kv_transfer import decode_bundle, encode_bundle, manifest_for
 from engine.model import LlamaModel
 from engine.prefix_cache import LocalPrefixCache
 from contract.identity import directory_weights_digest
