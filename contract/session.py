@@ -107,6 +107,34 @@ class KVCheckpointRequest(BaseModel):
                                                   "the checkpoint only for that class's policy")
 
 
+CHECKPOINT_PARAM = "lifeline_checkpoint"  # the key in a completion's kv_transfer_params (vLLM's per-request field)
+
+
+class KVCheckpointAsk(BaseModel):
+    """`kv_transfer_params.lifeline_checkpoint` of a completion: checkpoint what it computed, say who asked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str | None = Field(None, max_length=300, description="provenance in the manifest (a session)")
+    session_class: str | None = Field(None, min_length=1, max_length=200)
+
+
+def checkpoint_completion(model: str, request: KVCheckpointRequest) -> dict:
+    """The one request that checkpoints a prefix on either engine kind: a one-token completion of it, whose
+    `kv_transfer_params` ask for the full blocks of its prompt (vLLM through `lifeline_vllm.kv_connector`, the
+    reference engine itself); the answer's `kv_transfer_params` carry `KVCheckpointWritten`."""
+    ask = KVCheckpointAsk(request_id=request.request_id, session_class=request.session_class)
+    return {"model": model, "prompt": request.token_ids, "max_tokens": 1, "temperature": 0.0, "stream": False,
+            "kv_transfer_params": {CHECKPOINT_PARAM: ask.model_dump(exclude_none=True)}}
+
+
+def checkpoint_written(answer: dict) -> KVCheckpointWritten | None:
+    """What a checkpointing completion's answer says was checkpointed; None: the engine did not checkpoint
+    (a vLLM without the connector ignores the field)."""
+    params = (answer.get("kv_transfer_params") or {}).get(CHECKPOINT_PARAM)
+    return None if params is None else KVCheckpointWritten.model_validate(params)
+
+
 class KVCheckpointWritten(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -116,6 +144,7 @@ class KVCheckpointWritten(BaseModel):
     blocks: int
     tokens: int = Field(description="positions the checkpoint holds: whole blocks of the prefix")
     computed_tokens: int = Field(description="positions the engine prefilled for it (not in its prefix cache)")
+    written: bool = Field(True, description="in the store when answered; false: copied out, being written (vLLM)")
 
 
 def checkpoint_due(policy: ReplicationPolicyEntry | None, record: SessionRecord, *, now: float) -> bool:

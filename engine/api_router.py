@@ -11,6 +11,7 @@ The work happens in `engine.serving.OpenAIServing`; the process state is
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Annotated
 
@@ -22,7 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from common.request_body import Body, parse_json_body
 from contract.identity import EngineIdentity
 from contract.openai import model_card, model_list
+from contract.session import CHECKPOINT_PARAM
 from engine.errors import BadRequest, DecodeLoopStalled
+from engine.kv_router import checkpoint_prefix
 from engine.protocol import ChatCompletionRequest, CompletionRequest
 from engine.runtime import EngineRuntime
 from engine.serving import OpenAIServing
@@ -76,8 +79,20 @@ admin_router = APIRouter()
 @openai_router.post("/v1/completions")
 async def completions(request: Request, serving: Serving) -> Response:
     body = await parse_body(request, CompletionRequest)
+    ask = body.checkpoint_ask()
+    if ask is not None and (body.stream or isinstance(body.prompt, str)):
+        raise BadRequest(f"kv_transfer_params.{CHECKPOINT_PARAM}: checkpointed completions are non-streamed, with "
+                         "a prompt of token ids (contract.session.checkpoint_completion)", param="kv_transfer_params")
     with structlog.contextvars.bound_contextvars(**trace_fields(request)):  # the request's log lines
-        return await serving.create_completion(body, caller_request_id(request))
+        response = await serving.create_completion(body, caller_request_id(request))
+        if ask is None or response.status_code != 200:
+            return response
+        # As Lifeline's vLLM connector does: the prompt's full blocks, checkpointed once the completion is done.
+        written = await checkpoint_prefix(_runtime(request), serving, list(body.prompt),  # type: ignore[arg-type]
+                                          request_id=ask.request_id, session_class=ask.session_class)
+        answer = json.loads(response.body)
+        answer["kv_transfer_params"] = {CHECKPOINT_PARAM: written.model_dump()}
+        return JSONResponse(answer, headers={k: v for k, v in response.headers.items() if k.startswith("x-")})
 
 
 @openai_router.post("/v1/chat/completions")

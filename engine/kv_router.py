@@ -25,7 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.request_body import parse_json_body
 from contract.kv_checkpoint import KVStoreUnavailable, manifest_key
 from contract.session import KVCheckpointRequest, KVCheckpointWritten
-from engine.errors import BadRequest, KVBlocksAbsent, KVCheckpointStoreAbsent, KVImportTooLarge, KVStoreDown
+from engine.errors import (
+    BadRequest,
+    KVBlocksAbsent,
+    KVCheckpointStoreAbsent,
+    KVImportTooLarge,
+    KVStoreDown,
+)
 from engine.kv_transfer import export_bundle, import_bundle
 from engine.runtime import EngineRuntime
 from engine.serving import OpenAIServing
@@ -96,10 +102,19 @@ async def kv_import(request: Request, runtime: Runtime) -> dict:
 async def kv_checkpoint(request: Request, runtime: Runtime, serving: Serving) -> dict:
     """Checkpoint a session's context now: the KV of its full blocks, from this engine, into its store."""
     body = parse_json_body(await request.body(), KVCheckpointRequest, BadRequest)
+    written = await checkpoint_prefix(runtime, serving, body.token_ids, request_id=body.request_id,
+                                      session_class=body.session_class)
+    return written.model_dump()
+
+
+async def checkpoint_prefix(runtime: EngineRuntime, serving: OpenAIServing, token_ids: list[int], *,
+                            request_id: str | None, session_class: str | None) -> KVCheckpointWritten:
+    """The KV of the prefix's full blocks in the store (prefilled first where the prefix cache lacks them): what
+    `/admin/kv/checkpoint` and a completion's `kv_transfer_params.lifeline_checkpoint` both do."""
     checkpointer, cache = runtime.checkpointer, runtime.prefix_cache
     if checkpointer is None or cache is None:
         raise KVCheckpointStoreAbsent("this engine has no checkpoint store (--kv-checkpoint-store)")
-    token_ids = serving.checked_token_ids(body.token_ids, "token_ids")
+    token_ids = serving.checked_token_ids(token_ids, "token_ids")
     size = checkpointer.block_tokens
     full = token_ids[:len(token_ids) // size * size]
     if not full:
@@ -111,10 +126,9 @@ async def kv_checkpoint(request: Request, runtime: Runtime, serving: Serving) ->
     if not blocks:
         raise KVBlocksAbsent("the prefix cache evicted the blocks before they were written")
     try:
-        manifest = await asyncio.to_thread(checkpointer.write_chain, blocks, body.request_id,
-                                              body.session_class)
+        manifest = await asyncio.to_thread(checkpointer.write_chain, blocks, request_id, session_class)
     except KVStoreUnavailable as exc:
         raise KVStoreDown(f"the checkpoint store did not take the checkpoint: {exc}") from None
     return KVCheckpointWritten(root_hash=manifest.root_hash, last_hash=manifest.last_hash,
                                key=manifest_key(manifest.root_hash, manifest.last_hash), blocks=len(blocks),
-                               tokens=len(blocks) * size, computed_tokens=computed).model_dump()
+                               tokens=len(blocks) * size, computed_tokens=computed)

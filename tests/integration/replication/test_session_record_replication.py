@@ -1,7 +1,7 @@
 """One contract, both sides: a session record written by region A's gateway (`SessionKeeper` over the real
 store), replicated by the sweep, read by region B's gateway, on a directory and Redis, on virtual time.
 
-Region A's engine is its `POST /admin/kv/checkpoint` (an httpx mock transport) writing real checkpoints to
+Region A's engine answers the gateway's checkpointing completions (an httpx mock transport) writing real checkpoints to
 A's store, as an engine does; the gateway's `sessions.store` is that same store, so the policy's sweep
 finds the records beside the checkpoints. What holds:
 
@@ -24,7 +24,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from contract.kv_checkpoint import KVCheckpointStore, open_kv_store
-from contract.session import MAX_SESSION_RECORD_BYTES, KVCheckpointWritten, SessionRecord, session_key
+from contract.session import (
+    CHECKPOINT_PARAM,
+    MAX_SESSION_RECORD_BYTES,
+    KVCheckpointWritten,
+    SessionRecord,
+    session_key,
+)
 from controlplane.replication import record_sweep, tasks
 from controlplane.replication.flows import ReadCache
 from gateway.metrics import GatewayMetrics
@@ -43,7 +49,8 @@ LABELS = {"model": "tiny", "session_class": "chat"}
 
 
 class RegionEngine:
-    """An engine's checkpoint endpoint: the prefix's full blocks (4 tokens each) written to its region's store."""
+    """An engine answering checkpointing completions (`contract.session.checkpoint_completion`): the prompt's full
+    blocks (4 tokens each) written to its region's store."""
 
     def __init__(self, store: KVCheckpointStore, clock: Any) -> None:
         self.store = store
@@ -54,14 +61,15 @@ class RegionEngine:
         if self.fail:
             return httpx.Response(503, json={"error": {"type": "kv_store_unavailable", "message": "down"}})
         body = json.loads(request.content)
-        ids = body["token_ids"]
+        ids, ask = body["prompt"], body["kv_transfer_params"][CHECKPOINT_PARAM]
         tokens = len(ids) // 4 * 4
         key = write_checkpoint(self.store, ids[:tokens], created_at=self.clock.wall(),
-                               session_class=body.get("session_class"))
+                               session_class=ask.get("session_class"))
         last = key.rsplit("/", 1)[1].removesuffix(".json")
         written = KVCheckpointWritten(root_hash=ROOT, last_hash=last, key=key, blocks=tokens // 4, tokens=tokens,
                                       computed_tokens=0)
-        return httpx.Response(200, json=written.model_dump())
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                                         "kv_transfer_params": {CHECKPOINT_PARAM: written.model_dump()}})
 
 
 def region_keeper(store_url: str, engine: RegionEngine, clock: Any) -> SessionKeeper:
@@ -78,7 +86,7 @@ async def open_turn(keeper: SessionKeeper, version: ModelVersion, prompt: list[i
 async def serve_turn(keeper: SessionKeeper, version: ModelVersion, prompt: list[int], answer: list[int]) -> None:
     """One completion turn at a region's gateway: opened, answered, recorded (and checkpointed)."""
     turn = await open_turn(keeper, version, prompt)
-    keeper.finish(turn, engine_url="http://engine", answer_ids=answer, answer_text="")
+    keeper.finish(turn, engine_url="http://engine", engine_model=version.version, answer_ids=answer, answer_text="")
     await keeper.wait_recorded()
 
 

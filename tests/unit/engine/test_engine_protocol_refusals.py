@@ -47,3 +47,17 @@ def test_a_completions_logprobs_and_echo_false_are_served() -> None:
     parsed = parse_json_body(json.dumps({"prompt": "hi", "logprobs": 2, "echo": False}).encode(),
                              CompletionRequest, BadRequest)
     assert parsed.logprobs == 2
+
+
+def test_kv_transfer_params_serve_lifeline_checkpoints_only() -> None:
+    """The gateway's checkpoint request parses as what it asks; anything else a connector would take is refused."""
+    from contract.session import KVCheckpointRequest, checkpoint_completion
+
+    asked = checkpoint_completion("tiny", KVCheckpointRequest(token_ids=[1, 2, 3], request_id="s#1", session_class="c"))
+    parsed = parse_json_body(json.dumps(asked).encode(), CompletionRequest, BadRequest)
+    ask = parsed.checkpoint_ask()
+    assert ask is not None and (ask.request_id, ask.session_class) == ("s#1", "c")
+    for other in ({"do_remote_decode": True}, {"lifeline_checkpoint": {"unknown": 1}}):
+        with pytest.raises(BadRequest) as refused:
+            parse_json_body(json.dumps({**asked, "kv_transfer_params": other}).encode(), CompletionRequest, BadRequest)
+        assert refused.value.param is not None and refused.value.param.startswith("kv_transfer_params")

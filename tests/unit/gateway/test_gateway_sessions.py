@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from contract.kv_checkpoint import MemoryKVStore
-from contract.session import SessionRecord, checkpoint_due
+from contract.session import CHECKPOINT_PARAM, SessionRecord, checkpoint_due
 from contract.snapshot import ReplicationPolicyEntry
 from gateway.engine_client import EngineToken
 from gateway.errors import BadRequest
@@ -59,7 +59,8 @@ def test_a_turn_whose_previous_turn_this_region_never_recorded_is_counted_elsewh
 
 
 class FakeEngineAdmin:
-    """`POST /admin/kv/checkpoint` of the engines: records each body, answers as an engine with 4-token blocks."""
+    """The engines' answers to checkpointing completions: records each (url, checkpoint asked), answers as an
+    engine with 4-token blocks (`contract.session.checkpoint_completion`)."""
 
     def __init__(self) -> None:
         self.bodies: list[tuple[str, dict]] = []
@@ -67,13 +68,15 @@ class FakeEngineAdmin:
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        self.bodies.append((str(request.url), body))
+        assert (body["max_tokens"], body["stream"]) == (1, False)
+        self.bodies.append((str(request.url), {"token_ids": body["prompt"], "model": body["model"],
+                                               **body["kv_transfer_params"][CHECKPOINT_PARAM]}))
         if self.fail:
             return httpx.Response(503, json={"error": {"type": "kv_store_unavailable", "message": "down"}})
-        tokens = len(body["token_ids"]) // 4 * 4
-        return httpx.Response(200, json={"root_hash": "r", "last_hash": f"h{tokens}",
-                                         "key": f"kv/r/manifests/h{tokens}.json", "blocks": tokens // 4,
-                                         "tokens": tokens, "computed_tokens": 0})
+        tokens = len(body["prompt"]) // 4 * 4
+        written = {"root_hash": "r", "last_hash": f"h{tokens}", "key": f"kv/r/manifests/h{tokens}.json",
+                   "blocks": tokens // 4, "tokens": tokens, "computed_tokens": 0}
+        return httpx.Response(200, json={"choices": [], "kv_transfer_params": {CHECKPOINT_PARAM: written}})
 
 
 def harness(tiny_model, *entries: ReplicationPolicyEntry
@@ -109,9 +112,8 @@ async def test_a_critical_session_is_checkpointed_after_every_turn_and_measures_
     await h.register()
     first = await turn(h, keeper, [1, 2, 3], [5, 6], cached=0)
     assert (first["turn"], first["context_tokens"], first["context_recomputed_tokens"]) == (1, 0, 0)
-    assert admin.bodies == [("http://a/admin/kv/checkpoint", {"token_ids": [1, 2, 3, 5, 6],
-                                                              "request_id": "session:s1#turn:1",
-                                                              "session_class": "chat"})]
+    assert admin.bodies == [("http://a/v1/completions", {"token_ids": [1, 2, 3, 5, 6], "model": "v",
+                                                         "request_id": "session:s1#turn:1", "session_class": "chat"})]
 
     # The next prompt starts with the last turn's prompt ‖ answer: that is its context; the engine restored 4.
     second = await turn(h, keeper, [1, 2, 3, 5, 6, 7, 8], [9, 10], cached=4)
