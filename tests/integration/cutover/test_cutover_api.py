@@ -21,6 +21,7 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     scripted,
     topology_two_regions,
 )
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -29,10 +30,10 @@ EU = {"scope": {"kind": "region", "region": "eu"}, "tier": "l7", "target_state":
 
 @pytest.fixture
 def api(settings: ControlPlaneSettings, runtime: CutoverRuntime, clock: ManualClock,
-        lease_reader: InMemoryLeaseReader) -> Iterator[TestClient]:
+        lease_reader: InMemoryLeaseReader, answer_contract: AnswerContract) -> Iterator[TestClient]:
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
     app.state.cutover_runtime = runtime
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 
