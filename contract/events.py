@@ -6,14 +6,20 @@ control plane stores events in its append-only event log with the same
 `routing_tier` label its own cutovers carry, so a post-mortem can tell a
 gateway's automatic removal (`actor="gateway:<replica>"`) from an operator's
 cutover.
+
+Timestamps are the sender's clock. One sent without a UTC offset is taken
+as UTC when it is parsed (`UtcTimestamp`), so everything stored and
+answered from a report is timezone-aware on both databases: SQLite keeps
+no zone, and a report's JSON columns (its endpoints, instances, staging)
+would otherwise echo the naive text back.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from contract.routing_tier import RoutingTier
 
@@ -21,6 +27,14 @@ MAX_BATCH = 500
 # Counters and versions the control plane stores land in INTEGER columns, 32-bit on PostgreSQL:
 # a larger value must be a 422 at the door, not an overflow (a 500) at the insert.
 DB_INT_MAX = 2**31 - 1
+
+
+
+def _utc_if_naive(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+UtcTimestamp = Annotated[datetime, AfterValidator(_utc_if_naive)]
 
 
 class _Record(BaseModel):
@@ -43,7 +57,7 @@ class DataPlaneEvent(_Record):
     instance_id: str | None = Field(None, max_length=200)
     generation: int | None = None
     reason: str = Field(max_length=2000)
-    at: datetime
+    at: UtcTimestamp
     detail: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
 
@@ -58,7 +72,7 @@ class LiveEndpoint(_Record):
     version: str
     zone: str
     # when a request on this endpoint last finished successfully; the regional agent counts it as a probe
-    served_ok_at: datetime | None = None
+    served_ok_at: UtcTimestamp | None = None
 
 
 class GatewayReport(_Record):
@@ -71,12 +85,12 @@ class GatewayReport(_Record):
                                          description="the snapshot applied; None while routing from static config")
     # Paired with snapshot_version: a version means something only within the epoch it came from.
     snapshot_epoch: str | None = Field(None, max_length=64, description="controlplane_epoch of the applied snapshot")
-    snapshot_applied_at: datetime | None = None
+    snapshot_applied_at: UtcTimestamp | None = None
     routing_source: Literal["static", "snapshot"]
     live_endpoints: list[LiveEndpoint] = Field(default_factory=list, max_length=10_000)
     suppressed: int = Field(0, ge=0, le=DB_INT_MAX)
     ejected: int = Field(0, ge=0, le=DB_INT_MAX)
-    reported_at: datetime
+    reported_at: UtcTimestamp
 
 
 Verdict = Literal["ok", "timeout", "error", "wrong_output", "overloaded", "draining", "old_generation"]
@@ -95,12 +109,12 @@ class AgentInstance(_Record):
     pool_state: PoolState | None = Field(None, description="pool instances only")
     verdict: Verdict | None = Field(None, description="None until the first probe answered")
     verdict_reason: str = Field("", max_length=2000)
-    verdict_since: datetime | None = Field(None, description="when the verdict last changed (the agent's clock)")
+    verdict_since: UtcTimestamp | None = Field(None, description="when the verdict last changed (the agent's clock)")
     lease_held: bool = Field(False, description="the agent holds a lease for it")
     lease_generation: int | None = Field(None, description="the generation it is routed under: the agent's lease, "
                                          "or (origin registry) its own; None: no live lease")
     canary_verdict: Verdict | None = None
-    canary_at: datetime | None = Field(None, description="when the last canary answered")
+    canary_at: UtcTimestamp | None = Field(None, description="when the last canary answered")
     canaries: int = Field(0, ge=0, description="canaries it has answered since the agent first saw it")
 
 
@@ -117,7 +131,7 @@ class AgentStagedVersion(_Record):
                                     "a shard absent; mismatch: a shard's sha256 differs")
     shard: str | None = Field(None, max_length=1000, description="the first missing or differing shard, when known")
     reason: str = Field("", max_length=2000)
-    checked_at: datetime = Field(description="when the check finished (the agent's clock)")
+    checked_at: UtcTimestamp = Field(description="when the check finished (the agent's clock)")
     held_starts: int = Field(0, ge=0, le=DB_INT_MAX, description="instances the pool wanted to start on this "
                              "version at its last reconcile and refused, the outcome being missing or mismatch: "
                              "the plan is short by that many")
@@ -128,7 +142,7 @@ class AgentReport(_Record):
 
     region: str = Field(min_length=1, max_length=128)
     agent_id: str = Field(min_length=1, max_length=160, description="one agent process (host:pid or a pod name)")
-    sent_at: datetime
+    sent_at: UtcTimestamp
     snapshot_version: int | None = Field(None, ge=0, le=DB_INT_MAX, description="the snapshot applied; None before "
                                          "the first")
     # Paired with snapshot_version, as in GatewayReport: a version counts only within its epoch.

@@ -11,10 +11,9 @@ from common.clock import Clock
 from contract.events import AgentReport
 from controlplane.agent_report.models import AgentReportRow
 from controlplane.agent_report.schemas import AgentReportRead
-from controlplane.routing_version import service as routing_version
-from controlplane.db import naive_as_utc
 from controlplane.errors import InvalidInput
 from controlplane.latest_report import keep_newest
+from controlplane.routing_version import service as routing_version
 from controlplane.types import first_nul
 
 # How far ahead of ours an agent's clock may be before its reports are refused.
@@ -40,7 +39,7 @@ def _check(report: AgentReport, *, region: str, clock: Clock) -> None:
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise InvalidInput(f"instances: each instance once, got {twice[:5]} more than once", param="instances")
-    if naive_as_utc(report.sent_at) > clock.utcnow() + MAX_CLOCK_SKEW:
+    if report.sent_at > clock.utcnow() + MAX_CLOCK_SKEW:  # naive is UTC already (contract.events.UtcTimestamp)
         # Ordering is by sent_at; one from the far future would shadow every later report.
         raise InvalidInput(f"sent_at {report.sent_at.isoformat()} is more than {MAX_CLOCK_SKEW} ahead of the "
                            "control plane's clock; fix the agent's clock", param="sent_at")

@@ -9,7 +9,6 @@ from sqlalchemy.orm import Session
 
 from common.clock import Clock
 from contract.events import GatewayReport
-from controlplane.db import naive_as_utc
 from controlplane.errors import InvalidInput
 from controlplane.gateway_report.models import GatewayReportRow
 from controlplane.gateway_report.schemas import GatewayReportRead
@@ -43,7 +42,7 @@ def store(session: Session, *, replica_id: str, report: GatewayReport, actor: st
     if nul:
         raise InvalidInput(f"{nul} contains a NUL byte", param=nul)
     now = clock.utcnow()
-    if naive_as_utc(report.reported_at) > now + MAX_CLOCK_SKEW:
+    if report.reported_at > now + MAX_CLOCK_SKEW:  # naive is UTC already (contract.events.UtcTimestamp)
         # Ordering is by reported_at; one from the far future would shadow every later report.
         raise InvalidInput(f"reported_at {report.reported_at.isoformat()} is more than {MAX_CLOCK_SKEW} ahead of "
                            "the control plane's clock; fix the gateway's clock", param="reported_at")

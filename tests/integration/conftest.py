@@ -4,6 +4,11 @@ Needs PostgreSQL at 127.0.0.1:5432 (trust auth, user postgres, database
 `test`; override with LIFELINE_TEST_POSTGRES_URL). One throwaway database
 per backend per session, built by `alembic upgrade head` and dropped after;
 tables are emptied before each test.
+
+Every answer a test gets from a control-plane client built here (`client`,
+or any client put under `answer_contract.watch`) is judged against the
+app's own OpenAPI document (tests/support/answer_contract.py); a test whose
+answers broke it fails at teardown, each violation listed.
 """
 
 from __future__ import annotations
@@ -15,15 +20,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from common.clock import ManualClock
 from controlplane.app import create_app
 from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
-from common.clock import ManualClock
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import build_engine, build_session_factory, session_scope
 from controlplane.schema import upgrade
-from tests.support.controlplane_testing import clean_tables, throwaway_database
 from controlplane.topology.lease import InMemoryLeaseReader
+from tests.support.answer_contract import TALLY, AnswerContract
+from tests.support.controlplane_testing import clean_tables, throwaway_database
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
@@ -63,11 +69,28 @@ def settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
 
 
 @pytest.fixture
+def answer_contract() -> Iterator[AnswerContract]:
+    """The document's judgement of the test's answers: the test fails at teardown when any broke it."""
+    contract = AnswerContract()
+    yield contract
+    verdict = contract.verdict()
+    if verdict is not None:
+        pytest.fail(verdict, pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TALLY.answers:
+        terminalreporter.write_line(f"answer contract: {TALLY.answers} answers judged against the OpenAPI "
+                                    f"document, {TALLY.violations} violations")
+
+
+@pytest.fixture
 def client(
-    settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock, lease_reader: InMemoryLeaseReader
+    settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock, lease_reader: InMemoryLeaseReader,
+    answer_contract: AnswerContract,
 ) -> Iterator[TestClient]:
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False) as test_client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as test_client:
         yield test_client
 
 

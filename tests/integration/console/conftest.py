@@ -21,6 +21,7 @@ from controlplane.db import session_scope
 from controlplane.topology import service as topology
 from controlplane.topology.lease import InMemoryLeaseReader
 from controlplane.topology.schemas import ClusterCreate
+from tests.support.answer_contract import AnswerContract
 
 CSRF = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 SIGNIN_CSRF = re.compile(r'name="signin_csrf" value="([^"]+)"')
@@ -28,9 +29,9 @@ SIGNIN_CSRF = re.compile(r'name="signin_csrf" value="([^"]+)"')
 
 @pytest.fixture
 def console(settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock,
-            lease_reader: InMemoryLeaseReader) -> Iterator[TestClient]:
+            lease_reader: InMemoryLeaseReader, answer_contract: AnswerContract) -> Iterator[TestClient]:
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False, base_url="http://testserver") as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False, base_url="http://testserver")) as client:
         yield client
 
 

@@ -18,6 +18,7 @@ from controlplane.db import session_scope
 from controlplane.drill import service as drills
 from controlplane.drill.schemas import DrillSpec
 from tests.integration.console.conftest import sign_in
+from tests.support.answer_contract import AnswerContract
 
 GRAFANA = "https://grafana.example"
 LINK = re.compile(r'href="(https://grafana\.example/d/[^"]+)" data-testid="dashboard-link"')
@@ -25,9 +26,9 @@ LINK = re.compile(r'href="(https://grafana\.example/d/[^"]+)" data-testid="dashb
 
 @pytest.fixture
 def with_grafana(settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock,
-                 tokens: dict[str, str]) -> Iterator[TestClient]:
+                 tokens: dict[str, str], answer_contract: AnswerContract) -> Iterator[TestClient]:
     app = create_app(settings.model_copy(update={"grafana_url": GRAFANA}), clock=clock)
-    with TestClient(app, raise_server_exceptions=False, base_url="http://testserver") as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False, base_url="http://testserver")) as client:
         sign_in(client, tokens["viewer"])
         yield client
 

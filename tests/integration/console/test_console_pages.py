@@ -21,6 +21,7 @@ from controlplane.event.repository import EventFilter
 from controlplane.gateway_report import service as gateway_report_service
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.console.conftest import csrf_of, sign_in
+from tests.support.answer_contract import AnswerContract
 from tests.support.controlplane_testing import ON_SQLITE
 from weight_catalog import aliases as catalog_aliases
 from weight_catalog import service as catalog_service
@@ -58,10 +59,11 @@ def test_sign_in_sets_a_strict_httponly_session_cookie(console: TestClient, toke
 
 
 def test_the_cookie_is_secure_when_served_over_tls(settings: Any, session_factory: Any, clock: ManualClock,
-                                                   lease_reader: InMemoryLeaseReader, tokens: dict[str, str]) -> None:
+                                                   lease_reader: InMemoryLeaseReader, tokens: dict[str, str],
+                                                   answer_contract: AnswerContract) -> None:
     from controlplane.app import create_app
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    with TestClient(app, base_url="https://testserver") as client:
+    with answer_contract.watch(TestClient(app, base_url="https://testserver")) as client:
         form = client.get("/console/sign-in")
         assert "Secure" in form.headers["set-cookie"]
         signin_csrf = form.text.split('name="signin_csrf" value="')[1].split('"')[0]

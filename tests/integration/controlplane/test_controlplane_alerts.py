@@ -21,6 +21,7 @@ from controlplane.auth import service as auth_service
 from controlplane.auth.roles import Role
 from controlplane.config import ControlPlaneSettings
 from controlplane.db import session_scope
+from tests.support.answer_contract import AnswerContract
 
 ROUTES = """
 [source]
@@ -56,11 +57,11 @@ def delivery(*alerts: dict[str, Any], receiver: str = "lifeline") -> dict[str, A
 
 @pytest.fixture
 def alert_client(settings: ControlPlaneSettings, session_factory: Any, clock: ManualClock,
-                 tmp_path: Path) -> Iterator[TestClient]:
+                 tmp_path: Path, answer_contract: AnswerContract) -> Iterator[TestClient]:
     routes = tmp_path / "alert-routes.toml"
     routes.write_text(ROUTES)
     app = create_app(settings.model_copy(update={"alert_routes_file": routes}), clock=clock)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 
@@ -128,7 +129,7 @@ def test_each_alert_acts_once_by_its_route_and_a_retried_delivery_changes_nothin
 
 def test_an_unknown_source_another_role_or_no_routes_file_is_refused_and_changes_nothing(
         alert_client: TestClient, alertmanager: dict[str, str], as_role: Any, settings: ControlPlaneSettings,
-        clock: ManualClock) -> None:
+        clock: ManualClock, answer_contract: AnswerContract) -> None:
     body = delivery(alert("LifelineCanaryFailing", "aa"), receiver="someone-else")
     refused = alert_client.post("/api/v1/alerts/alertmanager", json=body, headers=alertmanager)
     assert (refused.status_code, refused.json()["error"]["type"]) == (403, "unknown_alert_source")
@@ -139,7 +140,7 @@ def test_an_unknown_source_another_role_or_no_routes_file_is_refused_and_changes
                                   headers=alertmanager)
     assert malformed.status_code == 422
     assert alert_events(alert_client, as_role) == []
-    with TestClient(create_app(settings, clock=clock), raise_server_exceptions=False) as plain:
+    with answer_contract.watch(TestClient(create_app(settings, clock=clock), raise_server_exceptions=False)) as plain:
         unset = plain.post("/api/v1/alerts/alertmanager", json=delivery(alert("X", "ac")), headers=alertmanager)
         assert (unset.status_code, unset.json()["error"]["type"]) == (404, "alerts_not_configured")
 

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support.answer_contract import AnswerContract
+
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "controlplane.md"
 
 
@@ -40,7 +42,8 @@ def test_a_nul_in_the_path_is_audited_on_both_databases(client: TestClient, as_r
     assert len(rows) == 1 and rows[0]["target"] == "/api/v1/regions%00x/zones"
 
 
-def test_the_audit_row_exists_before_the_response_starts(client: TestClient, as_role: Any) -> None:
+def test_the_audit_row_exists_before_the_response_starts(client: TestClient, as_role: Any,
+                                                          answer_contract: AnswerContract) -> None:
     """Wrap the app: when the response start reaches the outside, its audit row must already be stored."""
     from sqlalchemy import func, select
 
@@ -58,7 +61,7 @@ def test_the_audit_row_exists_before_the_response_starts(client: TestClient, as_
 
         await inner(scope, receive, spy if scope["type"] == "http" else send)
 
-    with TestClient(outer, raise_server_exceptions=False) as wrapped:
+    with answer_contract.watch(TestClient(outer, raise_server_exceptions=False), app=inner) as wrapped:
         assert wrapped.post("/api/v1/regions", json={"name": "eu"}, headers=as_role("operator")).status_code == 201
         assert wrapped.post("/api/v1/regions", json={"name": "eu"}, headers=as_role("viewer")).status_code == 403
     assert seen == [1, 2]

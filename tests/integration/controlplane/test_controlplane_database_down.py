@@ -23,6 +23,7 @@ from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.processes import free_port
+from tests.support.answer_contract import AnswerContract
 from tests.support.freezing_proxy import FreezingProxy
 
 BEARER = {"Authorization": "Bearer llt_whatever"}
@@ -84,11 +85,11 @@ def assert_database_unavailable(response: Any) -> None:
 
 @pytest.mark.parametrize("state", ["down", "silent"])
 def test_requests_get_503_database_unavailable_when_the_database_is_down_or_silent(
-    tmp_path: Path, silent_server: SilentServer, state: str
+    tmp_path: Path, silent_server: SilentServer, state: str, answer_contract: AnswerContract
 ) -> None:
     port = silent_server.port if state == "silent" else free_port()
-    with TestClient(app_for(f"postgresql://postgres@127.0.0.1:{port}/nothing", tmp_path),
-                    raise_server_exceptions=False) as client:
+    app = app_for(f"postgresql://postgres@127.0.0.1:{port}/nothing", tmp_path)
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         for method, path in [("GET", "/api/v1/regions"), ("POST", "/api/v1/regions"), ("GET", "/api/v1/snapshot")]:
             response = bounded(lambda m=method, p=path: client.request(m, p, headers=BEARER, json={"name": "eu"}))
             assert_database_unavailable(response)
@@ -97,10 +98,10 @@ def test_requests_get_503_database_unavailable_when_the_database_is_down_or_sile
 
 
 def test_liveness_answers_while_every_worker_thread_waits_on_a_silent_database(
-    tmp_path: Path, silent_server: SilentServer
+    tmp_path: Path, silent_server: SilentServer, answer_contract: AnswerContract
 ) -> None:
     app = app_for(f"postgresql://postgres@127.0.0.1:{silent_server.port}/nothing", tmp_path)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         stuck = [threading.Thread(target=client.get, args=("/api/v1/regions",), kwargs={"headers": BEARER},
                                   daemon=True) for _ in range(60)]  # more than the 40 worker threads
         for thread in stuck:
@@ -134,12 +135,13 @@ def test_cli_says_database_unavailable_without_a_traceback(tmp_path: Path, monke
 @pytest.mark.parametrize("state", ["down", "silent"])
 def test_a_lease_registry_that_is_down_or_silent_is_a_typed_503_not_an_empty_region(
     database_url: str, session_factory: Any, tokens: dict[str, str], tmp_path: Path, silent_server: SilentServer,
-    state: str
+    state: str, answer_contract: AnswerContract
 ) -> None:
     port = silent_server.port if state == "silent" else free_port()
     settings = ControlPlaneSettings(database_url=database_url, data_dir=tmp_path,
                                     lease_redis_url=f"redis://127.0.0.1:{port}/0")
-    with TestClient(create_app(settings, clock=ManualClock()), raise_server_exceptions=False) as client:
+    app = create_app(settings, clock=ManualClock())
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         op = {"Authorization": f"Bearer {tokens['operator']}"}
         assert client.post("/api/v1/regions", json={"name": "eu"}, headers=op).status_code == 201
         for method, path in [("GET", "/api/v1/regions/eu/instances"), ("DELETE", "/api/v1/regions/eu?reason=gone")]:
@@ -148,7 +150,9 @@ def test_a_lease_registry_that_is_down_or_silent_is_a_typed_503_not_an_empty_reg
         assert client.get("/api/v1/regions/eu", headers=op).status_code == 200  # the delete changed nothing
 
 
-def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(tmp_path: Path) -> None:
+def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(
+    tmp_path: Path, answer_contract: AnswerContract
+) -> None:
     import sqlite3
 
     from controlplane.schema import upgrade
@@ -158,7 +162,8 @@ def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(tmp_path:
     settings = ControlPlaneSettings(database_url=url, data_dir=tmp_path,
                                     database_statement_timeout=timedelta(milliseconds=200))
     holder = sqlite3.connect(tmp_path / "cp.sqlite3", isolation_level=None)
-    with TestClient(create_app(settings, clock=ManualClock()), raise_server_exceptions=False) as client:
+    app = create_app(settings, clock=ManualClock())
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         from controlplane.auth import service
         from controlplane.auth.roles import Role
         from controlplane.db import session_scope
@@ -174,7 +179,9 @@ def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_503_not_500(tmp_path:
             holder.close()
 
 
-def test_an_established_connection_to_a_server_gone_silent_is_cut_off_and_answered_503(tmp_path: Path) -> None:
+def test_an_established_connection_to_a_server_gone_silent_is_cut_off_and_answered_503(
+    tmp_path: Path, answer_contract: AnswerContract
+) -> None:
     """PostgreSQL only: SQLite has no server to fall silent."""
     from controlplane.auth import service
     from controlplane.auth.roles import Role
@@ -192,7 +199,7 @@ def test_an_established_connection_to_a_server_gone_silent_is_cut_off_and_answer
                                             database_connect_timeout=timedelta(seconds=2),
                                             database_statement_timeout=timedelta(seconds=1))
             app = create_app(settings, clock=ManualClock(), lease_reader=InMemoryLeaseReader())
-            with TestClient(app, raise_server_exceptions=False) as client:
+            with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
                 with session_scope(app.state.session_factory) as session:
                     _, secret = service.create_token(session, name="v", role=Role.VIEWER, created_by="t",
                                                      clock=ManualClock())

@@ -12,6 +12,11 @@ Operations that verify against the real data plane (executing, rolling back
 or aborting a cutover, zonal shifts, escalations: they wait for gateways
 that report to apply the snapshot) are covered by their own suites and left
 out here, so this stays fast. The never-5xx fuzz is test_controlplane_schemathesis.py.
+
+Every answer any integration test gets through the control-plane client
+is judged the same way by the client itself (tests/support/answer_contract.py);
+this test is what makes sure every operation is reached, with rows and
+with generated bodies, whatever the other suites happen to call.
 """
 
 from __future__ import annotations

@@ -11,12 +11,15 @@ later is walked without anyone listing it; one the seed cannot fill fails
 the walk until it is named in `NOT_SEEDED` with the reason.
 
 SQLite is the database that stores datetimes as naive text, so the walk is
-about it; it runs on PostgreSQL too, where it costs little.
+about it; it runs on PostgreSQL too, where it costs little. The walk makes
+sure every GET route is reached with rows in its answer; every other
+answer of the suite (POST, PATCH, PUT, DELETE, refusals) is held to the
+same `offsetless` rule by the client's answer contract
+(tests/support/answer_contract.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -26,11 +29,9 @@ from fastapi.testclient import TestClient
 
 from common.clock import ManualClock
 from controlplane.topology.lease import InMemoryLeaseReader
+from tests.support.answer_contract import answer_body, offsetless
 from tests.support.controlplane_seed import seed_fleet
 
-# "2026-01-01T00:00:00", with a date-time separator and at least minutes: what an ISO-8601 date-time starts with.
-DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?")
-WITH_OFFSET = re.compile(r"(Z|[+-]\d{2}:\d{2})$")
 PER_ROUTE = {"/api/v1/drills/{name}": {"name": "kill-one"}}  # where one parameter name means two things
 QUERY = {"/api/v1/pool/plan": {  # required query parameters
     "region": "eu", "zones": "eu-a,eu-b", "demand_seqs": 200, "demand_tokens_per_s": 5000, "context_tokens": 1000,
@@ -41,30 +42,6 @@ NOT_SEEDED = {
     "/api/v1/replication/dead-letters": "a dead letter needs a checkpoint copy that failed its retries "
                                         "(tests/integration/replication/test_replication_dead_letters.py)",
 }
-
-
-def offsetless(value: Any, where: str = "$") -> list[str]:
-    """Every string under `value` that reads as a date-time and has no UTC offset, with its JSON path."""
-    if isinstance(value, dict):
-        return [bad for key, item in value.items() for bad in offsetless(item, f"{where}.{key}")]
-    if isinstance(value, list):
-        return [bad for index, item in enumerate(value) for bad in offsetless(item, f"{where}[{index}]")]
-    if isinstance(value, str):
-        if DATE_TIME.fullmatch(value.rstrip("Z")) or (DATE_TIME.match(value) and len(value) <= 40):
-            if not WITH_OFFSET.search(value):
-                return [f"{where} = {value!r}"]
-    return []
-
-
-def answer_body(response: Any) -> Any:
-    kind = response.headers.get("content-type", "")
-    if "json" in kind and "ndjson" not in kind:
-        return response.json()
-    lines = [line for line in response.text.splitlines() if line.strip()]
-    try:
-        return [json.loads(line) for line in lines]
-    except ValueError:
-        return [found.group(0) for found in re.finditer(r"\S*" + DATE_TIME.pattern + r"\S*", response.text)]
 
 
 @pytest.fixture

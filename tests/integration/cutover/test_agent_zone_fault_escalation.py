@@ -38,6 +38,7 @@ from controlplane.topology.lease import InMemoryLeaseReader
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, AnycastLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+from tests.support.answer_contract import AnswerContract
 from tests.support.waiting import until
 from warm_pool.agent import Agent
 from warm_pool.fault import FaultReporter
@@ -69,11 +70,12 @@ birdc_socket = "{lab.router.socket_path}"
 
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
-           anycast_lab: AnycastLab, bind_server: BindServer, session_factory: Any) -> Iterator[TestClient]:
+           anycast_lab: AnycastLab, bind_server: BindServer,
+           session_factory: Any, answer_contract: AnswerContract) -> Iterator[TestClient]:
     configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(
         tmp_path, anycast_lab, dns_drivers_table(bind_server, tmp_path))})
-    with TestClient(create_app(configured, clock=clock, lease_reader=lease_reader),
-                    raise_server_exceptions=False) as client:
+    app = create_app(configured, clock=clock, lease_reader=lease_reader)
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 

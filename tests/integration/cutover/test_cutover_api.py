@@ -12,7 +12,6 @@ from common.clock import ManualClock
 from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
-from cutover.endpoints import router as cutover_router
 from cutover.runtime import CutoverRuntime
 from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fixtures
     ScriptedDriver,
@@ -22,6 +21,7 @@ from tests.integration.cutover.test_cutover_support import (  # noqa: F401 - fix
     scripted,
     topology_two_regions,
 )
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -30,12 +30,10 @@ EU = {"scope": {"kind": "region", "region": "eu"}, "tier": "l7", "target_state":
 
 @pytest.fixture
 def api(settings: ControlPlaneSettings, runtime: CutoverRuntime, clock: ManualClock,
-        lease_reader: InMemoryLeaseReader) -> Iterator[TestClient]:
+        lease_reader: InMemoryLeaseReader, answer_contract: AnswerContract) -> Iterator[TestClient]:
     app = create_app(settings, clock=clock, lease_reader=lease_reader)
-    if not any(getattr(r, "path", "") == "/api/v1/cutovers" for r in app.routes):
-        app.include_router(cutover_router, prefix="/api/v1")  # until controlplane/api.py mounts it
     app.state.cutover_runtime = runtime
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 

@@ -44,14 +44,11 @@ from datetime import timedelta
 import uvicorn
 from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
-from cutover.endpoints import router
 from cutover.policy import CutoverPolicy
 from tests.integration.cutover.test_cutover_support import FileTierDriver
 
 url, port, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 app = create_app(ControlPlaneSettings(database_url=url, port=port))
-if not any(getattr(r, "path", "") == "/api/v1/cutovers" for r in app.routes):
-    app.include_router(router, prefix="/api/v1")
 runtime = app.state.cutover_runtime
 app.state.cutover_runtime = dataclasses.replace(
     runtime, drivers=[*runtime.drivers, FileTierDriver(root, {"region:eu": [%r]})],

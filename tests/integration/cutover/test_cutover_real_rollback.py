@@ -29,6 +29,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.cutover.conftest import AnycastLab, HaproxyLab
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -62,11 +63,12 @@ ack_timeout_s = 0.3
 
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
-           anycast_lab: AnycastLab, haproxy_lab: HaproxyLab, session_factory: Any) -> Iterator[TestClient]:
+           anycast_lab: AnycastLab, haproxy_lab: HaproxyLab,
+           session_factory: Any, answer_contract: AnswerContract) -> Iterator[TestClient]:
     configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(tmp_path, anycast_lab,
                                                                                    haproxy_lab)})
-    with TestClient(create_app(configured, clock=clock, lease_reader=lease_reader),
-                    raise_server_exceptions=False) as client:
+    app = create_app(configured, clock=clock, lease_reader=lease_reader)
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 

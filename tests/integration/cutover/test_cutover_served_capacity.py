@@ -25,6 +25,7 @@ from controlplane.app import create_app
 from controlplane.config import ControlPlaneSettings
 from controlplane.topology.lease import InMemoryLeaseReader
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -53,12 +54,12 @@ instance_prefill_tokens_per_s = 10000
 
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
-           session_factory: Any) -> Iterator[TestClient]:
+           session_factory: Any, answer_contract: AnswerContract) -> Iterator[TestClient]:
     drivers = tmp_path / "drivers.toml"
     drivers.write_text(PLANS)
     app = create_app(settings.model_copy(update={"cutover_drivers_file": drivers}), clock=clock,
                      lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 

@@ -23,6 +23,7 @@ from cutover.drivers_file import CutoverDriverConfigError
 from lifeline.daemons import BindServer
 from tests.integration.cutover.conftest import REGION_A, REGION_B, HaproxyLab, dns_drivers_table
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -43,11 +44,12 @@ runtime_api = "127.0.0.1:{lab.haproxy.admin_port}"
 
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
-           bind_server: BindServer, haproxy_lab: HaproxyLab, session_factory: Any) -> Iterator[TestClient]:
+           bind_server: BindServer, haproxy_lab: HaproxyLab,
+           session_factory: Any, answer_contract: AnswerContract) -> Iterator[TestClient]:
     configured = settings.model_copy(update={"cutover_drivers_file": _drivers_file(tmp_path, bind_server,
                                                                                    haproxy_lab)})
     app = create_app(configured, clock=clock, lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 

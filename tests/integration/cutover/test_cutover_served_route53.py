@@ -23,6 +23,7 @@ from cutover.drivers.dns import Route53Driver
 from tests.integration.cutover.conftest import REGION_A, REGION_B
 from tests.integration.cutover.test_cutover_support import topology_two_regions  # noqa: F401 - fixture
 from tests.integration.cutover.test_dns_drivers import EXTERNAL, INTERNAL, ZONE, route53_emulator  # noqa: F401
+from tests.support.answer_contract import AnswerContract
 
 pytestmark = pytest.mark.usefixtures("topology_two_regions")
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("topology_two_regions")
 @pytest.fixture
 def served(settings: ControlPlaneSettings, clock: ManualClock, lease_reader: InMemoryLeaseReader, tmp_path: Path,
            route53_emulator: Any, session_factory: Any,  # noqa: F811 - fixture
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+           monkeypatch: pytest.MonkeyPatch, answer_contract: AnswerContract) -> Iterator[TestClient]:
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(key, "testing")  # moto takes any credentials; boto3 wants some
     drivers = tmp_path / "drivers.toml"
@@ -49,7 +50,7 @@ failover_to = "eu"
 """)
     app = create_app(settings.model_copy(update={"cutover_drivers_file": drivers}), clock=clock,
                      lease_reader=lease_reader)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with answer_contract.watch(TestClient(app, raise_server_exceptions=False)) as client:
         yield client
 
 
