@@ -105,18 +105,24 @@ class Document:
                    error_shape=jsonschema.Draft202012Validator(shape))
 
 
-_BY_TEXT: dict[str, Document] = {}  # every test builds its own app, mostly with the same document
-_BY_APP: weakref.WeakKeyDictionary[Any, Document] = weakref.WeakKeyDictionary()  # not re-serialized per answer
+_BY_ROUTES: dict[tuple, Document] = {}  # every test builds its own app, mostly with the same routes
+_BY_APP: weakref.WeakKeyDictionary[Any, Document] = weakref.WeakKeyDictionary()
 
 
 def document_of(app: Any) -> Document:
-    """`app`'s document (`app.openapi()`, what /openapi.json serves), loaded once per distinct text."""
+    """`app`'s document (`app.openapi()`, what /openapi.json serves), built once per distinct set of routes.
+
+    FastAPI builds a document in about a second for this app, and every test makes its own app: keyed by
+    its routes (path, methods, endpoint, response model), the suite builds one per router set, not per test.
+    """
     if app not in _BY_APP:
-        document = app.openapi()
-        text = json.dumps(document, sort_keys=True)
-        if text not in _BY_TEXT:
-            _BY_TEXT[text] = Document.of(document)
-        _BY_APP[app] = _BY_TEXT[text]
+        routes = tuple((getattr(r, "path", ""), tuple(sorted(getattr(r, "methods", None) or ())),
+                        getattr(getattr(r, "endpoint", None), "__qualname__", ""),
+                        repr(getattr(r, "response_model", None)), repr(getattr(r, "responses", None)))
+                       for r in getattr(app, "routes", ()))
+        if routes not in _BY_ROUTES:
+            _BY_ROUTES[routes] = Document.of(app.openapi())
+        _BY_APP[app] = _BY_ROUTES[routes]
     return _BY_APP[app]
 
 
