@@ -177,6 +177,7 @@ class EngineClient:
         token on time costs nothing more than without a watch.
         """
         target = self._target(endpoint.url)
+        continuous_usage = bool((payload.get("stream_options") or {}).get("continuous_usage_stats"))
         body = json.dumps(payload, separators=(",", ":")).encode()
         request = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
                    b"User-Agent: lifeline-gateway\r\nX-Request-Id: %s\r\n%sContent-Length: %d\r\n\r\n%s"
@@ -250,6 +251,11 @@ class EngineClient:
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                     raise EngineFailure("bad_response", f"not a vLLM completion stream: {exc}") from None
                 finished = finish is not None
+                if finished and continuous_usage and tokens[0].cached_tokens is None:
+                    # vLLM puts prompt_tokens_details only in the usage chunk after the finish: read it first
+                    cached = await _trailing_cached_tokens(connection, min(stall_timeout, TRAILING_USAGE_WAIT))
+                    if cached is not None:
+                        tokens[-1] = EngineToken(tokens[-1].token_id, tokens[-1].finish_reason, cached)
                 for token in tokens:
                     yield token
                 if finished:
@@ -312,3 +318,29 @@ def _json_or_text(raw: bytes) -> dict[str, Any]:
     except ValueError:
         pass
     return {"error": {"message": raw[:500].decode(errors="replace"), "type": "invalid_request_error", "param": None, "code": 400}}
+
+
+TRAILING_USAGE_WAIT = 0.5  # seconds a finished stream waits for vLLM's usage chunk before it ends without it
+
+
+async def _trailing_cached_tokens(connection: Any, wait: float) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of the chunks after a stream's finish, up to `[DONE]`.
+
+    vLLM sends what it restored instead of prefilling (its prefix cache, a KV connector) only there, with
+    `--enable-prompt-tokens-details`; the reference engine sends it on its first chunk, so it is not read
+    here. None when no such chunk comes within `wait` (the finish still ends the stream)."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            data = await connection.next_event(left)
+        except (TimeoutError, EngineFailure):  # the answer is whole already: what follows it cannot fail it
+            return None
+        if data is None or data == b"[DONE]":
+            return None
+        try:
+            cached = ((json.loads(data).get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        except (ValueError, AttributeError):
+            return None
+        if cached is not None:
+            return int(cached)
+    return None

@@ -428,6 +428,9 @@ class StreamSession:
             self.deps.metrics.ttft.observe(self.deps.clock.now() - self.received_at)
             if self.turn is not None and self.migrations == 0:
                 self.turn.cached_tokens = token.cached_tokens  # the turn's own prefill, not a migration's
+        if (token.finish_reason is not None and token.cached_tokens is not None and self.turn is not None
+                and self.turn.cached_tokens is None and self.migrations == 0):
+            self.turn.cached_tokens = token.cached_tokens  # vLLM's, read from its usage chunk after the finish
         self.committed.append(token.token_id)
         length_reached = len(self.committed) >= self.request.max_tokens
         finish = token.finish_reason or ("length" if length_reached else None)

@@ -102,6 +102,8 @@ def vllm_command(model_dir: Path | str, *, port: int, served_model_name: str, sh
         "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--shutdown-timeout", f"{shutdown_timeout:g}",
         "--disable-uvicorn-access-log",
+        # usage.prompt_tokens_details.cached_tokens: the gateway's per-turn RPO_context (gateway/sessions.py)
+        "--enable-prompt-tokens-details",
     ]
     if logits_processor:
         command += ["--logits-processors", LOGITS_PROCESSOR]

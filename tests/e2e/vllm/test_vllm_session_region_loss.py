@@ -9,8 +9,9 @@ the control plane's PostgreSQL; the worker copies region A's checkpoints and rec
 Three completion turns of one session at region A; once the third turn's record and its checkpoint are at
 region B, region A's vLLM (its whole process group), agent and gateway are SIGKILLed, and the fourth turn
 goes to region B's gateway. It answers what region A's vLLM answers for that prompt (token-identical), the
-gateway knows the session (turn 4, `elsewhere`), and region B's vLLM says, on its own counters, that every
-full block of the context came from the checkpoint (`vllm:external_prefix_cache_hits`) and that less than
+gateway knows the session (turn 4, `elsewhere`) and measures the context it re-prefilled (from vLLM's
+`cached_tokens`: less than one block, no turn lost), and region B's vLLM says the same on its own counters:
+every full block of the context came from the checkpoint (`vllm:external_prefix_cache_hits`) and less than
 one block of it was computed again.
 """
 
@@ -157,6 +158,8 @@ def test_a_critical_session_continues_at_the_standby_vllm_from_its_replicated_ch
     context = session["context_tokens"]
     assert context == last.context_tokens and last.checkpointed_tokens == context // BLOCK * BLOCK
     assert delta["vllm:external_prefix_cache_hits_total"] == last.checkpointed_tokens  # vLLM's own count
+    # The gateway's figure, from vLLM's cached_tokens: the context's last partial block, no turn lost.
+    assert session["context_recomputed_tokens"] == context - last.checkpointed_tokens < BLOCK
     turn_four = len(prompt) - last.checkpointed_tokens  # the context's last partial block and the follow-up
     fifth_context = len(prompt) + MAX_TOKENS
     checkpoint = fifth_context - (fifth_context - 1) // BLOCK * BLOCK  # turn 4's own checkpoint, on vLLM's cache

@@ -338,3 +338,16 @@ async def test_tokens_on_time_never_ask_the_watch():
     items = [item async for item in _client(engine).stream(ENDPOINT, {}, first_token_timeout=10, stall_timeout=10,
                                                            attempt_id="c.0", watch=watch, watch_after=5.0)]
     assert items[-1] == EngineToken(7, "length") and watch.calls == 0
+
+
+async def test_vllms_cached_tokens_after_the_finish_reach_the_finishing_token():
+    """vLLM sends `prompt_tokens_details` only in its usage chunk after the finish: a session's RPO_context."""
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}}\n\n'
+    body = _chunk([5], None) + _chunk([6], "length") + usage + b"data: [DONE]\n\n"
+    payload = {"prompt": [1], "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    items = [item async for item in _client(FakeEngine(_http(200, body, SSE))).stream(
+        ENDPOINT, payload, first_token_timeout=1, stall_timeout=1, attempt_id="cmpl-test.0")]
+    assert items == [Opened(None), EngineToken(5, None), EngineToken(6, "length", 32)]
+    # Without the usage chunk, or not asked for it, the finish ends the stream as before.
+    plain = await _collect(_client(FakeEngine(_http(200, _chunk([5], None) + _chunk([6], "length") + usage, SSE))))
+    assert plain == [Opened(None), EngineToken(5, None), EngineToken(6, "length")]
