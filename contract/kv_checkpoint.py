@@ -61,6 +61,10 @@ class KVCheckpointInvalid(KVCheckpointError):
     """What was read is not a checkpoint this reader may use: malformed, broken chain, wrong checksum."""
 
 
+class TornCheckpoint(KVCheckpointInvalid):
+    """A manifest names a block the store does not hold (a write or a copy cut short)."""
+
+
 class KVValidityMismatch(KVCheckpointInvalid):
     """The checkpoint was made under another validity tuple: a miss for this engine, never used."""
 
@@ -521,6 +525,22 @@ class KVCheckpointStore:
 
     def read_block(self, root_hash: str, block_hash: str) -> bytes | None:
         return self.store.get(block_key(root_hash, block_hash))
+
+    def read_verified_blocks(self, manifest: KVCheckpointManifest, validity: KVValidity, *,
+                             start: int = 0) -> list[bytes]:
+        """The objects of the manifest's blocks from `start` on, once the manifest holds under `validity` and
+        each object's sha256 is the manifest's: what an engine loads (either kind). TornCheckpoint for a block
+        the store lacks; KVValidityMismatch or KVCheckpointInvalid for anything else."""
+        verify_manifest(manifest, validity)
+        objects = []
+        for entry in manifest.blocks[start:]:
+            data = self.read_block(manifest.root_hash, entry.hash)
+            if data is None:
+                raise TornCheckpoint(f"block {entry.hash[:12]}… named by the manifest is not in the store")
+            if block_object_checksum(data, validity) != entry.checksum:
+                raise KVCheckpointInvalid(f"block {entry.hash[:12]}…'s sha256 does not match the manifest")
+            objects.append(data)
+        return objects
 
     def manifests(self, root_hash: str | None = None) -> list[str]:
         """Keys of every manifest (under one root, or all): what a replication sweep walks."""

@@ -418,15 +418,8 @@ class KVCheckpointer:
 
     def _fetch_verified(self, manifest: KVCheckpointManifest, cached: int) -> list[KVBlock]:
         """The manifest's blocks after the first `cached` (the prefix cache holds those), from the store."""
-        verify_manifest(manifest, self.validity)
-        tensors = []
-        for entry in manifest.blocks[cached:]:
-            data = self.store.read_block(self.root_hash, entry.hash)
-            if data is None:
-                raise KVCheckpointInvalid(f"block {entry.hash[:12]}… named by the manifest is not in the store")
-            if block_object_checksum(data, self.validity) != entry.checksum:
-                raise KVCheckpointInvalid(f"block {entry.hash[:12]}…'s sha256 does not match the manifest")
-            tensors.append(load_tensors(data)[BLOCK_TENSOR])
+        tensors = [load_tensors(data)[BLOCK_TENSOR]
+                   for data in self.store.read_verified_blocks(manifest, self.validity, start=cached)]
         return verify_blocks(manifest, tensors, self.validity, start=cached)
 
     def _refused(self, result: Prefetched, request_id: str, reason: str, exc: Exception) -> Prefetched:

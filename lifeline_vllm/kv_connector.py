@@ -65,10 +65,10 @@ from contract.kv_checkpoint import (
     KVCheckpointManifest,
     KVCheckpointStore,
     KVValidityMismatch,
+    TornCheckpoint,
     block_object_checksum,
     manifest_key,
     open_kv_store,
-    verify_manifest,
 )
 from contract.session import CHECKPOINT_PARAM, KVCheckpointAsk, KVCheckpointWritten
 
@@ -97,10 +97,6 @@ def vllm_kv_order() -> str:
     tuple differs, and the two engines never share checkpoints — a miss, never a misuse; vLLMs of one version
     share them across regions."""
     return f"vllm-{vllm.__version__}/CPU_ATTN/blocks.kv_head.(k_block|v_block).head_dim"
-
-
-class TornCheckpoint(KVCheckpointInvalid):
-    """A manifest names a block the store does not hold (a copy or a write cut short)."""
 
 
 @dataclass
@@ -234,18 +230,10 @@ class LifelineKVConnector(KVConnectorBase_V1):
 
     def _verified(self, manifest: KVCheckpointManifest, hashes: list[str], first: int) -> list[torch.Tensor]:
         """The manifest's blocks from `first` on, each checked against the tuple, the chain and its sha256."""
-        verify_manifest(manifest, self.validity)
         if [b.hash for b in manifest.blocks] != hashes[:len(manifest.blocks)]:
             raise KVCheckpointInvalid("the manifest's chain is not this prompt's")
-        tensors = []
-        for entry in manifest.blocks[first:]:
-            data = self.store.read_block(self.root, entry.hash)
-            if data is None:
-                raise TornCheckpoint(f"block {entry.hash[:12]} absent: a torn checkpoint")
-            if block_object_checksum(data, self.validity) != entry.checksum:
-                raise KVCheckpointInvalid(f"block {entry.hash[:12]}'s sha256 is not the manifest's")
-            tensors.append(load_tensors(data)[BLOCK_TENSOR])
-        return tensors
+        return [load_tensors(data)[BLOCK_TENSOR]
+                for data in self.store.read_verified_blocks(manifest, self.validity, start=first)]
 
     def _miss(self, reason: str) -> tuple[int, bool]:
         self.stats.add(f"miss.{reason}")

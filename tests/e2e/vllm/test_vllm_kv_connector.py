@@ -48,12 +48,15 @@ class Stores:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def vllm_roots(self) -> list[str]:
+        """Roots whose manifests name vLLM's layout (the reference engine writes into this store too)."""
+        return [manifests.parent.name for manifests in (self.root / "kv").glob("*/manifests")
+                if any(json.loads(m.read_text())["validity"]["layout"]["kv_order"].startswith("vllm-")
+                       for m in manifests.glob("*.json"))]
+
     @property
     def root_hash(self) -> str:
-        """The vLLMs' root: the one whose manifests name vLLM's layout (the reference engine writes here too)."""
-        [root] = [manifests.parent.name for manifests in (self.root / "kv").glob("*/manifests")
-                  if any(json.loads(m.read_text())["validity"]["layout"]["kv_order"].startswith("vllm-")
-                         for m in manifests.glob("*.json"))]
+        [root] = self.vllm_roots()  # both vLLMs' one tuple
         return root
 
     def path(self, key: str) -> Path:
@@ -62,10 +65,11 @@ class Stores:
     def wait_for_checkpoint(self, tokens: list[int]) -> list[str]:
         """The block hashes of `tokens`' full blocks, once the writer's manifest for them is in the store."""
         def written() -> list[str] | None:
-            if not (self.root / "kv").exists():
+            roots = self.vllm_roots() if (self.root / "kv").exists() else []
+            if not roots:  # no manifest yet (blocks go first)
                 return None
-            hashes = kv_chain_hashes(self.root_hash, tokens[:len(tokens) // BLOCK * BLOCK], BLOCK)
-            return hashes if self.path(manifest_key(self.root_hash, hashes[-1])).exists() else None
+            hashes = kv_chain_hashes(roots[0], tokens[:len(tokens) // BLOCK * BLOCK], BLOCK)
+            return hashes if self.path(manifest_key(roots[0], hashes[-1])).exists() else None
         return until(written, "the checkpoint's manifest", 60)
 
 
