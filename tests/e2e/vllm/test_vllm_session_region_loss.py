@@ -36,7 +36,9 @@ from contract.session import SessionRecord, SessionStore
 from lifeline.processes import GatewayProcess, free_port, gateway_config
 from lifeline.vllm import VllmProcess, kv_connector_args
 from tests.e2e.replication.conftest import database_url, replication, session_factory  # noqa: F401 - fixtures
-from tests.e2e.replication.test_completion_session_region_loss import CLASSES  # critical, interactive / 2
+from tests.e2e.replication.test_completion_session_region_loss import (
+    CLASSES,  # critical, interactive / 2
+)
 from tests.e2e.replication.test_replication_celery import set_policy
 from tests.e2e.vllm.conftest import REDIS_URL, SERVED, routable_endpoints, until
 from tests.e2e.vllm.test_vllm_kv_connector import counters
