@@ -1,0 +1,300 @@
+"""How Lifeline's costs grow with the fleet: simulated engines, real gateways, a real control plane on PostgreSQL.
+
+One row per (engines, gateways). Each row is a fresh PostgreSQL database, a
+real control plane (`lifeline controlplane serve`) with three regions of three
+zones and one serving cluster per zone, two versions of one model (`prod` and
+`canary`), `engines` simulated engines (`bench/fleet_sim.py`: the model is
+simulated, their leases in the regions' Redis registries are real) and
+`gateways` real gateway processes (`lifeline gateway serve`, routing by the
+snapshot, dealt over the regions), started the way
+`bench/snapshot_propagation.py` starts them (its `SnapshotFleet`). Measured:
+
+- snapshot: the control plane's time to answer a full `GET /api/v1/snapshot`
+  (build + serialise, no If-None-Match; median of 20), its size raw and gzipped;
+- polling: control-plane CPU (user + system, `/proc` via psutil) over 10 s of
+  gateways polling every 250 ms and reporting every 2 s, as % of one core;
+- promote → every gateway: from a promote/rollback call's answer to the
+  "snapshot applied" line (its own timestamp) of the last gateway; p50/p99
+  over the moves; the table is swapped in that step, so it is "serving";
+- a region's leases lapsing: the simulator stops renewing one region; time
+  until every gateway of that region routes to none of them (`/healthz/ready`),
+  in lease TTLs; gateways route only their own region's registry, so these
+  are the gateways that could have routed to the lost engines;
+- event-log rows written per second in the 10 s after that loss;
+- resident memory of each process.
+
+    .venv/bin/python -m bench.fleet --engines 10,100,1000,10000 --gateways 2,10 [--moves 10] [--write docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import psutil
+import psycopg
+
+from bench.docs import replace_section
+from bench.snapshot_propagation import SnapshotFleet, _pct
+from common import oneshot_http
+from lifeline.processes import GatewayProcess, built_model, free_port, wait_for_http_ok
+
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REGIONS = ("r1", "r2", "r3")
+ZONES = ("a", "b", "c")
+MODEL = "tiny"
+LEASE_TTL_S = 2.0
+CPU_WINDOW_S = 10.0
+HEADING = "## Fleet scale (bench/fleet.py)"
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database for one row (SQLAlchemy URL), dropped after it."""
+    name = f"lifeline_fleet_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Row:
+    engines: int
+    gateways: int
+    snapshot_build_ms: float = math.nan
+    snapshot_bytes: int = 0
+    snapshot_gzip_bytes: int = 0
+    controlplane_cpu_pct: float = math.nan
+    gateway_cpu_pct: float = math.nan  # mean per gateway
+    simulator_cpu_pct: float = math.nan
+    promote_p50_ms: float = math.nan
+    promote_p99_ms: float = math.nan
+    routable_before: int = 0  # the fewest endpoints a gateway of the lost region routed to before the loss
+    lapse_max_s: float = math.nan
+    events_per_s: float = math.nan
+    rss_mib: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FleetRun:
+    """One row's processes: the control plane and gateways of `SnapshotFleet`, and the engine simulator."""
+
+    engines: int
+    gateway_count: int
+    workdir: Path
+    database_url: str
+    snapshot: SnapshotFleet = field(init=False)
+    simulator: subprocess.Popen | None = None
+    sim_url: str = ""
+
+    def __post_init__(self) -> None:
+        model = built_model(MODEL, 0)
+        # Two version names over one artifact directory: the simulated engines, not the weights, tell them apart.
+        self.snapshot = SnapshotFleet(self.workdir, {"v0": model, "v1": model})
+        self.snapshot.controlplane.env["LIFELINE_CONTROLPLANE_DATABASE_URL"] = self.database_url
+
+    # -- start-up ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.snapshot.start_controlplane({"prod": "v0", "canary": "v1"})
+        for region in REGIONS:
+            self.snapshot.api("POST", "/regions", json={"name": region})
+            for zone in ZONES:
+                self.snapshot.api("POST", f"/regions/{region}/zones", json={"name": f"{region}-{zone}"})
+                self.snapshot.api("POST", "/clusters", json={"name": f"{region}-{zone}-{MODEL}", "region": region,
+                                                             "zone": f"{region}-{zone}", "model": MODEL})
+        self.start_simulator()
+
+    def start_simulator(self) -> None:
+        port = free_port()
+        self.sim_url = f"http://127.0.0.1:{port}"
+        log_path = self.workdir / "fleet_sim.log"
+        with open(log_path, "ab") as log:
+            self.simulator = subprocess.Popen(
+                [sys.executable, "-m", "bench.fleet_sim", "--port", str(port), "--engines", str(self.engines),
+                 "--regions", ",".join(REGIONS), "--zones", ",".join(ZONES), "--versions", "v0,v1",
+                 "--redis-url", REDIS_URL, "--key-prefix", self.snapshot.key_prefix, "--ttl", str(LEASE_TTL_S)],
+                stdout=log, stderr=subprocess.STDOUT)
+        wait_for_http_ok(f"{self.sim_url}/admin/fleet", self.simulator, name="fleet simulator", log_path=log_path,
+                         timeout=300)
+
+    def start_gateways(self) -> list[GatewayProcess]:
+        gateways = []
+        for n in range(self.gateway_count):
+            replica_id = f"gw-{n:03d}"
+            config = {**self.snapshot.gateway_config(replica_id), "region": REGIONS[n % len(REGIONS)]}
+            config["registry"] = {**config["registry"], "ttl": LEASE_TTL_S}
+            config["routing"] = {**config["routing"], "report_interval": 2.0}
+            gateway = GatewayProcess(config, free_port(), self.workdir, replica_id=replica_id)
+            gateway.start()
+            gateways.append(gateway)
+        self.snapshot.gateways = gateways
+        for gateway in gateways:
+            gateway.wait_live(timeout=600)
+        return gateways
+
+    def close(self) -> None:
+        self.snapshot.close()
+        if self.simulator is not None:
+            self.simulator.kill()
+            self.simulator.wait(timeout=15)
+
+    # -- what a row measures -----------------------------------------------------------------------------------
+    def measure_snapshot(self, row: Row, repeats: int = 20) -> None:
+        took = []
+        body = b""
+        with httpx.Client(headers=self.snapshot.operator, timeout=60) as client:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                response = client.get(f"{self.snapshot.cp_url}/api/v1/snapshot")
+                took.append(time.perf_counter() - start)
+                response.raise_for_status()
+                body = response.content
+        row.snapshot_build_ms = statistics.median(took) * 1000
+        row.snapshot_bytes = len(body)
+        row.snapshot_gzip_bytes = len(gzip.compress(body))
+
+    def measure_polling_cpu(self, row: Row, gateways: list[GatewayProcess]) -> None:
+        processes = {"controlplane": [self.snapshot.controlplane.process], "simulator": [self.simulator],
+                     "gateway": [g.process for g in gateways]}
+        before = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+        time.sleep(CPU_WINDOW_S)
+        after = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+        share = {name: [(a - b) / CPU_WINDOW_S * 100 for a, b in zip(after[name], before[name], strict=True)]
+                 for name in processes}
+        row.controlplane_cpu_pct = share["controlplane"][0]
+        row.simulator_cpu_pct = share["simulator"][0]
+        row.gateway_cpu_pct = statistics.mean(share["gateway"])
+        row.rss_mib = {"controlplane": _rss_mib(self.snapshot.controlplane.process),
+                       "simulator": _rss_mib(self.simulator),
+                       "gateway (max)": max(_rss_mib(g.process) for g in gateways)}
+
+    def measure_promotes(self, row: Row, gateways: list[GatewayProcess], moves: int) -> None:
+        every = []
+        for move in range(moves):
+            time.sleep(0.4)
+            if move % 2 == 0:
+                self.snapshot.promote("prod", "v1")
+            else:
+                self.snapshot.rollback("prod")
+            answered = time.time()
+            version = self.snapshot.snapshot_version()
+            applied = [applied_at(g, version, timeout=60) for g in gateways]
+            every.append(max(applied) - answered)
+        row.promote_p50_ms = statistics.median(every) * 1000
+        row.promote_p99_ms = _pct(every, 0.99) * 1000
+
+    def measure_region_loss(self, row: Row, gateways: list[GatewayProcess], region: str = REGIONS[0]) -> None:
+        """Lose `region`'s engines; seconds until each of its gateways routes to none of them, and the event rate."""
+        local = [g for n, g in enumerate(gateways) if REGIONS[n % len(REGIONS)] == region]
+        row.routable_before = min(routable_endpoints(g) for g in local)
+        events_before = self.event_rows()
+        lost_at = time.time()
+        oneshot_http.post(f"{self.sim_url}/admin/regions/{region}/lose", timeout=10).raise_for_status()
+        pending = {g.replica_id: g for g in local}
+        gone_after: dict[str, float] = {}
+        while pending and time.time() - lost_at < 10 * LEASE_TTL_S:
+            for replica_id, gateway in list(pending.items()):
+                if routable_endpoints(gateway) == 0:
+                    gone_after[replica_id] = time.time() - lost_at
+                    del pending[replica_id]
+            time.sleep(0.05)
+        row.lapse_max_s = max(gone_after.values()) if not pending and gone_after else math.inf
+        time.sleep(max(0.0, CPU_WINDOW_S - (time.time() - lost_at)))
+        row.events_per_s = (self.event_rows() - events_before) / (time.time() - lost_at)
+
+    def event_rows(self) -> int:
+        with psycopg.connect(self.database_url.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
+            return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+
+def applied_at(gateway: GatewayProcess, version: int, *, timeout: float) -> float:
+    """Unix time of the gateway's "snapshot applied" log line for `version` or later (its own timestamp)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in gateway.logs().splitlines():
+            if '"snapshot applied"' not in line:
+                continue
+            record = json.loads(line)
+            if int(record["version"]) >= version:
+                return datetime.fromisoformat(record["timestamp"]).timestamp()
+        time.sleep(0.05)
+    raise TimeoutError(f"{gateway.replica_id} never applied snapshot {version}:\n{gateway.logs()[-2000:]}")
+
+
+def routable_endpoints(gateway: GatewayProcess) -> int:
+    body = oneshot_http.get(f"{gateway.url}/healthz/ready", timeout=5.0).json()
+    return sum(body.get("routable_endpoints", {}).values())
+
+
+def _cpu_seconds(process: subprocess.Popen | None) -> float:
+    times = psutil.Process(process.pid).cpu_times()  # type: ignore[union-attr]
+    return times.user + times.system
+
+
+def _rss_mib(process: subprocess.Popen | None) -> float:
+    return psutil.Process(process.pid).memory_info().rss / 2**20  # type: ignore[union-attr]
+
+
+def run_row(engines: int, gateways: int, moves: int) -> Row:
+    row = Row(engines, gateways)
+    with tempfile.TemporaryDirectory(prefix="fleetbench-") as tmp, fresh_database() as database_url:
+        run = FleetRun(engines, gateways, Path(tmp), database_url)
+        try:
+            run.start()
+            run.measure_snapshot(row)
+            started = run.start_gateways()
+            version = run.snapshot.snapshot_version()
+            for gateway in started:
+                applied_at(gateway, version, timeout=120)
+            run.measure_polling_cpu(row, started)
+            run.measure_promotes(row, started, moves)
+            run.measure_region_loss(row, started)
+        finally:
+            run.close()
+    print(json.dumps(row.__dict__), flush=True)
+    return row
+
+
+def slope(rows: list[Row], cost: str) -> float:
+    """The log–log slope of `cost` against engines (1: linear, 2: quadratic); NaN with fewer than two sizes."""
+    points = [(math.log(r.engines), math.log(v)) for r in rows if (v := getattr(r, cost)) > 0 and math.isfinite(v)]
+    if len({x for x, _ in points}) < 2:
+        return math.nan
+    return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="10,100,1000", help="fleet sizes, comma-separated")
+    parser.add_argument("--gateways", default="2", help="gateway counts, comma-separated")
+    parser.add_argument("--moves", type=int, default=10)
+    parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md")
+    args = parser.parse_args()
+    rows = [run_row(engines, gateways, args.moves) for gateways in map(int, args.gateways.split(","))
+            for engines in map(int, args.engines.split(","))]
+    print("\n".join(json.dumps(r.__dict__) for r in rows))
+    if args.write:
+        replace_section(args.write, HEADING, json.dumps([r.__dict__ for r in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
