@@ -196,8 +196,9 @@ async def health(request: Request) -> Response:
 
 async def live(request: Request) -> Response:
     engine = _engine(request)
+    # step_age_s: no decode step under way, as an idle reference engine says
     return engine if isinstance(engine, Response) else JSONResponse(
-        {"status": "live", "step_age_s": 0.0, "step_stall_bound_s": 5.0})
+        {"status": "live", "step_age_s": None, "step_stall_bound_s": 5.0})
 
 
 async def ready(request: Request) -> Response:
@@ -244,7 +245,7 @@ async def completions(request: Request) -> Response:
     if not body.get("stream"):
         whole = completion_body(kind="completion", request_id=request_id, created=int(time.time()),
                                 model=engine.version, text="", finish_reason="length",
-                                token_ids=tokens if with_ids else None, usage_=usage(len(prompt), count))
+                                token_ids=tokens if with_ids else None, usage_=usage(len(prompt), count, cached_tokens=0))
         if with_ids:
             whole["prompt_token_ids"] = whole["choices"][0]["prompt_token_ids"] = prompt
         return JSONResponse(whole, headers=headers)
@@ -255,21 +256,24 @@ async def completions(request: Request) -> Response:
 
 async def _stream(engine: SimulatedEngine, request_id: str, prompt: list[int], tokens: list[int], *,
                   with_ids: bool, include_usage: bool) -> AsyncIterator[str]:
-    """One chunk per token, as the reference engine's `CompletionShape` writes them (text left empty)."""
+    """One chunk per token, as the reference engine writes them (text left empty: the gateway decodes the ids)."""
     created = int(time.time())
     engine.running += 1
     try:
         for i, token in enumerate(tokens):
             choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None,
                                       "finish_reason": "length" if i == len(tokens) - 1 else None}
+            chunk: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
+                                     "model": engine.version, "choices": [choice]}
             if with_ids:
                 choice["token_ids"] = [token]
-            yield sse_data({"id": request_id, "object": "text_completion", "created": created, "model": engine.version,
-                            "choices": [choice]})
+                if i == 0:  # the prompt's ids ride on the first chunk, as vLLM sends them
+                    chunk["prompt_token_ids"] = choice["prompt_token_ids"] = prompt
+            yield sse_data(chunk)
             await asyncio.sleep(0)
         if include_usage:
             yield sse_data({"id": request_id, "object": "text_completion", "created": created, "model": engine.version,
-                            "choices": [], "usage": usage(len(prompt), len(tokens))})
+                            "choices": [], "usage": usage(len(prompt), len(tokens), cached_tokens=0)})
         yield DONE
     finally:
         engine.running -= 1
