@@ -9,8 +9,9 @@ simulated, their leases in the regions' Redis registries are real) and
 snapshot, dealt over the regions), started the way
 `bench/snapshot_propagation.py` starts them (its `SnapshotFleet`). Measured:
 
-- snapshot: the control plane's time to answer a full `GET /api/v1/snapshot`
-  (build + serialise, no If-None-Match; median of 20), its size raw and gzipped;
+- snapshot: `controlplane.snapshot.service.build_snapshot` + JSON on the row's
+  database (median of 20), and the body's size raw and gzipped; the time the
+  control plane takes to read a region's leases (`GET /regions/r1/instances`);
 - polling: control-plane CPU (user + system, `/proc` via psutil) over 10 s of
   gateways polling every 250 ms and reporting every 2 s, as % of one core;
 - promote → every gateway: from a promote/rollback call's answer to the
@@ -83,6 +84,7 @@ class Row:
     snapshot_build_ms: float = math.nan
     snapshot_bytes: int = 0
     snapshot_gzip_bytes: int = 0
+    instances_read_ms: float = math.nan  # GET /regions/{r}/instances: the control plane reading a region's leases
     controlplane_cpu_pct: float = math.nan
     gateway_cpu_pct: float = math.nan  # mean per gateway
     simulator_cpu_pct: float = math.nan
@@ -141,8 +143,10 @@ class FleetRun:
         for n in range(self.gateway_count):
             replica_id = f"gw-{n:03d}"
             config = {**self.snapshot.gateway_config(replica_id), "region": REGIONS[n % len(REGIONS)]}
-            config["registry"] = {**config["registry"], "ttl": LEASE_TTL_S}
-            config["routing"] = {**config["routing"], "report_interval": 2.0}
+            # The defaults a deployment gets (lease view re-read every 250 ms, a report every 2 s), not the
+            # propagation bench's faster ones.
+            config["registry"] = {k: v for k, v in config["registry"].items() if k != "refresh_interval"}
+            config["routing"] = {k: v for k, v in config["routing"].items() if k != "report_interval"}
             gateway = GatewayProcess(config, free_port(), self.workdir, replica_id=replica_id)
             gateway.start()
             gateways.append(gateway)
@@ -159,18 +163,28 @@ class FleetRun:
 
     # -- what a row measures -----------------------------------------------------------------------------------
     def measure_snapshot(self, row: Row, repeats: int = 20) -> None:
+        """The control plane's own build (its code, on this row's database, in this process) and the body's size."""
+        from controlplane.db import build_engine, build_session_factory
+        from controlplane.snapshot import service
+
+        engine = build_engine(self.database_url)
         took = []
-        body = b""
-        with httpx.Client(headers=self.snapshot.operator, timeout=60) as client:
+        with build_session_factory(engine)() as session:
             for _ in range(repeats):
                 start = time.perf_counter()
-                response = client.get(f"{self.snapshot.cp_url}/api/v1/snapshot")
+                body = service.build_snapshot(session).model_dump_json().encode()
                 took.append(time.perf_counter() - start)
-                response.raise_for_status()
-                body = response.content
+        engine.dispose()
         row.snapshot_build_ms = statistics.median(took) * 1000
         row.snapshot_bytes = len(body)
         row.snapshot_gzip_bytes = len(gzip.compress(body))
+        took = []
+        with httpx.Client(headers=self.snapshot.operator, timeout=60) as client:
+            for _ in range(5):
+                start = time.perf_counter()
+                client.get(f"{self.snapshot.cp_url}/api/v1/regions/{REGIONS[0]}/instances").raise_for_status()
+                took.append(time.perf_counter() - start)
+        row.instances_read_ms = statistics.median(took) * 1000
 
     def measure_polling_cpu(self, row: Row, gateways: list[GatewayProcess]) -> None:
         processes = {"controlplane": [self.snapshot.controlplane.process], "simulator": [self.simulator],
@@ -282,18 +296,79 @@ def slope(rows: list[Row], cost: str) -> float:
     return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
 
 
+# (field of Row, column heading, format)
+COLUMNS = (
+    ("snapshot_build_ms", "snapshot ms", "{:.1f}"),
+    ("snapshot_gzip_bytes", "snapshot gzip B", "{:.0f}"),
+    ("instances_read_ms", "observed instances ms", "{:.1f}"),
+    ("controlplane_cpu_pct", "control plane CPU %", "{:.1f}"),
+    ("gateway_cpu_pct", "gateway CPU % (mean)", "{:.1f}"),
+    ("simulator_cpu_pct", "simulator CPU %", "{:.1f}"),
+    ("promote_p50_ms", "promote p50 ms", "{:.0f}"),
+    ("promote_p99_ms", "promote p99 ms", "{:.0f}"),
+    ("lapse_max_s", "lapse → unrouted s", "{:.2f}"),
+    ("events_per_s", "events/s", "{:.1f}"),
+)
+
+
+def report(rows: list[Row]) -> str:
+    lines = ["| engines | gateways | " + " | ".join(h for _, h, _ in COLUMNS) + " | RSS MiB cp / gw max / sim |",
+             "|---:|---:|" + "---:|" * len(COLUMNS) + "---|"]
+    for row in sorted(rows, key=lambda r: (r.gateways, r.engines)):
+        cells = [fmt.format(getattr(row, name)) for name, _, fmt in COLUMNS]
+        rss = " / ".join(f"{row.rss_mib.get(k, math.nan):.0f}" for k in ("controlplane", "gateway (max)", "simulator"))
+        lines.append(f"| {row.engines} | {row.gateways} | " + " | ".join(cells) + f" | {rss} |")
+    for gateways in sorted({r.gateways for r in rows}):
+        same = [r for r in rows if r.gateways == gateways]
+        slopes = [f"{slope(same, name):.2f}" for name, _, _ in COLUMNS]
+        lines.append(f"| **slope** | {gateways} | " + " | ".join(slopes) + " | |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Four costs against engines, log–log, one line per gateway count; a small PNG for the docs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    costs = ("snapshot_build_ms", "controlplane_cpu_pct", "promote_p99_ms", "gateway_cpu_pct")
+    figure, axes = plt.subplots(1, len(costs), figsize=(12, 3), dpi=80)
+    for axis, cost in zip(axes, costs, strict=True):
+        for gateways in sorted({r.gateways for r in rows}):
+            same = sorted((r for r in rows if r.gateways == gateways and getattr(r, cost) > 0), key=lambda r: r.engines)
+            axis.loglog([r.engines for r in same], [getattr(r, cost) for r in same], marker="o", label=f"{gateways} gw")
+        axis.set_title(dict((n, h) for n, h, _ in COLUMNS)[cost], fontsize=9)
+        axis.set_xlabel("engines", fontsize=8)
+        axis.tick_params(labelsize=7)
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="10,100,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--gateways", default="2", help="gateway counts, comma-separated")
     parser.add_argument("--moves", type=int, default=10)
-    parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md")
+    parser.add_argument("--results", type=Path, default=Path("var/fleet-results.jsonl"),
+                        help="each row is appended here as a JSON line (the doc is rendered from it)")
+    parser.add_argument("--render-only", action="store_true", help="measure nothing; render --results")
+    parser.add_argument("--write", type=Path, help="replace this section of docs/benchmarks.md (and its figure)")
     args = parser.parse_args()
-    rows = [run_row(engines, gateways, args.moves) for gateways in map(int, args.gateways.split(","))
-            for engines in map(int, args.engines.split(","))]
-    print("\n".join(json.dumps(r.__dict__) for r in rows))
+    if not args.render_only:
+        for gateways in map(int, args.gateways.split(",")):
+            for engines in map(int, args.engines.split(",")):
+                row = run_row(engines, gateways, args.moves)
+                args.results.parent.mkdir(parents=True, exist_ok=True)
+                with args.results.open("a") as out:
+                    out.write(json.dumps(row.__dict__) + "\n")
+    rows = [Row(**json.loads(line)) for line in args.results.read_text().splitlines() if line.strip()]
+    table = report(rows)
+    print(table)
     if args.write:
-        replace_section(args.write, HEADING, json.dumps([r.__dict__ for r in rows], indent=1))
+        plot(rows, args.write.parent / "fleet_scale.png")
+        replace_section(args.write, HEADING, table + "\n\n![costs against fleet size](fleet_scale.png)")
 
 
 if __name__ == "__main__":
