@@ -22,6 +22,10 @@ snapshot, dealt over the regions), started the way
   in lease TTLs; gateways route only their own region's registry, so these
   are the gateways that could have routed to the lost engines;
 - event-log rows written per second in the 10 s after that loss;
+- one real regional agent per region (`lifeline agent serve`, default
+  settings): its CPU, and the probe requests (health, identity, metrics) the
+  agents sent the fleet per second, and per engine: flat while every tick
+  fits its `probe_interval`, falling when ticks take longer;
 - resident memory of each process.
 
     .venv/bin/python -m bench.fleet --engines 10,100,1000,10000 --gateways 2,10 [--moves 10] [--write docs/benchmarks.md]
@@ -88,6 +92,9 @@ class Row:
     controlplane_cpu_pct: float = math.nan
     gateway_cpu_pct: float = math.nan  # mean per gateway
     simulator_cpu_pct: float = math.nan
+    agent_cpu_pct: float = math.nan  # mean per regional agent
+    probes_per_s: float = math.nan  # health/identity/metrics requests the agents sent the fleet
+    probes_per_engine_s: float = math.nan  # the same per engine: flat while the agents keep up
     promote_p50_ms: float = math.nan
     promote_p99_ms: float = math.nan
     routable_before: int = 0  # the fewest endpoints a gateway of the lost region routed to before the loss
@@ -107,6 +114,7 @@ class FleetRun:
     snapshot: SnapshotFleet = field(init=False)
     simulator: subprocess.Popen | None = None
     sim_url: str = ""
+    agents: list[subprocess.Popen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         model = built_model(MODEL, 0)
@@ -155,7 +163,26 @@ class FleetRun:
             gateway.wait_live(timeout=600)
         return gateways
 
+    def start_agents(self) -> None:
+        """One real regional agent per region (`lifeline agent serve`), probing the region's simulated engines."""
+        token = self.snapshot.controlplane.create_token("agent", "fleet-agents")
+        for region in REGIONS:
+            config = self.workdir / f"agent-{region}.yaml"
+            config.write_text(json.dumps({"registry_prefix": self.snapshot.key_prefix, "agent_id": f"agent-{region}",
+                                          "snapshot_cache": str(self.workdir / f"agent-{region}.json")}))
+            with open(self.workdir / f"agent-{region}.log", "ab") as log:
+                self.agents.append(subprocess.Popen(
+                    [sys.executable, "-m", "lifeline.cli", "agent", "serve", "--region", region, "--config", str(config),
+                     "--controlplane", self.snapshot.cp_url, "--controlplane-token", token, "--registry", REDIS_URL,
+                     "--port", "0"], stdout=log, stderr=subprocess.STDOUT))
+
+    def probes_served(self) -> int:
+        return int(oneshot_http.get(f"{self.sim_url}/admin/fleet", timeout=10).json()["probes_served"])
+
     def close(self) -> None:
+        for agent in self.agents:
+            agent.kill()
+            agent.wait(timeout=15)
         self.snapshot.close()
         if self.simulator is not None:
             self.simulator.kill()
@@ -188,18 +215,23 @@ class FleetRun:
 
     def measure_polling_cpu(self, row: Row, gateways: list[GatewayProcess]) -> None:
         processes = {"controlplane": [self.snapshot.controlplane.process], "simulator": [self.simulator],
-                     "gateway": [g.process for g in gateways]}
+                     "gateway": [g.process for g in gateways], "agent": self.agents}
         before = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+        probes_before = self.probes_served()
         time.sleep(CPU_WINDOW_S)
         after = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+        row.probes_per_s = (self.probes_served() - probes_before) / CPU_WINDOW_S
+        row.probes_per_engine_s = row.probes_per_s / self.engines
         share = {name: [(a - b) / CPU_WINDOW_S * 100 for a, b in zip(after[name], before[name], strict=True)]
                  for name in processes}
         row.controlplane_cpu_pct = share["controlplane"][0]
         row.simulator_cpu_pct = share["simulator"][0]
         row.gateway_cpu_pct = statistics.mean(share["gateway"])
+        row.agent_cpu_pct = statistics.mean(share["agent"])
         row.rss_mib = {"controlplane": _rss_mib(self.snapshot.controlplane.process),
                        "simulator": _rss_mib(self.simulator),
-                       "gateway (max)": max(_rss_mib(g.process) for g in gateways)}
+                       "gateway (max)": max(_rss_mib(g.process) for g in gateways),
+                       "agent (max)": max(_rss_mib(a) for a in self.agents)}
 
     def measure_promotes(self, row: Row, gateways: list[GatewayProcess], moves: int) -> None:
         every = []
@@ -276,6 +308,7 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
             run.start()
             run.measure_snapshot(row)
             started = run.start_gateways()
+            run.start_agents()
             version = run.snapshot.snapshot_version()
             for gateway in started:
                 applied_at(gateway, version, timeout=120)
@@ -304,6 +337,9 @@ COLUMNS = (
     ("controlplane_cpu_pct", "control plane CPU %", "{:.1f}"),
     ("gateway_cpu_pct", "gateway CPU % (mean)", "{:.1f}"),
     ("simulator_cpu_pct", "simulator CPU %", "{:.1f}"),
+    ("agent_cpu_pct", "agent CPU % (mean)", "{:.1f}"),
+    ("probes_per_s", "probes/s sent", "{:.0f}"),
+    ("probes_per_engine_s", "probes/s per engine", "{:.2f}"),
     ("promote_p50_ms", "promote p50 ms", "{:.0f}"),
     ("promote_p99_ms", "promote p99 ms", "{:.0f}"),
     ("lapse_max_s", "lapse → unrouted s", "{:.2f}"),
@@ -311,12 +347,15 @@ COLUMNS = (
 )
 
 
+RSS_COLUMNS = ("controlplane", "gateway (max)", "agent (max)", "simulator")
+
+
 def report(rows: list[Row]) -> str:
-    lines = ["| engines | gateways | " + " | ".join(h for _, h, _ in COLUMNS) + " | RSS MiB cp / gw max / sim |",
+    lines = ["| engines | gateways | " + " | ".join(h for _, h, _ in COLUMNS) + " | RSS MiB cp / gw max / agent max / sim |",
              "|---:|---:|" + "---:|" * len(COLUMNS) + "---|"]
     for row in sorted(rows, key=lambda r: (r.gateways, r.engines)):
         cells = [fmt.format(getattr(row, name)) for name, _, fmt in COLUMNS]
-        rss = " / ".join(f"{row.rss_mib.get(k, math.nan):.0f}" for k in ("controlplane", "gateway (max)", "simulator"))
+        rss = " / ".join(f"{row.rss_mib.get(k, math.nan):.0f}" for k in RSS_COLUMNS)
         lines.append(f"| {row.engines} | {row.gateways} | " + " | ".join(cells) + f" | {rss} |")
     for gateways in sorted({r.gateways for r in rows}):
         same = [r for r in rows if r.gateways == gateways]

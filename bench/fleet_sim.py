@@ -128,6 +128,7 @@ class SimulatedFleet:
     redis: aioredis.Redis
     key_prefix: str
     ttl: timedelta
+    probes_served: int = 0  # health, identity and metrics answers: what a regional agent's probing costs the fleet
 
     @classmethod
     def spread(cls, count: int, *, base_url: str, regions: list[str], zones: list[str], versions: list[str],
@@ -179,8 +180,9 @@ class SimulatedFleet:
 
 # -- the engine surface -------------------------------------------------------------------------------------------
 
-def _engine(request: Request) -> SimulatedEngine | Response:
+def _engine(request: Request, *, probe: bool = True) -> SimulatedEngine | Response:
     fleet: SimulatedFleet = request.app.state.fleet
+    fleet.probes_served += probe
     engine = fleet.engines.get(request.path_params["instance"])
     if engine is None:
         return JSONResponse(error_body("not_found", "no such simulated engine", code=404), status_code=404)
@@ -227,7 +229,7 @@ async def metrics(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    engine = _engine(request)
+    engine = _engine(request, probe=False)
     if isinstance(engine, Response):
         return engine
     body = await request.json()
@@ -289,7 +291,8 @@ async def fleet_status(request: Request) -> Response:
     fleet: SimulatedFleet = request.app.state.fleet
     return JSONResponse({"engines": len(fleet.engines),
                          "registered": sum(1 for e in fleet.engines.values() if e.generation),
-                         "lost": sum(1 for e in fleet.engines.values() if e.lost)})
+                         "lost": sum(1 for e in fleet.engines.values() if e.lost),
+                         "probes_served": fleet.probes_served})
 
 
 def create_app(fleet: SimulatedFleet, *, renew: bool = True) -> Starlette:
