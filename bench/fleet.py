@@ -17,15 +17,16 @@ snapshot, dealt over the regions), started the way
 - promote → every gateway: from a promote/rollback call's answer to the
   "snapshot applied" line (its own timestamp) of the last gateway; p50/p99
   over the moves; the table is swapped in that step, so it is "serving";
-- a region's leases lapsing: the simulator stops renewing one region; time
-  until every gateway of that region routes to none of them (`/healthz/ready`),
-  in lease TTLs; gateways route only their own region's registry, so these
-  are the gateways that could have routed to the lost engines;
-- event-log rows written per second in the 10 s after that loss;
-- one real regional agent per region (`lifeline agent serve`, default
-  settings): its CPU, and the probe requests (health, identity, metrics) the
-  agents sent the fleet per second, and per engine: flat while every tick
-  fits its `probe_interval`, falling when ticks take longer;
+- a region's loss, twice. First with no agent running: the simulator stops
+  renewing r1's leases and its engines answer 503; the time until every
+  gateway of r1 routes to none of them (`/healthz/ready`), against the lease
+  TTL (2 s). Gateways route only their own region's registry, so these are
+  the gateways that could have routed to the lost engines. Then with one real
+  regional agent per surviving region (`lifeline agent serve`, default
+  settings): their CPU, the probe requests (health, identity, metrics) they
+  sent per engine per second (flat while every tick fits `probe_interval`),
+  and the loss of r2 with its agent running (its verdicts or the leases,
+  whichever is first). Event-log rows per second in the 10 s after each loss;
 - resident memory of each process.
 
     .venv/bin/python -m bench.fleet --engines 10,100,1000,10000 --gateways 2,10 [--moves 10] [--write docs/benchmarks.md]
@@ -56,6 +57,7 @@ import psycopg
 from bench.docs import replace_section
 from bench.snapshot_propagation import SnapshotFleet, _pct
 from common import oneshot_http
+from contract.identity import directory_weights_digest
 from lifeline.processes import GatewayProcess, built_model, free_port, wait_for_http_ok
 
 POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -97,9 +99,10 @@ class Row:
     probes_per_engine_s: float = math.nan  # the same per engine: flat while the agents keep up
     promote_p50_ms: float = math.nan
     promote_p99_ms: float = math.nan
-    routable_before: int = 0  # the fewest endpoints a gateway of the lost region routed to before the loss
-    lapse_max_s: float = math.nan
-    events_per_s: float = math.nan
+    lapse_max_s: float = math.nan  # no agents: the leases lapse and the registry forgets them
+    lapse_events_per_s: float = math.nan
+    agent_loss_max_s: float = math.nan  # agents running: their verdicts, or the leases, whichever is first
+    agent_loss_events_per_s: float = math.nan
     rss_mib: dict[str, float] = field(default_factory=dict)
 
 
@@ -115,9 +118,10 @@ class FleetRun:
     simulator: subprocess.Popen | None = None
     sim_url: str = ""
     agents: list[subprocess.Popen] = field(default_factory=list)
+    model: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        model = built_model(MODEL, 0)
+        model = self.model = built_model(MODEL, 0)
         # Two version names over one artifact directory: the simulated engines, not the weights, tell them apart.
         self.snapshot = SnapshotFleet(self.workdir, {"v0": model, "v1": model})
         self.snapshot.controlplane.env["LIFELINE_CONTROLPLANE_DATABASE_URL"] = self.database_url
@@ -135,12 +139,14 @@ class FleetRun:
 
     def start_simulator(self) -> None:
         port = free_port()
+        digest = directory_weights_digest(self.model)  # what the catalog recorded for both versions
         self.sim_url = f"http://127.0.0.1:{port}"
         log_path = self.workdir / "fleet_sim.log"
         with open(log_path, "ab") as log:
             self.simulator = subprocess.Popen(
                 [sys.executable, "-m", "bench.fleet_sim", "--port", str(port), "--engines", str(self.engines),
-                 "--regions", ",".join(REGIONS), "--zones", ",".join(ZONES), "--versions", "v0,v1",
+                 "--regions", ",".join(REGIONS), "--zones", ",".join(ZONES),
+                 "--versions", ",".join(f"{v}={digest}" for v in ("v0", "v1")),
                  "--redis-url", REDIS_URL, "--key-prefix", self.snapshot.key_prefix, "--ttl", str(LEASE_TTL_S)],
                 stdout=log, stderr=subprocess.STDOUT)
         wait_for_http_ok(f"{self.sim_url}/admin/fleet", self.simulator, name="fleet simulator", log_path=log_path,
@@ -163,10 +169,10 @@ class FleetRun:
             gateway.wait_live(timeout=600)
         return gateways
 
-    def start_agents(self) -> None:
+    def start_agents(self, regions: tuple[str, ...]) -> None:
         """One real regional agent per region (`lifeline agent serve`), probing the region's simulated engines."""
         token = self.snapshot.controlplane.create_token("agent", "fleet-agents")
-        for region in REGIONS:
+        for region in regions:
             config = self.workdir / f"agent-{region}.yaml"
             config.write_text(json.dumps({"registry_prefix": self.snapshot.key_prefix, "agent_id": f"agent-{region}",
                                           "snapshot_cache": str(self.workdir / f"agent-{region}.json")}))
@@ -214,24 +220,26 @@ class FleetRun:
         row.instances_read_ms = statistics.median(took) * 1000
 
     def measure_polling_cpu(self, row: Row, gateways: list[GatewayProcess]) -> None:
-        processes = {"controlplane": [self.snapshot.controlplane.process], "simulator": [self.simulator],
-                     "gateway": [g.process for g in gateways], "agent": self.agents}
-        before = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
-        probes_before = self.probes_served()
-        time.sleep(CPU_WINDOW_S)
-        after = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
-        row.probes_per_s = (self.probes_served() - probes_before) / CPU_WINDOW_S
-        row.probes_per_engine_s = row.probes_per_s / self.engines
-        share = {name: [(a - b) / CPU_WINDOW_S * 100 for a, b in zip(after[name], before[name], strict=True)]
-                 for name in processes}
+        """10 s of gateways polling and reporting, nothing else happening: what each process spends."""
+        share = cpu_shares({"controlplane": [self.snapshot.controlplane.process], "simulator": [self.simulator],
+                            "gateway": [g.process for g in gateways]})
         row.controlplane_cpu_pct = share["controlplane"][0]
         row.simulator_cpu_pct = share["simulator"][0]
         row.gateway_cpu_pct = statistics.mean(share["gateway"])
-        row.agent_cpu_pct = statistics.mean(share["agent"])
         row.rss_mib = {"controlplane": _rss_mib(self.snapshot.controlplane.process),
                        "simulator": _rss_mib(self.simulator),
-                       "gateway (max)": max(_rss_mib(g.process) for g in gateways),
-                       "agent (max)": max(_rss_mib(a) for a in self.agents)}
+                       "gateway (max)": max(_rss_mib(g.process) for g in gateways)}
+
+    def measure_agents(self, row: Row, regions: tuple[str, ...]) -> None:
+        """Agents for `regions`, after their start-up: their CPU, and the probes their engines answered."""
+        self.start_agents(regions)
+        time.sleep(CPU_WINDOW_S)  # start-up and the first probe of every engine
+        probes_before = self.probes_served()
+        share = cpu_shares({"agent": self.agents})
+        row.probes_per_s = (self.probes_served() - probes_before) / CPU_WINDOW_S
+        row.probes_per_engine_s = row.probes_per_s / (self.engines * len(regions) / len(REGIONS))
+        row.agent_cpu_pct = statistics.mean(share["agent"])
+        row.rss_mib["agent (max)"] = max(_rss_mib(a) for a in self.agents)
 
     def measure_promotes(self, row: Row, gateways: list[GatewayProcess], moves: int) -> None:
         every = []
@@ -248,24 +256,26 @@ class FleetRun:
         row.promote_p50_ms = statistics.median(every) * 1000
         row.promote_p99_ms = _pct(every, 0.99) * 1000
 
-    def measure_region_loss(self, row: Row, gateways: list[GatewayProcess], region: str = REGIONS[0]) -> None:
-        """Lose `region`'s engines; seconds until each of its gateways routes to none of them, and the event rate."""
+    def lose_region(self, gateways: list[GatewayProcess], region: str) -> tuple[float, float]:
+        """Lose `region`'s engines: (seconds until each of its gateways routes to none of them, event rows/s in the
+        CPU_WINDOW_S after the loss)."""
         local = [g for n, g in enumerate(gateways) if REGIONS[n % len(REGIONS)] == region]
-        row.routable_before = min(routable_endpoints(g) for g in local)
+        if min(routable_endpoints(g) for g in local) == 0:
+            raise RuntimeError(f"the gateways of {region} routed to nothing before the loss")
         events_before = self.event_rows()
         lost_at = time.time()
         oneshot_http.post(f"{self.sim_url}/admin/regions/{region}/lose", timeout=10).raise_for_status()
         pending = {g.replica_id: g for g in local}
-        gone_after: dict[str, float] = {}
+        gone_after: list[float] = []
         while pending and time.time() - lost_at < 10 * LEASE_TTL_S:
             for replica_id, gateway in list(pending.items()):
                 if routable_endpoints(gateway) == 0:
-                    gone_after[replica_id] = time.time() - lost_at
+                    gone_after.append(time.time() - lost_at)
                     del pending[replica_id]
             time.sleep(0.05)
-        row.lapse_max_s = max(gone_after.values()) if not pending and gone_after else math.inf
         time.sleep(max(0.0, CPU_WINDOW_S - (time.time() - lost_at)))
-        row.events_per_s = (self.event_rows() - events_before) / (time.time() - lost_at)
+        events = (self.event_rows() - events_before) / (time.time() - lost_at)
+        return (math.inf if pending else max(gone_after)), events
 
     def event_rows(self) -> int:
         with psycopg.connect(self.database_url.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
@@ -291,6 +301,15 @@ def routable_endpoints(gateway: GatewayProcess) -> int:
     return sum(body.get("routable_endpoints", {}).values())
 
 
+def cpu_shares(processes: dict[str, list[subprocess.Popen | None]]) -> dict[str, list[float]]:
+    """Each process's CPU over the next CPU_WINDOW_S seconds, in % of one core."""
+    before = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+    time.sleep(CPU_WINDOW_S)
+    after = {name: [_cpu_seconds(p) for p in procs] for name, procs in processes.items()}
+    return {name: [(a - b) / CPU_WINDOW_S * 100 for a, b in zip(after[name], before[name], strict=True)]
+            for name in processes}
+
+
 def _cpu_seconds(process: subprocess.Popen | None) -> float:
     times = psutil.Process(process.pid).cpu_times()  # type: ignore[union-attr]
     return times.user + times.system
@@ -308,13 +327,14 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
             run.start()
             run.measure_snapshot(row)
             started = run.start_gateways()
-            run.start_agents()
             version = run.snapshot.snapshot_version()
             for gateway in started:
                 applied_at(gateway, version, timeout=120)
             run.measure_polling_cpu(row, started)
             run.measure_promotes(row, started, moves)
-            run.measure_region_loss(row, started)
+            row.lapse_max_s, row.lapse_events_per_s = run.lose_region(started, REGIONS[0])
+            run.measure_agents(row, REGIONS[1:])
+            row.agent_loss_max_s, row.agent_loss_events_per_s = run.lose_region(started, REGIONS[1])
         finally:
             run.close()
     print(json.dumps(row.__dict__), flush=True)
@@ -342,8 +362,10 @@ COLUMNS = (
     ("probes_per_engine_s", "probes/s per engine", "{:.2f}"),
     ("promote_p50_ms", "promote p50 ms", "{:.0f}"),
     ("promote_p99_ms", "promote p99 ms", "{:.0f}"),
-    ("lapse_max_s", "lapse → unrouted s", "{:.2f}"),
-    ("events_per_s", "events/s", "{:.1f}"),
+    ("lapse_max_s", "leases lapse → unrouted s", "{:.2f}"),
+    ("lapse_events_per_s", "events/s", "{:.1f}"),
+    ("agent_loss_max_s", "with agents → unrouted s", "{:.2f}"),
+    ("agent_loss_events_per_s", "events/s with agents", "{:.1f}"),
 )
 
 

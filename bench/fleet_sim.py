@@ -27,7 +27,7 @@ file descriptors and accept loops for nothing the gateway can tell apart.
 Served by Starlette on uvicorn: both already run every Lifeline process, so
 the simulator adds no server library.
 
-    .venv/bin/python -m bench.fleet_sim --port 9100 --engines 1000 --regions r1,r2,r3 --versions v0,v1
+    .venv/bin/python -m bench.fleet_sim --port 9100 --engines 1000 --key-prefix fleet --versions v0=sha256:…,v1=sha256:…
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import time
 import uuid
 import zlib
@@ -85,6 +84,7 @@ class SimulatedEngine:
     region: str
     zone: str
     url: str
+    weights_digest: str  # the catalog's digest of the version: the agent checks identity by it
     started_at: float = field(default_factory=time.time)
     generation: int = 0
     running: int = 0
@@ -94,7 +94,7 @@ class SimulatedEngine:
 
     def identity(self) -> EngineIdentity:
         return EngineIdentity(instance_id=self.instance_id, generation=self.generation, boot_generation=1,
-                              model=self.version, weights_digest=weights_digest_of(self.version), zone=self.zone,
+                              model=self.version, weights_digest=self.weights_digest, zone=self.zone,
                               region=self.region, started_at=self.started_at)
 
     def registration(self) -> Registration:
@@ -102,9 +102,6 @@ class SimulatedEngine:
                             region=self.region, sampling=Sampling.ENGINE_DEFAULT.value)
 
 
-def weights_digest_of(version: str) -> str:
-    """A stand-in `weights_digest` (there are no weights): stable per version, in the real digest's form."""
-    return "sha256:" + hashlib.sha256(f"simulated:{version}".encode()).hexdigest()
 
 
 class _EngineMetrics:
@@ -131,16 +128,18 @@ class SimulatedFleet:
     probes_served: int = 0  # health, identity and metrics answers: what a regional agent's probing costs the fleet
 
     @classmethod
-    def spread(cls, count: int, *, base_url: str, regions: list[str], zones: list[str], versions: list[str],
+    def spread(cls, count: int, *, base_url: str, regions: list[str], zones: list[str], versions: dict[str, str],
                redis: aioredis.Redis, key_prefix: str, ttl: timedelta) -> SimulatedFleet:
-        """`count` engines dealt round-robin over regions, then zones, then versions."""
+        """`count` engines dealt round-robin over regions, then zones, then `versions` (version → weights digest)."""
+        names = sorted(versions)
         engines = {}
         for n in range(count):
             region = regions[n % len(regions)]
             zone = f"{region}-{zones[(n // len(regions)) % len(zones)]}"
-            version = versions[(n // (len(regions) * len(zones))) % len(versions)]
+            version = names[(n // (len(regions) * len(zones))) % len(names)]
             instance_id = f"sim-{region}-{n:05d}"
-            engines[instance_id] = SimulatedEngine(instance_id, version, region, zone, f"{base_url}/e/{instance_id}")
+            engines[instance_id] = SimulatedEngine(instance_id, version, region, zone, f"{base_url}/e/{instance_id}",
+                                                   versions[version])
         return cls(engines, redis, key_prefix, ttl)
 
     async def register_all(self, batch: int = 200) -> None:
@@ -331,14 +330,15 @@ def main() -> None:
     parser.add_argument("--engines", type=int, required=True)
     parser.add_argument("--regions", default="r1,r2,r3")
     parser.add_argument("--zones", default="a,b,c")
-    parser.add_argument("--versions", default="v0,v1")
+    parser.add_argument("--versions", required=True,
+                        help="version=weights_digest,…: the digests the catalog recorded (`contract.identity`)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--key-prefix", required=True)
     parser.add_argument("--ttl", type=float, default=2.0, help="lease TTL in seconds")
     args = parser.parse_args()
     fleet = SimulatedFleet.spread(args.engines, base_url=f"http://127.0.0.1:{args.port}",
                                   regions=args.regions.split(","), zones=args.zones.split(","),
-                                  versions=args.versions.split(","), redis=aioredis.Redis.from_url(args.redis_url),
+                                  versions=dict(v.split("=", 1) for v in args.versions.split(",")), redis=aioredis.Redis.from_url(args.redis_url),
                                   key_prefix=args.key_prefix, ttl=timedelta(seconds=args.ttl))
     uvicorn.run(create_app(fleet), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 

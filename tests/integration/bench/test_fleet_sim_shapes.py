@@ -41,7 +41,8 @@ def sse_chunks(text: str) -> list[Any]:
 
 @pytest.fixture
 def simulated() -> Any:
-    fleet = SimulatedFleet.spread(1, base_url="http://testserver", regions=["r1"], zones=["a"], versions=["tiny"],
+    fleet = SimulatedFleet.spread(1, base_url="http://testserver", regions=["r1"], zones=["a"],
+                                  versions={"tiny": "sha256:" + "0" * 64},
                                   redis=aioredis.Redis(), key_prefix="unused", ttl=timedelta(seconds=2))
     with TestClient(create_app(fleet, renew=False)) as client:
         yield client, "/e/" + next(iter(fleet.engines))
