@@ -142,8 +142,9 @@ class SimulatedFleet:
                                                    versions[version])
         return cls(engines, redis, key_prefix, ttl)
 
-    async def register_all(self, batch: int = 200) -> None:
-        """Each engine registers once, through the registry's own registration script."""
+    async def register_all(self, batch: int = 100) -> None:
+        """Each engine registers once, through the registry's own registration script; `batch` at a time, within
+        the Redis client's connection pool (redis-py refuses past it rather than queue)."""
         registries = {region: RedisLeaseRegistry(self.redis, region=region, prefix=self.key_prefix, ttl=self.ttl)
                       for region in {e.region for e in self.engines.values()}}
         pending = list(self.engines.values())
