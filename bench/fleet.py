@@ -12,6 +12,8 @@ snapshot, dealt over the regions), started the way
 - snapshot: `controlplane.snapshot.service.build_snapshot` + JSON on the row's
   database (median of 20), and the body's size raw and gzipped; the time the
   control plane takes to read a region's leases (`GET /regions/r1/instances`);
+- a request: the median of 20 client-keyed 8-token completions through one
+  gateway (its router orders the region's endpoints by consistent hashing);
 - polling: control-plane CPU (user + system, `/proc` via psutil) over 10 s of
   gateways polling every 250 ms and reporting every 2 s, as % of one core;
 - promote → every gateway: from a promote/rollback call's answer to the
@@ -97,6 +99,7 @@ class Row:
     agent_cpu_pct: float = math.nan  # mean per regional agent
     probes_per_s: float = math.nan  # health/identity/metrics requests the agents sent the fleet
     probes_per_engine_s: float = math.nan  # the same per engine: flat while the agents keep up
+    request_ms: float = math.nan  # a client-keyed 8-token completion through one gateway, median
     promote_p50_ms: float = math.nan
     promote_p99_ms: float = math.nan
     lapse_max_s: float = math.nan  # no agents: the leases lapse and the registry forgets them
@@ -241,6 +244,17 @@ class FleetRun:
         row.agent_cpu_pct = statistics.mean(share["agent"])
         row.rss_mib["agent (max)"] = max(_rss_mib(a) for a in self.agents)
 
+    def measure_requests(self, row: Row, gateway: GatewayProcess, count: int = 20) -> None:
+        """Client-keyed completions through `gateway` (the router picks by consistent hashing over its region)."""
+        took = []
+        with httpx.Client(timeout=60) as client:
+            for n in range(count):
+                body = {"model": MODEL, "prompt": "How do costs grow?", "max_tokens": 8, "user": f"client-{n}"}
+                start = time.perf_counter()
+                client.post(f"{gateway.url}/v1/completions", json=body).raise_for_status()
+                took.append(time.perf_counter() - start)
+        row.request_ms = statistics.median(took) * 1000
+
     def measure_promotes(self, row: Row, gateways: list[GatewayProcess], moves: int) -> None:
         every = []
         for move in range(moves):
@@ -331,6 +345,7 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
             for gateway in started:
                 applied_at(gateway, version, timeout=120)
             run.measure_polling_cpu(row, started)
+            run.measure_requests(row, started[0])
             run.measure_promotes(row, started, moves)
             row.lapse_max_s, row.lapse_events_per_s = run.lose_region(started, REGIONS[0])
             run.measure_agents(row, REGIONS[1:])
@@ -360,6 +375,7 @@ COLUMNS = (
     ("agent_cpu_pct", "agent CPU % (mean)", "{:.1f}"),
     ("probes_per_s", "probes/s sent", "{:.0f}"),
     ("probes_per_engine_s", "probes/s per engine", "{:.2f}"),
+    ("request_ms", "request ms", "{:.0f}"),
     ("promote_p50_ms", "promote p50 ms", "{:.0f}"),
     ("promote_p99_ms", "promote p99 ms", "{:.0f}"),
     ("lapse_max_s", "leases lapse → unrouted s", "{:.2f}"),
