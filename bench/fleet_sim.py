@@ -17,7 +17,8 @@ versions differ), computed in microseconds, never a forward pass.
 What is real: each engine holds a lease in the region's Redis registry
 through `contract.lease`'s own scripts and key layout (registered one by one
 with `RedisLeaseRegistry.register`, renewed in pipelines of the real
-`RENEW_SCRIPT` every third of a TTL), so gateways and the control plane see
+`RENEW_SCRIPT` twice a TTL, registered again when one lapsed), so
+gateways and the control plane see
 exactly what real engines would write. `POST /admin/regions/<region>/lose`
 stops a region's renewals and makes its engines answer 503: its leases
 lapse together, as in a region loss.
@@ -53,6 +54,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from common.errors import error_body
+from common.logs import get_logger
 from contract.identity import EngineIdentity
 from contract.lease import RENEW_SCRIPT, LeaseKeys, Registration, RedisLeaseRegistry
 from contract.openai import completion_body, model_card, model_list, usage
@@ -63,6 +65,9 @@ VOCAB_SIZE = 4096  # the tiny preset's: the gateway detokenizes every id with th
 EOS_TOKEN_ID = 1
 MAX_MODEL_LEN = 4096
 DEFAULT_MAX_TOKENS = 16
+RENEWALS_PER_TTL = 2  # the reference engine renews at a third of a TTL; one process renewing 10,000 keeps up at half
+
+log = get_logger(__name__)
 
 
 def simulated_tokens(version: str, prompt_ids: list[int], count: int) -> list[int]:
@@ -142,33 +147,47 @@ class SimulatedFleet:
                                                    versions[version])
         return cls(engines, redis, key_prefix, ttl)
 
-    async def register_all(self, batch: int = 100) -> None:
-        """Each engine registers once, through the registry's own registration script; `batch` at a time, within
-        the Redis client's connection pool (redis-py refuses past it rather than queue)."""
+    async def keep_leases(self, *, registrations_per_round: int = 200) -> None:
+        """Hold every live engine's lease, as each engine would: renew it twice a TTL, register it again
+        when it lapsed or was never registered.
+
+        One round: up to `registrations_per_round` registrations through the registry's own script (100 at a
+        time, within the Redis client's pool: redis-py refuses past it rather than queue), then one pipeline of
+        the real renewal script for every other engine. Registrations are spread over rounds so that the
+        renewals of the engines already registered never wait behind a whole fleet's start-up.
+        """
         registries = {region: RedisLeaseRegistry(self.redis, region=region, prefix=self.key_prefix, ttl=self.ttl)
                       for region in {e.region for e in self.engines.values()}}
-        pending = list(self.engines.values())
-        for start in range(0, len(pending), batch):
-            chunk = pending[start:start + batch]
-            leases = await asyncio.gather(*(registries[e.region].register(e.registration()) for e in chunk))
-            for engine, lease in zip(chunk, leases, strict=True):
-                engine.generation = lease.generation
-
-    async def renew_forever(self) -> None:
-        """Renew every live engine's lease each third of a TTL, one pipeline of the real renewal script per round."""
-        script = self.redis.register_script(RENEW_SCRIPT)
         ttl_ms = max(1, int(self.ttl.total_seconds() * 1000))
+        lease_keys = {}
+        for engine in self.engines.values():
+            keys = LeaseKeys(engine.region, self.key_prefix)
+            lease_keys[engine.instance_id] = (keys.generation(engine.instance_id), keys.lease(engine.instance_id),
+                                              keys.index)
         while True:
             started = time.monotonic()
+            live = [e for e in self.engines.values() if not e.lost]
+            unregistered = [e for e in live if not e.generation][:registrations_per_round]
+            for batch in range(0, len(unregistered), 100):
+                chunk = unregistered[batch:batch + 100]
+                leases = await asyncio.gather(*(registries[e.region].register(e.registration()) for e in chunk))
+                for engine, lease in zip(chunk, leases, strict=True):
+                    engine.generation = lease.generation
+            held = [e for e in live if e.generation and e not in unregistered]
+            sha = await self.redis.script_load(RENEW_SCRIPT)  # then each renewal is a bare EVALSHA of the real script
             async with self.redis.pipeline(transaction=False) as pipe:
-                for engine in self.engines.values():
-                    if engine.lost:
-                        continue
-                    keys = LeaseKeys(engine.region, self.key_prefix)
-                    await script(keys=[keys.generation(engine.instance_id), keys.lease(engine.instance_id), keys.index],
-                                 args=[engine.generation, ttl_ms, engine.instance_id], client=pipe)
-                await pipe.execute()
-            await asyncio.sleep(max(0.0, self.ttl.total_seconds() / 3 - (time.monotonic() - started)))
+                for engine in held:
+                    pipe.execute_command("EVALSHA", sha, 3, *lease_keys[engine.instance_id],
+                                         engine.generation, ttl_ms, engine.instance_id)
+                answers = await pipe.execute()
+            for engine, (code, _, _) in zip(held, answers, strict=True):
+                if int(code) < 0:  # lapsed or superseded: register again, under a new generation
+                    engine.generation = 0
+            took = time.monotonic() - started
+            if took > self.ttl.total_seconds() / RENEWALS_PER_TTL:
+                log.warning("lease round overran", seconds=round(took, 3), held=len(held),
+                            registered=len(unregistered))
+            await asyncio.sleep(max(0.0, self.ttl.total_seconds() / RENEWALS_PER_TTL - took))
 
     def lose_region(self, region: str) -> int:
         """Stop renewing the region's leases and fail its engines' answers; how many engines that was."""
@@ -296,15 +315,15 @@ async def fleet_status(request: Request) -> Response:
 
 
 def create_app(fleet: SimulatedFleet, *, renew: bool = True) -> Starlette:
-    """The fleet's one app; with `renew`, engines register on start-up and renew until shutdown."""
+    """The fleet's one app; with `renew`, engines hold leases from start-up to shutdown (`/admin/fleet` counts
+    the registered)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.fleet = fleet
         renewals = None
         if renew:
-            await fleet.register_all()
-            renewals = asyncio.create_task(fleet.renew_forever(), name="lease-renewals")
+            renewals = asyncio.create_task(fleet.keep_leases(), name="leases")
         try:
             yield
         finally:
