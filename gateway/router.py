@@ -224,13 +224,17 @@ class Router:
         self.clock = clock
         self.outliers = OutlierDetector(settings.outlier, clock)
         self.on_ejected: Callable[[Endpoint, str], None] | None = None  # L7 event hook (gateway/l7_events.py)
+        self._leased: dict[str, tuple[list[Lease], dict[str, Endpoint]]] = {}  # version → (the view read, endpoints)
 
     async def _routable(self, version: str) -> list[Endpoint]:
-        found: dict[str, Endpoint] = {}
-        for lease in await self.view.current():
-            if lease.version == version:
-                found[lease.instance_id] = Endpoint(lease.instance_id, lease.generation, lease.url, lease.version,
-                                                    lease.zone, lease.sampling)
+        leases = await self.view.current()
+        held = self._leased.get(version)
+        if held is None or held[0] is not leases:  # a new view (each refresh, each snapshot) builds them once
+            held = self._leased[version] = (leases, {
+                lease.instance_id: Endpoint(lease.instance_id, lease.generation, lease.url, lease.version, lease.zone,
+                                            lease.sampling)
+                for lease in leases if lease.version == version})
+        found = dict(held[1])
         if not self.settings.registry.require_lease:
             for engine in self.table.declared_engines(version):
                 found.setdefault(engine.instance_id, Endpoint(engine.instance_id, None, engine.url, engine.version,
