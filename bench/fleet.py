@@ -445,7 +445,7 @@ def plot(rows: list[Row], path: Path) -> None:
         for gateways in sorted({r.gateways for r in rows}):
             same = sorted((r for r in rows if r.gateways == gateways and getattr(r, cost) > 0), key=lambda r: r.engines)
             axis.loglog([r.engines for r in same], [getattr(r, cost) for r in same], marker="o", label=f"{gateways} gw")
-        axis.set_title(dict((n, h) for n, h, _ in COLUMNS)[cost], fontsize=9)
+        axis.set_title({n: h for n, h, _ in COLUMNS}[cost], fontsize=9)
         axis.set_xlabel("engines", fontsize=8)
         axis.tick_params(labelsize=7)
     axes[0].legend(fontsize=7)

@@ -56,7 +56,7 @@ from starlette.routing import Route
 from common.errors import error_body
 from common.logs import get_logger
 from contract.identity import EngineIdentity
-from contract.lease import RENEW_SCRIPT, LeaseKeys, Registration, RedisLeaseRegistry
+from contract.lease import RENEW_SCRIPT, LeaseKeys, RedisLeaseRegistry, Registration
 from contract.openai import completion_body, model_card, model_list, usage
 from contract.sampling import Sampling
 from engine.sse import DONE, sse_data
