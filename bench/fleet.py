@@ -49,10 +49,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import psutil
@@ -72,6 +73,7 @@ MODEL = "tiny"
 LEASE_TTL_S = 2.0
 CPU_WINDOW_S = 10.0
 HEADING = "## Fleet scale (bench/fleet.py)"
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -108,6 +110,7 @@ class Row:
     lapse_events_per_s: float = math.nan
     agent_loss_max_s: float = math.nan  # agents running: their verdicts, or the leases, whichever is first
     agent_loss_events_per_s: float = math.nan
+    controlplane_refusals: int = 0  # operator calls answered 503 and retried
     rss_mib: dict[str, float] = field(default_factory=dict)
 
 
@@ -124,6 +127,7 @@ class FleetRun:
     sim_urls: dict[str, str] = field(default_factory=dict)
     agents: list[subprocess.Popen] = field(default_factory=list)
     model: Path = field(init=False)
+    refusals: int = 0  # operator calls the control plane answered 503 (overloaded), each retried after a second
 
     def __post_init__(self) -> None:
         model = self.model = built_model(MODEL, 0)
@@ -272,16 +276,28 @@ class FleetRun:
                 took.append(time.perf_counter() - start)
         row.request_ms = statistics.median(took) * 1000
 
+    def operator(self, call: Callable[[], T]) -> T:
+        """An operator's call, tried again while the control plane answers 503 (it does at 100 gateways here)."""
+        for _ in range(30):
+            try:
+                return call()
+            except RuntimeError as exc:
+                if ": 503 " not in str(exc):
+                    raise
+                self.refusals += 1
+                time.sleep(1.0)
+        return call()
+
     def measure_promotes(self, row: Row, gateways: list[GatewayProcess], moves: int) -> None:
         every = []
         for move in range(moves):
             time.sleep(0.4)
             if move % 2 == 0:
-                self.snapshot.promote("prod", "v1")
+                self.operator(lambda: self.snapshot.promote("prod", "v1"))
             else:
-                self.snapshot.rollback("prod")
+                self.operator(lambda: self.snapshot.rollback("prod"))
             answered = time.time()
-            version = self.snapshot.snapshot_version()
+            version = self.operator(self.snapshot.snapshot_version)
             applied = [applied_at(g, version, timeout=60) for g in gateways]
             every.append(max(applied) - answered)
         row.promote_p50_ms = statistics.median(every) * 1000
@@ -358,7 +374,7 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
             run.start()
             run.measure_snapshot(row)
             started = run.start_gateways()
-            version = run.snapshot.snapshot_version()
+            version = run.operator(run.snapshot.snapshot_version)
             for gateway in started:
                 applied_at(gateway, version, timeout=120)
             run.measure_polling_cpu(row, started)
@@ -367,6 +383,7 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
             row.lapse_max_s, row.lapse_events_per_s = run.lose_region(started, REGIONS[0])
             run.measure_agents(row, REGIONS[1:])
             row.agent_loss_max_s, row.agent_loss_events_per_s = run.lose_region(started, REGIONS[1])
+            row.controlplane_refusals = run.refusals
         finally:
             run.close()
     print(json.dumps(row.__dict__), flush=True)
@@ -399,6 +416,7 @@ COLUMNS = (
     ("lapse_events_per_s", "events/s", "{:.1f}"),
     ("agent_loss_max_s", "with agents → unrouted s", "{:.2f}"),
     ("agent_loss_events_per_s", "events/s with agents", "{:.1f}"),
+    ("controlplane_refusals", "503s to the operator", "{:.0f}"),
 )
 
 
