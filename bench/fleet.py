@@ -111,6 +111,7 @@ class Row:
     agent_loss_max_s: float = math.nan  # agents running: their verdicts, or the leases, whichever is first
     agent_loss_events_per_s: float = math.nan
     controlplane_refusals: int = 0  # operator calls answered 503 and retried
+    stage: str = ""  # "done", or the stage that failed and why (the columns after it are not measured)
     rss_mib: dict[str, float] = field(default_factory=dict)
 
 
@@ -371,20 +372,29 @@ def run_row(engines: int, gateways: int, moves: int) -> Row:
     with tempfile.TemporaryDirectory(prefix="fleetbench-") as tmp, fresh_database() as database_url:
         run = FleetRun(engines, gateways, Path(tmp), database_url)
         try:
+            row.stage = "start"
             run.start()
             run.measure_snapshot(row)
+            row.stage = "gateways"
             started = run.start_gateways()
             version = run.operator(run.snapshot.snapshot_version)
             for gateway in started:
                 applied_at(gateway, version, timeout=120)
+            row.stage = "polling"
             run.measure_polling_cpu(row, started)
+            row.stage = "requests"
             run.measure_requests(row, started[0])
+            row.stage = "promotes"
             run.measure_promotes(row, started, moves)
+            row.stage = "region loss"
             row.lapse_max_s, row.lapse_events_per_s = run.lose_region(started, REGIONS[0])
             run.measure_agents(row, REGIONS[1:])
             row.agent_loss_max_s, row.agent_loss_events_per_s = run.lose_region(started, REGIONS[1])
-            row.controlplane_refusals = run.refusals
+            row.stage = "done"
+        except Exception as exc:  # noqa: BLE001 - keep what was measured before the stage that failed
+            row.stage = f"failed at {row.stage}: {exc!r}"[:300]
         finally:
+            row.controlplane_refusals = run.refusals
             run.close()
     print(json.dumps(row.__dict__), flush=True)
     return row
@@ -444,9 +454,14 @@ def report(rows: list[Row]) -> str:
         rss = " / ".join(f"{row.rss_mib.get(k, math.nan):.0f}" for k in RSS_COLUMNS)
         lines.append(f"| {row.engines} | {row.gateways} | " + " | ".join(cells) + f" | {rss} |")
     for gateways in sorted({r.gateways for r in rows}):
-        same = [r for r in rows if r.gateways == gateways]
+        same = [r for r in rows if r.gateways == gateways and r.stage in ("", "done")]
         slopes = [f"{slope(same, name):.2f}" for name, _, _ in COLUMNS]
         lines.append(f"| **slope** | {gateways} | " + " | ".join(slopes) + " | |")
+    unfinished = [r for r in rows if r.stage not in ("", "done")]
+    if unfinished:
+        lines.append("")
+        lines += [f"- {r.engines} engines, {r.gateways} gateways: {r.stage}; the columns of that stage and after "
+                  "it are not measured (nan), and the row is left out of the slopes." for r in unfinished]
     return "\n".join(lines)
 
 
