@@ -19,6 +19,7 @@ from controlplane.health import router as health_router
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.metrics import router as metrics_router
 from controlplane.replication.exposition import build_collector as build_replication_collector
+from controlplane.snapshot.body_cache import SnapshotBodyCache
 from controlplane.topology.lease import GuardedLeaseReader, LeaseReader, NoLeaseRegistry, RedisLeaseReader
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.lease_reader = lease_reader or _lease_reader(settings)
     app.state.drill_dispatch = _drill_dispatch(settings, app.state.clock)
+    app.state.snapshot_body_cache = SnapshotBodyCache()  # a changed snapshot is built once, for every poller
     # every cutover, zonal shift and escalation acts with this one (a test may replace it)
     app.state.cutover_runtime = _cutover_runtime(settings, app.state)
     # who may still restore a mesh route (its cutovers), which a route's delete asks (controlplane/mesh_route)

@@ -198,12 +198,19 @@ class SnapshotRouting:
 
 
 class SnapshotLeaseView:
-    """A LeaseView that leaves out what the current snapshot ejects or drains; same interface."""
+    """A LeaseView that leaves out what the current snapshot ejects or drains; same interface.
+
+    The filtered list is kept until the leases or the table change (both are
+    replaced whole, never changed in place), so a request reads it instead of
+    filtering a region's every lease again (3,334 of them: most of a 12 ms
+    pick, bench/fleet.py).
+    """
 
     def __init__(self, inner: LeaseView, routing: SnapshotRouting) -> None:
         self.inner = inner
         self.routing = routing
         self.registry = inner.registry
+        self._admitted: tuple[list[Lease], SnapshotTable, list[Lease]] | None = None
 
     async def start(self) -> None:
         await self.inner.start()
@@ -212,8 +219,11 @@ class SnapshotLeaseView:
         await self.inner.stop()
 
     async def current(self) -> list[Lease]:
-        table = self.routing.table
-        return [lease for lease in await self.inner.current() if table.admits(lease)]
+        leases, table = await self.inner.current(), self.routing.table
+        held = self._admitted
+        if held is None or held[0] is not leases or held[1] is not table:
+            held = self._admitted = (leases, table, [lease for lease in leases if table.admits(lease)])
+        return held[2]
 
     async def all_live(self) -> list[Lease]:
         return await self.inner.current()

@@ -3,7 +3,12 @@
 Moved out of warm_pool/agent.py unchanged; the agent owns one `HealthProbes`
 and calls `probe` each tick after it observes. Every probe is bounded by
 `probe_timeout` and they run concurrently, so one hung engine costs a round no
-more than that. Stock vLLM has no /healthz/*: it is also judged by the
+more than that — at most `probe_concurrency` at once, each timed from when it
+is sent. Unbounded, a round of 333 engines queued in the HTTP client's pool of
+100 connections, whose hand-out scans every queued request against every
+connection; the probes waiting there ran out their timeout unsent, and the
+agent judged every healthy engine of its region `timeout` (bench/fleet.py,
+issue 29). Stock vLLM has no /healthz/*: it is also judged by the
 progress its /metrics shows (warm_pool/progress.py), read in the background
 because a busy API server answers late.
 """
@@ -34,12 +39,15 @@ class HealthProbes:
         versions, digests = agent.expected_versions(), agent.expected_digests()
         targets = list(agent.instances.values())
 
+        slots = asyncio.Semaphore(agent.settings.probe_concurrency)
+
         async def one(instance: Instance) -> ProbeResult:
             metrics = self._read_progress(instance) if instance.stock_vllm else None
             try:
-                result = await asyncio.wait_for(agent.prober.health(instance.url, expected_versions=versions,
-                                                                    expected_digests=digests,
-                                                                    stock_vllm=instance.stock_vllm), timeout)
+                async with slots:
+                    result = await asyncio.wait_for(agent.prober.health(instance.url, expected_versions=versions,
+                                                                        expected_digests=digests,
+                                                                        stock_vllm=instance.stock_vllm), timeout)
             except TimeoutError:
                 result = ProbeResult(Verdict.TIMEOUT, "live", f"health probes took over {timeout:g} s",
                                      stock_vllm=instance.stock_vllm)
@@ -57,7 +65,8 @@ class HealthProbes:
         async def in_flight(instance: Instance) -> None:
             """For the version roll: it retires an old instance once nothing runs or waits there."""
             try:
-                instance.in_flight = await asyncio.wait_for(agent.prober.in_flight(instance.url), timeout)
+                async with slots:
+                    instance.in_flight = await asyncio.wait_for(agent.prober.in_flight(instance.url), timeout)
             except TimeoutError:
                 instance.in_flight = None
 

@@ -244,6 +244,8 @@ class AgentSettings(BaseSettings):
     probe_interval: Seconds = Field(timedelta(seconds=0.5), gt=timedelta(0),
                                     description="between health probes (and lease renewals); < lease_ttl")
     probe_timeout: Seconds = Field(timedelta(seconds=2), gt=timedelta(0))
+    probe_concurrency: int = Field(32, ge=1, le=1000, description="health probes in flight at once; the rest of a "
+                                   "round waits its turn, and its timeout starts when it is sent")
     stall_timeout: Seconds = Field(timedelta(seconds=2), gt=timedelta(0), description="stock vLLM: holding "
                                    "requests with its tokens counters unchanged this long is a wedged engine "
                                    "(timeout), though /health answers; > probe_interval (warm_pool/progress.py)")

@@ -184,7 +184,28 @@ def test_an_unchanged_poll_is_answered_before_any_snapshot_is_built(
     monkeypatch.setattr(service, "build_snapshot", lambda session: built.append(1) or real(session))
     assert client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": etag}).status_code == 304
     assert built == []
-    assert client.get("/api/v1/snapshot", headers=viewer).status_code == 200
+    assert client.get("/api/v1/snapshot", headers=viewer).status_code == 200  # the body built for that version
+    assert built == []
+
+
+def test_a_changed_snapshot_is_built_once_for_every_poller_that_asks(
+    client: TestClient, as_role: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.snapshot import service
+
+    viewer, operator = as_role("viewer"), as_role("operator")
+    assert client.post("/api/v1/regions", json={"name": "eu"}, headers=operator).status_code == 201
+    before = client.get("/api/v1/snapshot", headers=viewer)
+    built: list[int] = []
+    real = service.build_snapshot
+    monkeypatch.setattr(service, "build_snapshot", lambda session: built.append(1) or real(session))
+    cluster = {"name": "eu-llama", "region": "eu", "model": "llama"}
+    assert client.post("/api/v1/clusters", json=cluster, headers=operator).status_code == 201
+    answers = [client.get("/api/v1/snapshot", headers={**viewer, "If-None-Match": before.headers["etag"]})
+               for _ in range(5)]
+    assert {a.status_code for a in answers} == {200}
+    assert {a.headers["etag"] for a in answers} == {answers[0].headers["etag"]} != {before.headers["etag"]}
+    assert answers[0].json()["version"] == before.json()["version"] + 1
     assert built == [1]
 
 

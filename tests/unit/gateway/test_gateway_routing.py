@@ -75,6 +75,30 @@ async def test_client_affinity_is_sticky_until_the_load_bound():
     assert len(picks) > 1
 
 
+async def test_an_engine_joining_or_leaving_moves_only_the_clients_it_is_first_for():
+    router, registry, _ = await _router(8, max_concurrency_per_engine=100)
+    clients = [f"user-{n}" for n in range(200)]
+
+    async def placement() -> dict[str, str]:
+        picks = {}
+        for client in clients:
+            picks[client] = (await router.acquire("v", client_key=client, queue_timeout=0)).instance_id
+            await router.release(await _endpoint(router, picks[client]))
+        return picks
+
+    before = await placement()
+    joined = await registry.register(Registration("e8", "http://e8", "v"))
+    after = await placement()
+    assert {c for c in clients if after[c] != before[c]} == {c for c in clients if after[c] == "e8"}
+    assert 0 < sum(1 for c in clients if after[c] == "e8") < len(clients) / 4
+    await registry.release(joined.instance_id, joined.generation)
+    assert await placement() == before
+
+
+async def _endpoint(router: Router, instance_id: str):
+    return next(e for e in await router.endpoints("v") if e.instance_id == instance_id)
+
+
 async def test_each_local_ejection_is_told_to_the_event_listener_once():
     router, _, _ = await _router(2)
     told = []
