@@ -335,6 +335,7 @@ NOT_METRICS = {
     "lifeline_console": "the console's session cookie (controlplane/console/session.py)",
     "lifeline_console_signin": "the console's sign-in cookie (controlplane/console/session.py)",
     "lifeline_sampler": "the vllm_xargs key of the sampler question (contract/sampling.py)",
+    "lifeline_checkpoint": "the kv_transfer_params key of the checkpoint request (contract/session.py)",
     "lifeline_vllm": "the vLLM plugin package (lifeline_vllm/)",
 }
 # Sections that name metrics the code does not export yet, and say so in their heading.
