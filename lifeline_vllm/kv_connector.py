@@ -210,6 +210,9 @@ class LifelineKVConnector(KVConnectorBase_V1):
         first = num_computed_tokens // self.block_tokens
         if usable <= first:
             return 0, False
+        found = self._found.get(request.request_id)
+        if found is not None and found[0] == first:  # asked again while it waits for blocks: verified already
+            return len(found[1]) * self.block_tokens, False
         hashes = kv_chain_hashes(self.root, prompt[:usable * self.block_tokens], self.block_tokens)
         try:
             last = self.store.longest_manifest(self.root, hashes)
